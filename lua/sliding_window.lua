@@ -1,0 +1,46 @@
+-- Sliding window for one (rule, address): DESIGN §2, one call per batch of hits.
+-- KEYS[1]  the window ZSET ({prefix}:win:{ADDR}:RULE)
+-- ARGV[1]  window in ms
+-- ARGV[2]  limit: hits allowed within one window
+-- ARGV[3]  1 = take `now` from the server's TIME (clock: redis), 0 = from the hits
+-- ARGV[4], ARGV[5], ...  pairs (time ms, member) in log order
+-- Returns {i, n}: i = 1-based index of the first hit over the limit (0: none),
+-- n = members in the window after the last hit processed. Hits after the
+-- first one over the limit are not counted: the address is being banned.
+-- A member already present is a line read again after a crash: it is
+-- neither counted again nor judged again.
+local key = KEYS[1]
+local window = tonumber(ARGV[1])
+local limit = tonumber(ARGV[2])
+local server_clock = ARGV[3] == '1'
+local server_now
+if server_clock then
+  local t = redis.call('TIME')
+  server_now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local swept = nil
+local added = false
+local count = 0
+local i = 0
+for a = 4, #ARGV, 2 do
+  i = i + 1
+  local now = server_now or tonumber(ARGV[a])
+  local member = ARGV[a + 1]
+  -- Members at or before now - window leave the window; a later hit can only
+  -- remove more, so the sweep is skipped when time has not advanced.
+  if swept == nil or now > swept then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+    swept = now
+  end
+  if not redis.call('ZSCORE', key, member) then
+    count = redis.call('ZCARD', key)
+    if count >= limit then
+      if added then redis.call('PEXPIRE', key, window + 1000) end
+      return {i, count}
+    end
+    redis.call('ZADD', key, now, member)
+    added = true
+  end
+end
+if added then redis.call('PEXPIRE', key, window + 1000) end
+return {0, redis.call('ZCARD', key)}

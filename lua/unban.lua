@@ -1,0 +1,10 @@
+-- Removes one address or network from the ban list, with its record, and
+-- tells the fleet (DESIGN §3). The offence count is kept: escalation
+-- remembers an unbanned repeat offender until forget_after.
+-- KEYS[1] {prefix}:bans  KEYS[2] {prefix}:banrec  KEYS[3] {prefix}:events
+-- ARGV[1] addr  ARGV[2] host  ARGV[3] stream maxlen
+-- Returns 1 if the address was banned, 0 otherwise.
+local removed = redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'op', 'unban', 'addr', ARGV[1], 'host', ARGV[2])
+return removed

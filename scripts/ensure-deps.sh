@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Installs the system tools the integration tests drive (real redis-server,
+# nft, nginx, ip, curl, logrotate) when any is missing. Never starts a service:
+# tests spawn their own instances.
+set -euo pipefail
+
+# binary -> Debian package
+declare -A PKG=(
+  [redis-server]=redis-server
+  [redis-cli]=redis-tools
+  [nft]=nftables
+  [nginx]=nginx
+  [ip]=iproute2
+  [logrotate]=logrotate
+  [curl]=curl
+)
+
+have() {
+  command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]
+}
+
+missing=()
+for bin in "${!PKG[@]}"; do
+  have "$bin" || missing+=("${PKG[$bin]}")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "ensure-deps: all test dependencies present"
+  exit 0
+fi
+echo "ensure-deps: installing ${missing[*]}"
+
+SUDO=()
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null 2>&1 || { echo "ensure-deps: need root (or sudo) to install ${missing[*]}" >&2; exit 1; }
+  SUDO=(sudo)
+fi
+
+# Debian starts redis and nginx from their postinst; a policy-rc.d that denies
+# every action stops that. Only remove it if we put it there.
+POLICY=/usr/sbin/policy-rc.d
+created_policy=0
+if [ ! -e "$POLICY" ]; then
+  printf '#!/bin/sh\nexit 101\n' | "${SUDO[@]}" tee "$POLICY" >/dev/null
+  "${SUDO[@]}" chmod 755 "$POLICY"
+  created_policy=1
+fi
+cleanup() { if [ "$created_policy" = 1 ]; then "${SUDO[@]}" rm -f "$POLICY"; fi; }
+trap cleanup EXIT
+
+export DEBIAN_FRONTEND=noninteractive
+"${SUDO[@]}" apt-get update
+"${SUDO[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
+
+still=()
+for bin in "${!PKG[@]}"; do
+  have "$bin" || still+=("$bin")
+done
+if [ ${#still[@]} -ne 0 ]; then
+  echo "ensure-deps: still missing after install: ${still[*]}" >&2
+  exit 1
+fi
+echo "ensure-deps: done"

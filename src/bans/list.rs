@@ -1,0 +1,300 @@
+//! The ban list: one entry per address or network, each with its own expiry
+//! (DESIGN §3). In Redis for a fleet, where `lua/ban.lua` writes the list,
+//! the record, the offence count and the event in one atomic call; embedded
+//! (a map saved under `state_dir`) for a single host, with the same rules.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use ipnet::IpNet;
+use redis::aio::ConnectionManager;
+
+use super::{BanRecord, BanRequest, Mode, Outcome, Until};
+use crate::store::{self, AddrText, Keys, BAN, STREAM_MAXLEN, UNBAN};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BanListError {
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("unexpected reply from ban.lua: {0}")]
+    Reply(String),
+    #[error("saving the ban list: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+pub enum BanList {
+    Redis { con: ConnectionManager, keys: Keys },
+    Memory(MemoryBans),
+}
+
+impl BanList {
+    pub fn redis(con: ConnectionManager, keys: Keys) -> BanList {
+        BanList::Redis { con, keys }
+    }
+
+    /// Embedded list; `file` (under `state_dir`) keeps it across restarts.
+    pub fn memory(file: Option<PathBuf>) -> BanList {
+        BanList::Memory(MemoryBans::load(file))
+    }
+
+    /// Writes a ban (or finds the one already active) at `now_ms`.
+    pub async fn ban(&mut self, req: &BanRequest, now_ms: i64) -> Result<Outcome, BanListError> {
+        match self {
+            BanList::Memory(m) => {
+                let out = m.ban(req, now_ms);
+                m.save()?;
+                Ok(out)
+            }
+            BanList::Redis { con, keys } => {
+                let (duration, factor, max, forget, mode) = match req.mode {
+                    Mode::Auto(p) => (p.duration_ms, p.factor, p.max_ms, p.forget_after_ms, "auto"),
+                    Mode::For(ms) => (ms, 1.0, ms, 1, "set"),
+                    Mode::Permanent => (0, 1.0, 0, 1, "perm"),
+                };
+                let addr = AddrText(&req.addr).to_string();
+                let mut cmd = BAN.cmd(&[&keys.bans(), &keys.records(), &keys.events(), &keys.offences(&req.addr)]);
+                cmd.arg(&addr)
+                    .arg(now_ms)
+                    .arg(duration)
+                    .arg(factor)
+                    .arg(max)
+                    .arg(forget.max(1))
+                    .arg(&req.rule)
+                    .arg(&req.reason)
+                    .arg(&req.host)
+                    .arg(req.hits)
+                    .arg(mode)
+                    .arg(STREAM_MAXLEN);
+                let (new, until, count): (i64, String, i64) = BAN.run(con, &cmd).await?;
+                let until = parse_until(&until).ok_or_else(|| BanListError::Reply(until.clone()))?;
+                Ok(if new == 1 {
+                    Outcome::Banned(BanRecord {
+                        addr: req.addr,
+                        rule: req.rule.clone(),
+                        reason: req.reason.clone(),
+                        host: req.host.clone(),
+                        since: now_ms,
+                        until: match until {
+                            Until::At(t) => Some(t),
+                            Until::Permanent => None,
+                        },
+                        count: u32::try_from(count).unwrap_or(1),
+                        hits: req.hits,
+                    })
+                } else {
+                    Outcome::AlreadyBanned(until)
+                })
+            }
+        }
+    }
+
+    /// Removes a ban; true if there was one.
+    pub async fn unban(&mut self, addr: &IpNet, host: &str) -> Result<bool, BanListError> {
+        match self {
+            BanList::Memory(m) => {
+                let was = m.bans.remove(addr).is_some();
+                m.save()?;
+                Ok(was)
+            }
+            BanList::Redis { con, keys } => {
+                let mut cmd = UNBAN.cmd(&[&keys.bans(), &keys.records(), &keys.events()]);
+                cmd.arg(AddrText(addr).to_string()).arg(host).arg(STREAM_MAXLEN);
+                let n: i64 = UNBAN.run(con, &cmd).await?;
+                Ok(n > 0)
+            }
+        }
+    }
+
+    /// The active entries: (network, expiry). Members that are not an
+    /// address or network are skipped with a warning, never returned.
+    pub async fn active(&mut self, now_ms: i64) -> Result<Vec<(IpNet, Until)>, BanListError> {
+        match self {
+            BanList::Memory(m) => Ok(m.active(now_ms).map(|r| (r.addr, r.until())).collect()),
+            BanList::Redis { con, keys } => {
+                let raw: Vec<(String, String)> = redis::cmd("ZRANGE")
+                    .arg(keys.bans())
+                    .arg(format!("({now_ms}"))
+                    .arg("+inf")
+                    .arg("BYSCORE")
+                    .arg("WITHSCORES")
+                    .query_async(con)
+                    .await?;
+                Ok(validate(raw))
+            }
+        }
+    }
+
+    /// The active bans with their records, for `fleetban bans`.
+    pub async fn records(&mut self, now_ms: i64) -> Result<Vec<BanRecord>, BanListError> {
+        let entries = self.active(now_ms).await?;
+        match self {
+            BanList::Memory(m) => Ok(m.active(now_ms).cloned().collect()),
+            BanList::Redis { con, keys } => {
+                if entries.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let mut cmd = redis::cmd("HMGET");
+                cmd.arg(keys.records());
+                for (n, _) in &entries {
+                    cmd.arg(AddrText(n).to_string());
+                }
+                let recs: Vec<Option<String>> = cmd.query_async(con).await?;
+                Ok(entries
+                    .into_iter()
+                    .zip(recs)
+                    .map(|((addr, until), rec)| {
+                        let mut r = rec
+                            .and_then(|s| serde_json::from_str::<RecordJson>(&s).ok())
+                            .map(|j| j.into_record(addr))
+                            .unwrap_or_else(|| BanRecord {
+                                addr,
+                                rule: String::new(),
+                                reason: String::new(),
+                                host: String::new(),
+                                since: 0,
+                                until: None,
+                                count: 0,
+                                hits: 0,
+                            });
+                        r.until = match until {
+                            Until::At(t) => Some(t),
+                            Until::Permanent => None,
+                        };
+                        r
+                    })
+                    .collect())
+            }
+        }
+    }
+}
+
+/// The record as `ban.lua` writes it (the address is the hash field).
+#[derive(serde::Deserialize)]
+struct RecordJson {
+    #[serde(default)]
+    rule: String,
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    host: String,
+    #[serde(default)]
+    since: i64,
+    #[serde(default)]
+    count: u32,
+    #[serde(default)]
+    hits: u32,
+}
+
+impl RecordJson {
+    fn into_record(self, addr: IpNet) -> BanRecord {
+        BanRecord {
+            addr,
+            rule: self.rule,
+            reason: self.reason,
+            host: self.host,
+            since: self.since,
+            until: None,
+            count: self.count,
+            hits: self.hits,
+        }
+    }
+}
+
+/// `inf` or an integer number of ms, as ban.lua and the list store them.
+pub fn parse_until(s: &str) -> Option<Until> {
+    match s {
+        "inf" | "+inf" => Some(Until::Permanent),
+        _ => s.parse::<f64>().ok().filter(|f| f.is_finite()).map(|f| Until::At(f as i64)),
+    }
+}
+
+fn validate(raw: Vec<(String, String)>) -> Vec<(IpNet, Until)> {
+    let mut bad = 0usize;
+    let out = raw
+        .into_iter()
+        .filter_map(|(m, score)| match (store::parse_member(&m), parse_until(&score)) {
+            (Some(n), Some(u)) => Some((n, u)),
+            _ => {
+                bad += 1;
+                if bad <= 3 {
+                    tracing::warn!(member = %m.escape_debug(), "Ban list entry is not an address; skipped.");
+                }
+                None
+            }
+        })
+        .collect();
+    if bad > 3 {
+        tracing::warn!(count = bad, "Ban list entries that are not addresses were skipped.");
+    }
+    out
+}
+
+/// The embedded ban list of a host without Redis.
+#[derive(Default)]
+pub struct MemoryBans {
+    bans: HashMap<IpNet, BanRecord>,
+    /// Offence count and its expiry per address (escalation).
+    offences: HashMap<IpNet, (u32, i64)>,
+    file: Option<PathBuf>,
+}
+
+impl MemoryBans {
+    fn load(file: Option<PathBuf>) -> MemoryBans {
+        let bans = file
+            .as_ref()
+            .and_then(|f| std::fs::read(f).ok())
+            .and_then(|b| serde_json::from_slice::<Vec<BanRecord>>(&b).ok())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|r| (r.addr, r))
+            .collect();
+        MemoryBans { bans, offences: HashMap::new(), file }
+    }
+
+    fn save(&self) -> std::io::Result<()> {
+        let Some(file) = &self.file else { return Ok(()) };
+        let recs: Vec<&BanRecord> = self.bans.values().collect();
+        let tmp = file.with_extension("tmp");
+        std::fs::write(&tmp, serde_json::to_vec(&recs).map_err(std::io::Error::other)?)?;
+        std::fs::rename(tmp, file)
+    }
+
+    fn active(&self, now_ms: i64) -> impl Iterator<Item = &BanRecord> {
+        self.bans.values().filter(move |r| r.until.is_none_or(|t| t > now_ms))
+    }
+
+    /// Same rules as ban.lua.
+    pub fn ban(&mut self, req: &BanRequest, now_ms: i64) -> Outcome {
+        self.bans.retain(|_, r| r.until.is_none_or(|t| t > now_ms));
+        if let (Mode::Auto(_), Some(cur)) = (req.mode, self.bans.get(&req.addr)) {
+            return Outcome::AlreadyBanned(cur.until());
+        }
+        let (count, until) = match req.mode {
+            Mode::Auto(p) => {
+                let e = self.offences.entry(req.addr).or_insert((0, 0));
+                if e.1 <= now_ms {
+                    *e = (0, 0);
+                }
+                e.0 += 1;
+                e.1 = now_ms + p.forget_after_ms;
+                let d = p.duration_ms as f64 * p.factor.powi(e.0 as i32 - 1);
+                let d = if d > p.max_ms as f64 { p.max_ms } else { d as i64 };
+                (e.0, Some(now_ms + d))
+            }
+            Mode::For(ms) => (1, Some(now_ms + ms)),
+            Mode::Permanent => (1, None),
+        };
+        let rec = BanRecord {
+            addr: req.addr,
+            rule: req.rule.clone(),
+            reason: req.reason.clone(),
+            host: req.host.clone(),
+            since: now_ms,
+            until,
+            count,
+            hits: req.hits,
+        };
+        self.bans.insert(req.addr, rec.clone());
+        Outcome::Banned(rec)
+    }
+}

@@ -1,0 +1,367 @@
+//! Configuration: the main file (`/etc/fleetban/fleetban.yaml`) and the rule
+//! files its `rules:` globs name, loaded into one validated [`Config`].
+//!
+//! `schema` holds the serde structs as written; `values` the scalar types that
+//! parse where they stand; this file resolves paths, applies defaults and runs
+//! the checks that need more than one value. Every error carries file, line and
+//! column ([`ConfigError`]); loading goes on after an error where it can so
+//! that all of them are reported together.
+
+mod error;
+mod schema;
+mod values;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ipnet::IpNet;
+use serde_saphyr::Location;
+
+pub use error::{ConfigError, ConfigErrors};
+pub use schema::{ActionSpec, Algorithm, Backend, Clock, MatchSpec, OnDown, Scope};
+pub use values::{Dur, Method, Net, Rate, Re, StatusPat};
+
+use crate::parse::Format;
+
+/// Where `fleetban` looks when `-c` is not given.
+pub const DEFAULT_PATH: &str = "/etc/fleetban/fleetban.yaml";
+
+/// The whole validated configuration of one host.
+#[derive(Debug)]
+pub struct Config {
+    /// The main file, for messages and for resolving relative paths.
+    pub file: PathBuf,
+    /// Names this host in ban records and in `scope: host` keys.
+    pub host_id: String,
+    /// Offsets and the embedded ban list live here.
+    pub state_dir: PathBuf,
+    /// `None`: a single host with the embedded store.
+    pub redis: Option<RedisConfig>,
+    pub firewall: FirewallConfig,
+    /// Networks never banned, besides loopback and the host's own addresses.
+    pub allow: Vec<IpNet>,
+    /// IPv6 clients are counted and banned per prefix of this length.
+    pub ipv6_prefix: u8,
+    /// Safety valve: new bans this host may apply per minute.
+    pub max_bans_per_minute: u32,
+    /// Unix socket of the running daemon (`fleetban status`).
+    pub control: PathBuf,
+    /// Prometheus endpoint, off when `None`.
+    pub metrics: Option<SocketAddr>,
+    pub rules: Vec<Rule>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RedisConfig {
+    pub url: String,
+    /// Key prefix; hash tags are added around it where DESIGN §3 says.
+    pub prefix: String,
+    /// Per-command timeout; a slower Redis counts as down.
+    pub timeout: Duration,
+    pub on_down: OnDown,
+    pub fleet_size: u32,
+    pub reconcile_every: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct FirewallConfig {
+    pub backend: Backend,
+    pub table: String,
+    pub action: ActionSpec,
+    pub ports: Vec<u16>,
+}
+
+/// One rule: which requests of which logs count, the limit, and the ban.
+#[derive(Debug)]
+pub struct Rule {
+    pub name: String,
+    /// The rule file it came from.
+    pub file: PathBuf,
+    /// Absolute paths or globs.
+    pub logs: Vec<String>,
+    pub format: Format,
+    pub matches: MatchSpec,
+    pub ignore: MatchSpec,
+    pub limit: Limit,
+    pub ban: BanPolicy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limit {
+    pub algorithm: Algorithm,
+    /// Hits allowed within one window; the next one bans.
+    pub hits: u32,
+    pub window_ms: i64,
+    pub scope: Scope,
+    pub clock: Clock,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BanPolicy {
+    pub duration_ms: i64,
+    /// Repeat offenders get `duration * factor^(n-1)`, capped at `max_ms`.
+    pub factor: f64,
+    pub max_ms: i64,
+    /// Bans older than this no longer count towards `n`.
+    pub forget_after_ms: i64,
+}
+
+impl BanPolicy {
+    /// Duration of the `n`th ban (1-based) of one address.
+    pub fn duration_for(&self, n: u32) -> i64 {
+        if n <= 1 || self.factor <= 1.0 {
+            return self.duration_ms.min(self.max_ms.max(self.duration_ms));
+        }
+        let scaled = self.duration_ms as f64 * self.factor.powi(n.saturating_sub(1).min(64) as i32);
+        if scaled >= self.max_ms as f64 {
+            self.max_ms
+        } else {
+            scaled as i64
+        }
+    }
+}
+
+impl Config {
+    /// Loads and validates the main file and every rule file it names.
+    pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        let mut errors = Vec::new();
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigErrors(vec![ConfigError::whole_file(path, format!("cannot read: {e}"))])
+        })?;
+        let main: schema::MainFile = serde_saphyr::from_str(&text)
+            .map_err(|e| ConfigErrors(vec![ConfigError::from_yaml(path, &e)]))?;
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+
+        let redis = main.redis.as_ref().and_then(|r| redis_config(path, r, &mut errors));
+        let firewall = firewall_config(path, &main.firewall, &mut errors);
+        let ipv6_prefix = match &main.ipv6_prefix {
+            None => 64,
+            Some(p) if (1..=128).contains(&p.value) => p.value,
+            Some(p) => {
+                errors.push(ConfigError::at(path, p.referenced, "ipv6_prefix must be between 1 and 128"));
+                64
+            }
+        };
+        let metrics = main.metrics.as_ref().and_then(|m| match m.value.parse::<SocketAddr>() {
+            Ok(a) => Some(a),
+            Err(_) => {
+                errors.push(ConfigError::at(
+                    path,
+                    m.referenced,
+                    format!("invalid metrics address `{}`: expected ADDRESS:PORT such as 127.0.0.1:9464", m.value),
+                ));
+                None
+            }
+        });
+
+        let mut rules = Vec::new();
+        let mut seen: HashMap<String, (PathBuf, Location)> = HashMap::new();
+        for pattern in &main.rules.value.0 {
+            let files = expand(&base, pattern);
+            if files.is_empty() {
+                errors.push(ConfigError::at(
+                    path,
+                    main.rules.referenced,
+                    format!("rule pattern `{pattern}` matches no file"),
+                ));
+            }
+            for file in files {
+                load_rule_file(&file, &mut rules, &mut seen, &mut errors);
+            }
+        }
+        if rules.is_empty() && errors.is_empty() {
+            errors.push(ConfigError::at(path, main.rules.referenced, "no rules defined: expected at least one rule"));
+        }
+        if !errors.is_empty() {
+            return Err(ConfigErrors(errors));
+        }
+
+        Ok(Config {
+            file: path.to_path_buf(),
+            host_id: main.host_id.clone().unwrap_or_else(hostname),
+            state_dir: main.state_dir.clone().unwrap_or_else(|| PathBuf::from("/var/lib/fleetban")),
+            redis,
+            firewall,
+            allow: main.allow.0.iter().map(|n| n.0).collect(),
+            ipv6_prefix,
+            max_bans_per_minute: main.safety.max_bans_per_minute,
+            control: main.control.clone().unwrap_or_else(|| PathBuf::from("/run/fleetban/control.sock")),
+            metrics,
+            rules,
+        })
+    }
+
+    /// The distinct log paths/globs of all rules, in first-seen order.
+    pub fn log_patterns(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for r in &self.rules {
+            for l in &r.logs {
+                if !out.contains(l) {
+                    out.push(l.clone());
+                }
+            }
+        }
+        out
+    }
+}
+
+fn redis_config(file: &Path, r: &schema::RedisSection, errors: &mut Vec<ConfigError>) -> Option<RedisConfig> {
+    let url = r.url.value.trim();
+    if !["redis://", "rediss://", "unix://", "redis+unix://"].iter().any(|s| url.starts_with(s)) {
+        errors.push(ConfigError::at(
+            file,
+            r.url.referenced,
+            format!("invalid Redis url `{url}`: expected redis://HOST:PORT/DB, rediss://... or unix:///path/to/redis.sock"),
+        ));
+        return None;
+    }
+    let prefix = r.prefix.value.trim();
+    if prefix.is_empty() || !prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b)) {
+        errors.push(ConfigError::at(
+            file,
+            r.prefix.referenced,
+            format!("invalid prefix `{prefix}`: expected letters, digits, `_`, `-` or `.`"),
+        ));
+        return None;
+    }
+    Some(RedisConfig {
+        url: url.to_owned(),
+        prefix: prefix.to_owned(),
+        timeout: r.timeout.map_or(Duration::from_millis(250), |d| d.0),
+        on_down: r.on_down,
+        fleet_size: r.fleet_size.map_or(1, |n| n.get()),
+        reconcile_every: r.reconcile_every.map_or(Duration::from_secs(60), |d| d.0),
+    })
+}
+
+fn firewall_config(file: &Path, f: &schema::FirewallSection, errors: &mut Vec<ConfigError>) -> FirewallConfig {
+    let table = match &f.table {
+        None => "fleetban".to_owned(),
+        Some(t) => {
+            let ok = !t.value.is_empty()
+                && t.value.len() <= 32
+                && t.value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if !ok {
+                errors.push(ConfigError::at(
+                    file,
+                    t.referenced,
+                    format!("invalid table name `{}`: expected 1-32 letters, digits or `_`", t.value),
+                ));
+            }
+            t.value.clone()
+        }
+    };
+    FirewallConfig {
+        backend: f.backend,
+        table,
+        action: f.action,
+        ports: f.ports.0.iter().map(|p| p.0).collect(),
+    }
+}
+
+fn load_rule_file(
+    file: &Path,
+    rules: &mut Vec<Rule>,
+    seen: &mut HashMap<String, (PathBuf, Location)>,
+    errors: &mut Vec<ConfigError>,
+) {
+    let text = match std::fs::read_to_string(file) {
+        Ok(t) => t,
+        Err(e) => return errors.push(ConfigError::whole_file(file, format!("cannot read: {e}"))),
+    };
+    let parsed: schema::RuleFile = match serde_saphyr::from_str(&text) {
+        Ok(p) => p,
+        Err(e) => return errors.push(ConfigError::from_yaml(file, &e)),
+    };
+    let base = file.parent().map(Path::to_path_buf).unwrap_or_default();
+    for spec in parsed.rules {
+        let name = spec.name.value.trim().to_owned();
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b)) {
+            errors.push(ConfigError::at(
+                file,
+                spec.name.referenced,
+                format!("invalid rule name `{name}`: expected letters, digits, `_`, `-` or `.`"),
+            ));
+            continue;
+        }
+        if let Some((other, loc)) = seen.get(&name) {
+            let first = ConfigError::at(other, *loc, "");
+            errors.push(ConfigError::at(
+                file,
+                spec.name.referenced,
+                format!("duplicate rule name `{name}` (first defined at {}:{}:{})", other.display(), first.line, first.column),
+            ));
+            continue;
+        }
+        seen.insert(name.clone(), (file.to_path_buf(), spec.name.referenced));
+        if spec.logs.value.0.is_empty() {
+            errors.push(ConfigError::at(file, spec.logs.referenced, "`logs` is empty: expected at least one path"));
+            continue;
+        }
+        let l = &spec.limit.value;
+        if l.window.as_ms() < 1 {
+            errors.push(ConfigError::at(file, spec.limit.referenced, "`window` must be at least 1ms"));
+            continue;
+        }
+        let esc = spec.ban.escalate.as_ref();
+        let duration_ms = spec.ban.duration.as_ms().max(1000);
+        let factor = esc.map_or(1.0, |e| e.factor);
+        if !(factor.is_finite() && (1.0..=1000.0).contains(&factor)) {
+            errors.push(ConfigError::at(file, spec.limit.referenced, "`escalate.factor` must be between 1 and 1000"));
+            continue;
+        }
+        let week = 7 * 86_400_000;
+        rules.push(Rule {
+            name,
+            file: file.to_path_buf(),
+            logs: spec.logs.value.0.iter().map(|l| absolute(&base, l)).collect(),
+            format: spec.format.0.clone(),
+            matches: spec.match_,
+            ignore: spec.ignore,
+            limit: Limit {
+                algorithm: l.algorithm,
+                hits: l.hits.0,
+                window_ms: l.window.as_ms(),
+                scope: l.scope,
+                clock: l.clock,
+            },
+            ban: BanPolicy {
+                duration_ms,
+                factor,
+                max_ms: esc.and_then(|e| e.max).map_or(if esc.is_some() { week } else { duration_ms }, Dur::as_ms).max(duration_ms),
+                forget_after_ms: esc.and_then(|e| e.forget_after).map_or(week, Dur::as_ms),
+            },
+        });
+    }
+}
+
+fn absolute(base: &Path, p: &str) -> String {
+    let path = Path::new(p);
+    if path.is_absolute() {
+        p.to_owned()
+    } else {
+        base.join(path).to_string_lossy().into_owned()
+    }
+}
+
+/// Files matching a glob relative to `base`, sorted (deterministic rule order).
+fn expand(base: &Path, pattern: &str) -> Vec<PathBuf> {
+    let full = absolute(base, pattern);
+    let mut out: Vec<PathBuf> = match glob::glob(&full) {
+        Ok(paths) => paths.filter_map(Result::ok).filter(|p| p.is_file()).collect(),
+        Err(_) => Vec::new(),
+    };
+    out.sort();
+    out
+}
+
+/// The machine's host name, the default `host_id`.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}

@@ -1,0 +1,278 @@
+//! The configuration as written: serde structs mirroring the YAML of DESIGN §5,
+//! every one with `deny_unknown_fields`, every value parsed where it stands so
+//! that errors carry the line and column. `mod.rs` turns these into the
+//! validated [`super::Config`].
+
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+use super::values::{Dur, Hits, List, Method, Net, Re, StatusPat};
+use crate::parse::{Format, Parser};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MainFile {
+    pub host_id: Option<String>,
+    pub state_dir: Option<PathBuf>,
+    pub redis: Option<RedisSection>,
+    #[serde(default)]
+    pub firewall: FirewallSection,
+    #[serde(default)]
+    pub allow: List<Net>,
+    pub ipv6_prefix: Option<Spanned<u8>>,
+    #[serde(default)]
+    pub safety: SafetySection,
+    pub control: Option<PathBuf>,
+    pub metrics: Option<Spanned<String>>,
+    pub rules: Spanned<List<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSection {
+    pub url: Spanned<String>,
+    #[serde(default = "default_prefix")]
+    pub prefix: Spanned<String>,
+    pub timeout: Option<Dur>,
+    #[serde(default)]
+    pub on_down: OnDown,
+    pub fleet_size: Option<NonZeroU32>,
+    /// How often the full ban list is compared with the local set (drift repair).
+    pub reconcile_every: Option<Dur>,
+}
+
+fn default_prefix() -> Spanned<String> {
+    Spanned::new(
+        "fleetban".to_owned(),
+        serde_saphyr::Location::UNKNOWN,
+        serde_saphyr::Location::UNKNOWN,
+    )
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnDown {
+    #[default]
+    Local,
+    Pause,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FirewallSection {
+    #[serde(default)]
+    pub backend: Backend,
+    pub table: Option<Spanned<String>>,
+    #[serde(default)]
+    pub action: ActionSpec,
+    #[serde(default)]
+    pub ports: List<u16Port>,
+}
+
+/// A TCP port number (1-65535).
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct u16Port(pub u16);
+
+impl std::str::FromStr for u16Port {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().parse::<u16>() {
+            Ok(p) if p > 0 => Ok(u16Port(p)),
+            _ => Err(format!("invalid port `{s}`: expected 1-65535")),
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    #[default]
+    Nftables,
+    Log,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActionSpec {
+    #[default]
+    Drop,
+    Reject,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SafetySection {
+    #[serde(default = "default_max_bans")]
+    pub max_bans_per_minute: u32,
+}
+
+impl Default for SafetySection {
+    fn default() -> Self {
+        SafetySection { max_bans_per_minute: default_max_bans() }
+    }
+}
+
+fn default_max_bans() -> u32 {
+    600
+}
+
+/// A rule file: `rules:` and nothing else.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleFile {
+    pub rules: Vec<RuleSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleSpec {
+    pub name: Spanned<String>,
+    pub logs: Spanned<List<String>>,
+    #[serde(default)]
+    pub format: FormatSpec,
+    #[serde(default, rename = "match")]
+    pub match_: MatchSpec,
+    #[serde(default)]
+    pub ignore: MatchSpec,
+    pub limit: Spanned<LimitSpec>,
+    #[serde(default)]
+    pub ban: BanSpec,
+}
+
+/// `match:` / `ignore:` — every key given must match (AND); values in a list are alternatives (OR).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MatchSpec {
+    pub method: Option<List<Method>>,
+    pub status: Option<List<StatusPat>>,
+    pub path: Option<Re>,
+    #[serde(alias = "ua")]
+    pub user_agent: Option<Re>,
+    pub host: Option<Re>,
+    pub limit_req_status: Option<List<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitSpec {
+    pub hits: Hits,
+    pub window: Dur,
+    #[serde(default)]
+    pub algorithm: Algorithm,
+    #[serde(default)]
+    pub scope: Scope,
+    #[serde(default)]
+    pub clock: Clock,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    #[default]
+    SlidingWindow,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    #[default]
+    Fleet,
+    Host,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Clock {
+    #[default]
+    Log,
+    Redis,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BanSpec {
+    #[serde(default = "default_ban_duration")]
+    pub duration: Dur,
+    pub escalate: Option<EscalateSpec>,
+}
+
+impl Default for BanSpec {
+    fn default() -> Self {
+        BanSpec { duration: default_ban_duration(), escalate: None }
+    }
+}
+
+fn default_ban_duration() -> Dur {
+    Dur(std::time::Duration::from_secs(3600))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EscalateSpec {
+    #[serde(default = "default_factor")]
+    pub factor: f64,
+    pub max: Option<Dur>,
+    pub forget_after: Option<Dur>,
+}
+
+fn default_factor() -> f64 {
+    2.0
+}
+
+/// `format:` is `combined`, `common`, `{ log_format: '...' }` or `{ regex: '...' }`.
+/// The parser is compiled here so that a bad format is reported where it stands.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FormatSpec(pub Format);
+
+impl Default for FormatSpec {
+    fn default() -> Self {
+        FormatSpec(Format::Combined)
+    }
+}
+
+impl<'de> Deserialize<'de> for FormatSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = FormatSpec;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("`combined`, `common`, `{ log_format: '...' }` or `{ regex: '...' }`")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<FormatSpec, E> {
+                match v {
+                    "combined" => Ok(FormatSpec(Format::Combined)),
+                    "common" => Ok(FormatSpec(Format::Common)),
+                    _ => Err(E::custom(format!(
+                        "unknown format `{v}`: expected `combined`, `common`, `{{ log_format: '...' }}` or `{{ regex: '...' }}`"
+                    ))),
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<FormatSpec, A::Error> {
+                let key: String = map
+                    .next_key()?
+                    .ok_or_else(|| de::Error::custom("empty format: expected `log_format:` or `regex:`"))?;
+                let value: String = map.next_value()?;
+                let format = match key.as_str() {
+                    "log_format" => Format::LogFormat(value),
+                    "regex" => Format::Regex(value),
+                    other => {
+                        return Err(de::Error::custom(format!(
+                            "unknown format key `{other}`: expected `log_format` or `regex`"
+                        )))
+                    }
+                };
+                if map.next_key::<String>()?.is_some() {
+                    return Err(de::Error::custom("a format has exactly one key: `log_format` or `regex`"));
+                }
+                Parser::new(&format).map_err(|e| de::Error::custom(format!("bad {key}: {e}")))?;
+                Ok(FormatSpec(format))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}

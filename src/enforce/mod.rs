@@ -1,0 +1,277 @@
+//! Enforcement: the last step of the flow, ban -> nft element.
+//!
+//! An [`Enforcer`] keeps the kernel's nftables sets (`table inet fleetban`, sets
+//! `v4`/`v6`, DESIGN §4) equal to the bans it is given. It is policy-free: it
+//! bans exactly what it is told (allow lists, loopback and the safety valve
+//! live in `bans`). Two implementations share one bookkeeping:
+//!
+//! - [`NftEnforcer`] (`nft.rs`) runs `nft -f -` with a generated ruleset, one
+//!   transaction per call, and reads the kernel back with `nft -j list table`.
+//! - [`LogEnforcer`] (`log.rs`) is the dry run: it logs what it would do.
+//!
+//! The bookkeeping (`cover.rs`) is pure: it keeps what callers want (desired)
+//! apart from what the kernel holds (applied) and plans the element changes.
+//! Interval sets reject overlapping elements, so an element inside a broader
+//! one is "covered": left out of the kernel while the broader one drops its
+//! traffic, and added back when the broader one goes. `script.rs` renders a
+//! plan as nft text and `listing.rs` parses the kernel's JSON listing.
+//!
+//! Times are unix milliseconds passed in by the caller (`now_ms`); element
+//! timeouts are the remaining time, so the kernel expires bans on its own even
+//! while the daemon is down.
+
+mod cover;
+mod listing;
+mod log;
+mod nft;
+mod script;
+
+use std::time::Duration;
+
+pub use self::log::LogEnforcer;
+pub use self::nft::NftEnforcer;
+
+/// When a ban ends.
+///
+/// Ordered: any `At` is earlier than `Permanent`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Until {
+    /// Unix time in milliseconds.
+    At(i64),
+    /// Never expires (no element timeout).
+    Permanent,
+}
+
+/// One ban as the enforcer sees it: a network and its end.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Element {
+    /// Address or prefix; host bits are ignored (`10.0.0.5/24` is `10.0.0.0/24`).
+    pub net: ipnet::IpNet,
+    /// When the ban ends.
+    pub until: Until,
+}
+
+/// What the two rules do with a banned source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Action {
+    /// Silently discard (`drop`).
+    #[default]
+    Drop,
+    /// Answer with an ICMP/ICMPv6 port-unreachable (`reject`).
+    Reject,
+}
+
+/// How the nft enforcer talks to the kernel.
+#[derive(Clone, Debug)]
+pub struct NftOptions {
+    /// Name of the `inet` table; `[A-Za-z0-9_]{1,32}`.
+    pub table: String,
+    /// Verdict of the two rules.
+    pub action: Action,
+    /// TCP destination ports the rules apply to; empty means all traffic.
+    pub ports: Vec<u16>,
+    /// argv prefix that runs nft (`["nft"]`; tests use `ip netns exec NS nft`).
+    pub command: Vec<String>,
+}
+
+impl Default for NftOptions {
+    fn default() -> Self {
+        NftOptions {
+            table: "fleetban".to_owned(),
+            action: Action::Drop,
+            ports: Vec::new(),
+            command: vec!["nft".to_owned()],
+        }
+    }
+}
+
+/// Why enforcement failed. Nothing here is fatal to the daemon: the next
+/// call re-reads the kernel and tries again.
+#[derive(Debug, thiserror::Error)]
+pub enum EnforceError {
+    /// The configured table name would not be a safe nft identifier.
+    #[error("invalid nftables table name {0:?}: use 1 to 32 of A-Z, a-z, 0-9, _")]
+    InvalidTable(String),
+    /// Port 0 cannot be matched.
+    #[error("invalid port 0 in nftables ports")]
+    InvalidPort,
+    /// `command` has no program.
+    #[error("the nft command is empty")]
+    EmptyCommand,
+    /// The program could not be started or its pipes failed.
+    #[error("cannot run {program}: {source}")]
+    Spawn {
+        /// The program (first word of the command).
+        program: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// nft ran and refused; `stderr` is what it said (capped).
+    #[error("nft {what} failed ({status}): {stderr}")]
+    Nft {
+        /// What we asked: "transaction", "list table", "delete table".
+        what: &'static str,
+        /// Exit status as text.
+        status: String,
+        /// nft's stderr, trimmed and capped at a few KiB.
+        stderr: String,
+    },
+    /// nft did not finish in time and was killed.
+    #[error("nft {what} did not finish within {after:?}")]
+    Timeout {
+        /// What we asked.
+        what: &'static str,
+        /// The limit.
+        after: Duration,
+    },
+    /// nft's JSON listing did not have the expected shape.
+    #[error("cannot read the nft listing of table {table}: {detail}")]
+    Listing {
+        /// The table listed.
+        table: String,
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+/// What a reconcile (or any apply) changed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReconcileStats {
+    /// Elements newly added to the kernel.
+    pub added: usize,
+    /// Elements re-added with a changed timeout.
+    pub refreshed: usize,
+    /// Elements deleted from the kernel.
+    pub removed: usize,
+    /// Elements already right.
+    pub unchanged: usize,
+    /// Wanted elements left out because a broader wanted one covers them.
+    pub covered: usize,
+    /// Wanted elements waiting for an overlapping element that is about to
+    /// expire (deleting it could fail); see [`Enforcer::next_wakeup`].
+    pub deferred: usize,
+    /// Input elements skipped because they had already expired.
+    pub expired: usize,
+}
+
+/// The enforcer the daemon holds: real nftables or a dry run.
+pub enum Enforcer {
+    /// Writes the kernel's sets.
+    Nft(NftEnforcer),
+    /// Logs what it would write.
+    Log(LogEnforcer),
+}
+
+impl Enforcer {
+    /// An nftables enforcer; validates the options, touches nothing yet.
+    pub fn nft(opts: NftOptions) -> Result<Enforcer, EnforceError> {
+        NftEnforcer::new(opts).map(Enforcer::Nft)
+    }
+
+    /// A dry-run enforcer.
+    pub fn log() -> Enforcer {
+        Enforcer::Log(LogEnforcer::new())
+    }
+
+    /// Creates table, sets and chain if needed (keeping existing elements)
+    /// and loads the kernel's elements as the current bans.
+    pub async fn init(&mut self, now_ms: i64) -> Result<(), EnforceError> {
+        match self {
+            Enforcer::Nft(e) => e.init(now_ms).await,
+            Enforcer::Log(e) => {
+                e.init(now_ms);
+                Ok(())
+            }
+        }
+    }
+
+    /// Adds (or extends) bans, in one nft transaction.
+    pub async fn add(&mut self, elems: &[Element], now_ms: i64) -> Result<(), EnforceError> {
+        match self {
+            Enforcer::Nft(e) => e.add(elems, now_ms).await,
+            Enforcer::Log(e) => {
+                e.add(elems, now_ms);
+                Ok(())
+            }
+        }
+    }
+
+    /// Lifts bans; a net inside a still-banned broader net stays dropped.
+    pub async fn remove(&mut self, nets: &[ipnet::IpNet], now_ms: i64) -> Result<(), EnforceError> {
+        match self {
+            Enforcer::Nft(e) => e.remove(nets, now_ms).await,
+            Enforcer::Log(e) => {
+                e.remove(nets, now_ms);
+                Ok(())
+            }
+        }
+    }
+
+    /// Makes the kernel's sets equal to `desired`: re-reads the kernel,
+    /// re-creates the table if it vanished, adds missing, removes stale,
+    /// refreshes changed timeouts.
+    pub async fn replace_all(
+        &mut self,
+        desired: &[Element],
+        now_ms: i64,
+    ) -> Result<ReconcileStats, EnforceError> {
+        match self {
+            Enforcer::Nft(e) => e.replace_all(desired, now_ms).await,
+            Enforcer::Log(e) => Ok(e.replace_all(desired, now_ms)),
+        }
+    }
+
+    /// Applies what became due since the last call: narrower bans whose
+    /// covering ban expired are added back, deferred bans are added. Call it
+    /// at [`Enforcer::next_wakeup`].
+    pub async fn tick(&mut self, now_ms: i64) -> Result<(), EnforceError> {
+        match self {
+            Enforcer::Nft(e) => e.tick(now_ms).await,
+            Enforcer::Log(e) => {
+                e.tick(now_ms);
+                Ok(())
+            }
+        }
+    }
+
+    /// When [`Enforcer::tick`] has work (unix ms), if ever.
+    pub fn next_wakeup(&self) -> Option<i64> {
+        match self {
+            Enforcer::Nft(e) => e.next_wakeup(),
+            Enforcer::Log(e) => e.next_wakeup(),
+        }
+    }
+
+    /// Deletes the whole table (every ban); fine if it is absent.
+    pub async fn flush(&mut self) -> Result<(), EnforceError> {
+        match self {
+            Enforcer::Nft(e) => e.flush().await,
+            Enforcer::Log(e) => {
+                e.flush();
+                Ok(())
+            }
+        }
+    }
+
+    /// Kernel elements believed present (covered bans are not counted).
+    pub fn len(&self) -> usize {
+        match self {
+            Enforcer::Nft(e) => e.len(),
+            Enforcer::Log(e) => e.len(),
+        }
+    }
+
+    /// True when no kernel element is believed present.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bans currently wanted, covered ones included.
+    pub fn desired_len(&self) -> usize {
+        match self {
+            Enforcer::Nft(e) => e.desired_len(),
+            Enforcer::Log(e) => e.desired_len(),
+        }
+    }
+}

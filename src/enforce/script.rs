@@ -1,0 +1,262 @@
+//! The nft input for one transaction, rendered as text for `nft -f -`.
+//!
+//! Built only from typed values: the validated table name, integers, and
+//! addresses through their `Display`. Text rather than nft's JSON input
+//! because it loads faster (100k elements: ~0.67 s text vs ~0.86 s JSON on
+//! nft 1.0.6). One element per line, so an nft error quotes one element.
+//! Everything in one input is one kernel transaction: all or nothing.
+
+use std::fmt::Write;
+
+use ipnet::IpNet;
+
+use super::cover::{Plan, Span};
+use super::{Action, NftOptions, Until};
+
+/// The chain's definition, as listed back in JSON.
+pub(crate) const CHAIN: &str = "input";
+pub(crate) const CHAIN_TYPE: &str = "filter";
+pub(crate) const CHAIN_HOOK: &str = "input";
+pub(crate) const CHAIN_PRIO: i64 = -10;
+pub(crate) const CHAIN_POLICY: &str = "accept";
+
+/// Table, sets and chain work needed before the elements. Derived from a
+/// listing; everything false means the layout is right as it is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Preamble {
+    /// Empty the chain first: a set it references is being re-created.
+    pub flush_chain_first: bool,
+    /// The chain exists with another type, hook, priority or policy.
+    pub delete_chain: bool,
+    /// Sets that exist with another type or without interval/timeout flags.
+    pub delete_v4: bool,
+    pub delete_v6: bool,
+    /// (Re)install the two rules (missing, or action/ports changed).
+    pub rules: bool,
+}
+
+impl Preamble {
+    /// For a table that does not exist.
+    pub fn create() -> Preamble {
+        Preamble {
+            rules: true,
+            ..Preamble::default()
+        }
+    }
+}
+
+/// The comment that identifies a rule's configuration, so a changed action
+/// or port list is noticed without parsing rule expressions.
+pub(crate) fn rule_comment(v4: bool, opts: &NftOptions) -> String {
+    let mut c = format!("fleetban {} {}", if v4 { "v4" } else { "v6" }, verdict(opts.action));
+    if !opts.ports.is_empty() {
+        c.push_str(" tcp ");
+        let ports: Vec<String> = opts.ports.iter().map(u16::to_string).collect();
+        let list = ports.join(",");
+        if list.len() <= 96 {
+            c.push_str(&list);
+        } else {
+            // nft keeps at most 128 bytes of comment: name a long list by hash.
+            let hash = opts.ports.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, p| {
+                (h ^ u64::from(*p)).wrapping_mul(0x0100_0000_01b3)
+            });
+            let _ = write!(c, "{}#{hash:016x}", opts.ports.len());
+        }
+    }
+    c
+}
+
+fn verdict(action: Action) -> &'static str {
+    match action {
+        Action::Drop => "drop",
+        Action::Reject => "reject",
+    }
+}
+
+/// Renders the preamble (if any) and the plan's element changes.
+pub(crate) fn render(opts: &NftOptions, preamble: Option<Preamble>, plan: &Plan, now: i64) -> String {
+    let mut out = String::with_capacity(1024 + plan.add.len() * 40 + plan.delete.len() * 24);
+    let t = opts.table.as_str();
+    if let Some(p) = preamble {
+        // `let _ =`: writing to a String cannot fail.
+        let _ = write_preamble(&mut out, opts, p);
+    }
+    for v4 in [true, false] {
+        let mut block = Block::new("delete", t, v4);
+        for span in plan.delete.iter().filter(|s| s.is_v4() == v4) {
+            let _ = write_span(block.next(&mut out), span);
+        }
+        block.close(&mut out);
+    }
+    for v4 in [true, false] {
+        let mut block = Block::new("add", t, v4);
+        for (net, until) in plan.add.iter().filter(|(n, _)| matches!(n, IpNet::V4(_)) == v4) {
+            let _ = write_element(block.next(&mut out), net, *until, now);
+        }
+        block.close(&mut out);
+    }
+    out
+}
+
+fn write_preamble(out: &mut String, opts: &NftOptions, p: Preamble) -> std::fmt::Result {
+    let t = opts.table.as_str();
+    writeln!(out, "add table inet {t}")?;
+    if p.flush_chain_first {
+        writeln!(out, "flush chain inet {t} {CHAIN}")?;
+    }
+    if p.delete_chain {
+        writeln!(out, "delete chain inet {t} {CHAIN}")?;
+    }
+    if p.delete_v4 {
+        writeln!(out, "delete set inet {t} v4")?;
+    }
+    if p.delete_v6 {
+        writeln!(out, "delete set inet {t} v6")?;
+    }
+    writeln!(out, "add set inet {t} v4 {{ type ipv4_addr; flags interval, timeout; }}")?;
+    writeln!(out, "add set inet {t} v6 {{ type ipv6_addr; flags interval, timeout; }}")?;
+    writeln!(
+        out,
+        "add chain inet {t} {CHAIN} {{ type {CHAIN_TYPE} hook {CHAIN_HOOK} priority {CHAIN_PRIO}; policy {CHAIN_POLICY}; }}"
+    )?;
+    if p.rules {
+        // Same transaction: there is never a moment without the rules.
+        writeln!(out, "flush chain inet {t} {CHAIN}")?;
+        for (v4, proto, set) in [(true, "ip", "v4"), (false, "ip6", "v6")] {
+            write!(out, "add rule inet {t} {CHAIN} ")?;
+            if !opts.ports.is_empty() {
+                out.push_str("tcp dport { ");
+                for (i, port) in opts.ports.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    write!(out, "{port}")?;
+                }
+                out.push_str(" } ");
+            }
+            writeln!(
+                out,
+                "{proto} saddr @{set} counter {} comment \"{}\"",
+                verdict(opts.action),
+                rule_comment(v4, opts)
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// `VERB element inet T SET {` ... `}`, opened only if it gets an element.
+struct Block<'a> {
+    verb: &'static str,
+    table: &'a str,
+    v4: bool,
+    open: bool,
+}
+
+impl<'a> Block<'a> {
+    fn new(verb: &'static str, table: &'a str, v4: bool) -> Self {
+        Block {
+            verb,
+            table,
+            v4,
+            open: false,
+        }
+    }
+
+    /// Starts the next element's line and hands back the output.
+    fn next<'o>(&mut self, out: &'o mut String) -> &'o mut String {
+        if self.open {
+            out.push_str(",\n");
+        } else {
+            let set = if self.v4 { "v4" } else { "v6" };
+            let _ = writeln!(out, "{} element inet {} {set} {{", self.verb, self.table);
+            self.open = true;
+        }
+        out
+    }
+
+    fn close(self, out: &mut String) {
+        if self.open {
+            out.push_str("\n}\n");
+        }
+    }
+}
+
+fn write_span(out: &mut String, span: &Span) -> std::fmt::Result {
+    write!(out, "{span}")
+}
+
+fn write_element(out: &mut String, net: &IpNet, until: Until, now: i64) -> std::fmt::Result {
+    if net.prefix_len() == net.max_prefix_len() {
+        write!(out, "{}", net.addr())?;
+    } else {
+        write!(out, "{net}")?;
+    }
+    if let Until::At(t) = until {
+        write_timeout(out, (t - now).max(1))?;
+    }
+    Ok(())
+}
+
+/// ` timeout Nms`. nft 1.0.6 rejects a number of 9 or more digits in a time
+/// ("value too large"), so from ~27.7 hours on the days go separately.
+fn write_timeout(out: &mut String, ms: i64) -> std::fmt::Result {
+    const DAY: i64 = 86_400_000;
+    if ms < 100_000_000 {
+        write!(out, " timeout {ms}ms")
+    } else {
+        write!(out, " timeout {}d{}ms", ms / DAY, ms % DAY)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(action: Action, ports: Vec<u16>) -> NftOptions {
+        NftOptions {
+            action,
+            ports,
+            ..NftOptions::default()
+        }
+    }
+
+    #[test]
+    fn renders_elements_with_remaining_timeouts() {
+        let now = 1_000_000;
+        let plan = Plan {
+            delete: vec![Span::of(&"10.0.0.5/32".parse().unwrap())],
+            add: vec![
+                ("10.0.0.0/24".parse().unwrap(), Until::At(now + 3_600_000)),
+                ("2001:db8::/64".parse().unwrap(), Until::At(now + 30 * 86_400_000 + 7)),
+                ("192.0.2.1/32".parse().unwrap(), Until::Permanent),
+            ],
+            ..Plan::default()
+        };
+        let text = render(&NftOptions::default(), None, &plan, now);
+        assert_eq!(
+            text,
+            "delete element inet fleetban v4 {\n10.0.0.5\n}\n\
+             add element inet fleetban v4 {\n10.0.0.0/24 timeout 3600000ms,\n192.0.2.1\n}\n\
+             add element inet fleetban v6 {\n2001:db8::/64 timeout 30d7ms\n}\n"
+        );
+    }
+
+    #[test]
+    fn renders_rules_for_action_and_ports() {
+        let text = render(&opts(Action::Reject, vec![80, 443]), Some(Preamble::create()), &Plan::default(), 0);
+        assert!(text.starts_with("add table inet fleetban\n"), "{text}");
+        assert!(text.contains(
+            "add rule inet fleetban input tcp dport { 80, 443 } ip saddr @v4 counter reject comment \"fleetban v4 reject tcp 80,443\"\n"
+        ));
+        assert!(text.contains("ip6 saddr @v6 counter reject comment \"fleetban v6 reject tcp 80,443\""));
+        let text = render(&opts(Action::Drop, vec![]), Some(Preamble::create()), &Plan::default(), 0);
+        assert!(text.contains("add rule inet fleetban input ip saddr @v4 counter drop comment \"fleetban v4 drop\"\n"));
+    }
+
+    #[test]
+    fn long_port_lists_get_a_short_comment() {
+        let c = rule_comment(true, &opts(Action::Drop, (1000..1100).collect()));
+        assert!(c.len() < 128 && c.starts_with("fleetban v4 drop tcp 100#"), "{c}");
+    }
+}

@@ -1,0 +1,62 @@
+//! fleetban: a log-tailing ban daemon for a fleet of nginx hosts.
+//!
+//! # Layout
+//! The modules follow the data flow, bytes to firewall:
+//! - `source`: follows log files (tail -F), yields chunks of whole lines with offsets.
+//! - `parse`: one line to a [`parse::Request`] (nginx combined/common, log_format, regex).
+//! - `detect`: rules decide which requests are hits; hits are batched per (rule, address).
+//! - `limit`: the sliding window, in Redis (`lua/`) or in memory, same semantics.
+//! - `bans`: the ban list (Redis or embedded), escalation, allow list, safety valve.
+//! - `enforce`: nftables (or a log, for dry runs); the only module that runs nft.
+//! - `fleet`: follows the fleet's ban events and reconciles the local set with the list.
+//! - `daemon`: wires the tasks together: `run`, shutdown, control socket.
+//! - `replay`: `fleetban test`, the offline replay with log time.
+//! - `config`: the YAML files, validated, with file:line:column errors.
+//! - `store`: the Redis connection and key names.
+
+pub mod bans;
+pub mod commands;
+pub mod config;
+pub mod daemon;
+pub mod detect;
+pub mod enforce;
+pub mod fleet;
+pub mod limit;
+pub mod parse;
+pub mod replay;
+pub mod source;
+pub mod store;
+
+/// Wall-clock time in unix milliseconds.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Unix ms as RFC 3339 UTC with second precision: `2015-05-17T10:05:03Z`.
+pub fn rfc3339(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rfc3339() {
+        assert_eq!(super::rfc3339(1_431_857_103_000), "2015-05-17T10:05:03Z");
+        assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(super::rfc3339(951_782_400_000), "2000-02-29T00:00:00Z");
+    }
+}

@@ -1,0 +1,82 @@
+//! The limiter: given batches of hits per (rule, client key), decides which
+//! hit, if any, goes over the rule's limit. Two implementations with one
+//! semantics (DESIGN §2): the Redis scripts of `lua/` for a fleet, and
+//! [`MemoryLimiter`] for a single host and for `fleetban test`. The
+//! differential tests hold them to the same decisions hit by hit.
+
+mod memory;
+mod redis;
+
+pub use self::memory::MemoryLimiter;
+pub use self::redis::RedisLimiter;
+
+use crate::config::{Clock, Rule, Scope};
+use crate::detect::Batch;
+
+/// What the limiter needs to know of one rule.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuleLimit {
+    pub name: String,
+    pub hits: u32,
+    pub window_ms: i64,
+    pub scope: Scope,
+    pub clock: Clock,
+}
+
+impl RuleLimit {
+    pub fn of(rules: &[Rule]) -> Vec<RuleLimit> {
+        rules
+            .iter()
+            .map(|r| RuleLimit {
+                name: r.name.clone(),
+                hits: r.limit.hits,
+                window_ms: r.limit.window_ms,
+                scope: r.limit.scope,
+                clock: r.limit.clock,
+            })
+            .collect()
+    }
+}
+
+/// The decision for one batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Every hit fitted; `count` is the window's size afterwards.
+    Under { count: u32 },
+    /// `hits[index]` found `count` hits already in the window (count >= limit):
+    /// it crosses the limit, and the hits after it in the batch were not counted.
+    Over { index: usize, count: u32 },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LimitError {
+    #[error("redis: {0}")]
+    Redis(#[from] ::redis::RedisError),
+    #[error("unexpected reply from the window script: {0}")]
+    Reply(String),
+}
+
+pub enum Limiter {
+    Memory(MemoryLimiter),
+    Redis(RedisLimiter),
+}
+
+impl Limiter {
+    /// One verdict per batch, in order. For Redis, one pipelined round trip.
+    pub async fn check(&mut self, batches: &[Batch]) -> Result<Vec<Verdict>, LimitError> {
+        match self {
+            Limiter::Memory(m) => {
+                let now = crate::now_ms();
+                Ok(batches.iter().map(|b| m.check(b.rule, b.key, &b.hits, now)).collect())
+            }
+            Limiter::Redis(r) => r.check(batches).await,
+        }
+    }
+
+    pub fn set_rules(&mut self, rules: Vec<RuleLimit>) {
+        match self {
+            Limiter::Memory(m) => m.set_rules(rules),
+            Limiter::Redis(r) => r.set_rules(rules),
+        }
+    }
+}

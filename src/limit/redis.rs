@@ -1,0 +1,94 @@
+//! The sliding window in Redis: one EVALSHA of `lua/sliding_window.lua` per
+//! batch, all batches of a flush in one pipeline (one round trip), the script
+//! loaded again and the failed calls resent when the server answers NOSCRIPT.
+//! Resending is safe: members are deterministic, and the script does not
+//! count a member twice.
+
+use ::redis::aio::ConnectionManager;
+use ::redis::Value;
+
+use super::{LimitError, RuleLimit, Verdict};
+use crate::config::{Clock, Scope};
+use crate::detect::Batch;
+use crate::store::{self, Keys, SLIDING_WINDOW};
+
+pub struct RedisLimiter {
+    con: ConnectionManager,
+    keys: Keys,
+    host: String,
+    rules: Vec<RuleLimit>,
+    /// Round trips made, for `status` and benchmarks.
+    pub round_trips: u64,
+}
+
+impl RedisLimiter {
+    pub fn new(con: ConnectionManager, keys: Keys, host: &str, rules: Vec<RuleLimit>) -> RedisLimiter {
+        RedisLimiter { con, keys, host: host.to_owned(), rules, round_trips: 0 }
+    }
+
+    pub fn set_rules(&mut self, rules: Vec<RuleLimit>) {
+        self.rules = rules;
+    }
+
+    fn call(&self, b: &Batch) -> ::redis::Cmd {
+        let rule = &self.rules[b.rule];
+        let host = (rule.scope == Scope::Host).then_some(self.host.as_str());
+        let key = self.keys.window(&b.key, &rule.name, host);
+        let mut c = SLIDING_WINDOW.cmd(&[&key]);
+        c.arg(rule.window_ms).arg(rule.hits).arg(u8::from(rule.clock == Clock::Redis));
+        for h in &b.hits {
+            c.arg(h.time_ms).arg(h.member);
+        }
+        c
+    }
+
+    pub async fn check(&mut self, batches: &[Batch]) -> Result<Vec<Verdict>, LimitError> {
+        let mut out: Vec<Option<Verdict>> = vec![None; batches.len()];
+        let mut todo: Vec<usize> = (0..batches.len()).filter(|&i| batches[i].rule < self.rules.len()).collect();
+        for i in (0..batches.len()).filter(|&i| batches[i].rule >= self.rules.len()) {
+            out[i] = Some(Verdict::Under { count: 0 });
+        }
+        // At most two passes: the second only after a NOSCRIPT and a reload.
+        for pass in 0..2 {
+            if todo.is_empty() {
+                break;
+            }
+            let mut pipe = ::redis::pipe();
+            pipe.ignore_errors();
+            for &i in &todo {
+                pipe.add_command(self.call(&batches[i]));
+            }
+            let replies: Vec<Value> = pipe.query_async(&mut self.con).await?;
+            self.round_trips += 1;
+            let mut again = Vec::new();
+            for (&i, v) in todo.iter().zip(replies) {
+                if store::value_is_noscript(&v) && pass == 0 {
+                    again.push(i);
+                    continue;
+                }
+                out[i] = Some(verdict(v)?);
+            }
+            if !again.is_empty() {
+                SLIDING_WINDOW.load(&mut self.con).await?;
+            }
+            todo = again;
+        }
+        out.into_iter()
+            .map(|v| v.ok_or_else(|| LimitError::Reply("NOSCRIPT after reloading the script".into())))
+            .collect()
+    }
+}
+
+fn verdict(v: Value) -> Result<Verdict, LimitError> {
+    if let Value::ServerError(e) = &v {
+        return Err(LimitError::Reply(e.to_string()));
+    }
+    let (index, count): (i64, i64) =
+        ::redis::FromRedisValue::from_redis_value(v.clone()).map_err(|_| LimitError::Reply(format!("{v:?}")))?;
+    let count = u32::try_from(count).unwrap_or(u32::MAX);
+    Ok(if index > 0 {
+        Verdict::Over { index: (index - 1) as usize, count }
+    } else {
+        Verdict::Under { count }
+    })
+}

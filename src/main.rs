@@ -1,0 +1,102 @@
+//! The `fleetban` command line: flags defined here, work done in the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use fleetban::commands::{self, BanArgs};
+
+#[derive(Parser)]
+#[command(name = "fleetban", version, about = "Fleet-wide ban daemon for nginx: Redis sliding windows, shared ban list, nftables")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon (Type=notify under systemd).
+    Run {
+        #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
+        config: PathBuf,
+        /// Decide and record bans, but never touch the firewall.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Validate the configuration and the rules; exit 0, or 2 with every error.
+    Check {
+        #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
+        config: PathBuf,
+    },
+    /// Replay log files through the rules with log time and the embedded store.
+    Test {
+        #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
+        config: PathBuf,
+        /// Only this rule.
+        #[arg(long)]
+        rule: Option<String>,
+        /// JSON Lines: one line per ban decided, then a summary.
+        #[arg(long)]
+        json: bool,
+        #[arg(required = true)]
+        logs: Vec<PathBuf>,
+    },
+    /// The running daemon's state, through its control socket.
+    Status {
+        #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
+        config: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Active bans, fleet-wide.
+    Bans {
+        #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
+        config: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ban an address or network on every host.
+    Ban {
+        #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
+        config: PathBuf,
+        /// ADDR or CIDR.
+        target: String,
+        /// How long, e.g. 1h, 30m, 7d (default 1h).
+        #[arg(long = "for", conflicts_with = "permanent")]
+        duration: Option<String>,
+        /// Until unbanned.
+        #[arg(long)]
+        permanent: bool,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Lift a ban on every host.
+    Unban {
+        #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
+        config: PathBuf,
+        /// ADDR or CIDR.
+        target: String,
+    },
+    /// Remove this host's nftables table and every ban in it.
+    Flush {
+        #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
+        config: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Run { config, dry_run } => commands::run(&config, dry_run),
+        Command::Check { config } => commands::check(&config),
+        Command::Test { config, rule, json, logs } => commands::test(&config, rule.as_deref(), json, &logs),
+        Command::Status { config, json } => commands::status(&config, json),
+        Command::Bans { config, json } => commands::bans(&config, json),
+        Command::Ban { config, target, duration, permanent, reason } => {
+            commands::ban(&config, &BanArgs { target, duration, permanent, reason })
+        }
+        Command::Unban { config, target } => commands::unban(&config, &target),
+        Command::Flush { config } => commands::flush(&config),
+    };
+    ExitCode::from(code)
+}

@@ -1,0 +1,92 @@
+//! The fast path: nginx `combined` and `common`, scanned by hand.
+//!
+//! ```text
+//! $remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent "$http_referer" "$http_user_agent"
+//! '------------------------- common -----------------------------------------'
+//! ```
+//!
+//! One pass, left to right, with `memchr` between fields: no regex, no
+//! allocation. The address is the text before the first space, so nothing later
+//! in the line can move it. What is tolerated, because real logs have it:
+//! - any ident and user between the address and `[` (Apache writes an ident);
+//! - fields that a site appends after the last one (`common` therefore reads a
+//!   `combined` line as its prefix);
+//! - a user agent whose closing quote is missing at the end of the line (a
+//!   truncated line: the public sample log has one); every other field must be
+//!   complete, so a truncated line parses only when all but the user agent is
+//!   there.
+
+use memchr::memchr;
+
+use super::addr::parse_addr;
+use super::fields::{find_quote, is_byte_count, is_trailer, parse_status, split_request};
+use super::time::parse_time_local;
+use super::Request;
+
+/// Length of `17/May/2015:10:05:03 +0000`.
+const TIME_LOCAL_LEN: usize = 26;
+
+/// Parses a `combined` line, or only its `common` prefix when `combined` is false.
+pub(crate) fn parse(line: &[u8], combined: bool) -> Option<Request<'_>> {
+    let space = memchr(b' ', line)?;
+    let mut request = Request::with_addr(parse_addr(&line[..space])?);
+
+    let open = time_open(line, space)?;
+    let time = open + 1;
+    request.time_ms = Some(parse_time_local(line.get(time..time + TIME_LOCAL_LEN)?)?);
+
+    let mut at = time + TIME_LOCAL_LEN;
+    if line.get(at..at + 3)? != b"] \"" {
+        return None;
+    }
+    at += 3;
+    let close = find_quote(line, at)?;
+    (request.method, request.path) = split_request(&line[at..close]);
+
+    // ` 200 ` then the byte count, ending at a space or the end of the line.
+    at = close + 1;
+    match line.get(at..at + 5)? {
+        [b' ', status @ .., b' '] => request.status = parse_status(status)?,
+        _ => return None,
+    }
+    at += 5;
+    let bytes_end = memchr(b' ', &line[at..]).map_or(line.len(), |n| at + n);
+    if !is_byte_count(&line[at..bytes_end]) {
+        return None;
+    }
+    if !combined {
+        return Some(request);
+    }
+
+    at = quote_open(line, bytes_end)?;
+    let close = find_quote(line, at)?;
+    request.referer = &line[at..close];
+
+    at = quote_open(line, close + 1)?;
+    match find_quote(line, at) {
+        Some(close) if is_trailer(&line[close + 1..]) => request.user_agent = &line[at..close],
+        Some(_) => return None,
+        None => request.user_agent = &line[at..],
+    }
+    Some(request)
+}
+
+/// Position of the `[` opening the time: the first `[` after a space,
+/// searching from the space that ends the address.
+fn time_open(line: &[u8], from: usize) -> Option<usize> {
+    let mut at = from;
+    loop {
+        let open = at + memchr(b'[', line.get(at..)?)?;
+        // `open > from` because `line[from]` is a space, so `open - 1` exists.
+        if line[open - 1] == b' ' {
+            return Some(open);
+        }
+        at = open + 1;
+    }
+}
+
+/// Expects ` "` at `at`; returns where the quoted value starts.
+#[inline]
+fn quote_open(line: &[u8], at: usize) -> Option<usize> {
+    (line.get(at..at + 2)? == b" \"").then_some(at + 2)
+}

@@ -1,0 +1,176 @@
+//! Parse: one access-log line in, one [`Request`] out, borrowing the line.
+//!
+//! This is the step between `source` (which hands over whole lines) and
+//! `detect` (which decides whether a request counts). Three ways to read a
+//! line, chosen once per log by a [`Format`]: a hand-written scanner for
+//! nginx `combined`/`common` (the hot path: no regex, no allocation), a
+//! compiler from an nginx `log_format` string to a scanning program, and a
+//! `regex` escape hatch with named groups.
+//!
+//! The one invariant that matters for a ban daemon: the client address is
+//! read from its own field and nowhere else. A URI, referer or user agent that
+//! contains an address (log injection) can at worst make the line unparsed;
+//! it can never make that address the [`Request::addr`]. `parse` knows nothing
+//! of rules, Redis or nftables, and never panics, whatever the bytes.
+//!
+//! Layout: `combined` (fast path), `log_format` (compiler), `regex` (named
+//! groups), `variables` (what each nginx variable means), `fields` (request
+//! line, status, quoted fields), `addr`, `time`.
+
+mod addr;
+mod combined;
+mod fields;
+mod log_format;
+mod regex;
+mod time;
+mod variables;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+pub use addr::parse_addr;
+pub use time::{days_from_civil, parse_epoch, parse_iso8601, parse_time_any, parse_time_local};
+
+/// One parsed access-log line; fields borrow the line (zero-copy).
+///
+/// A field the format does not have is empty / `None` / `0`. Quoted fields are
+/// returned as logged: nginx's `-` for an empty referer or user agent stays
+/// `-`, and escapes such as `\x22` are not decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request<'a> {
+    /// Client address from its own field; IPv4-mapped IPv6 becomes IPv4.
+    pub addr: IpAddr,
+    /// Unix epoch milliseconds, UTC; `None` when the format has no time field.
+    pub time_ms: Option<i64>,
+    /// Request method (`GET`); empty when the request line is malformed.
+    pub method: &'a [u8],
+    /// Request target as logged (path and query), raw bytes.
+    pub path: &'a [u8],
+    /// HTTP status; 0 when the format has none.
+    pub status: u16,
+    /// User agent as logged.
+    pub user_agent: &'a [u8],
+    /// Referer as logged.
+    pub referer: &'a [u8],
+    /// Host (`$host`, `$http_host` or `$server_name`).
+    pub host: &'a [u8],
+    /// `$limit_req_status` (`PASSED`, `REJECTED`, ...).
+    pub limit_req_status: &'a [u8],
+}
+
+impl<'a> Request<'a> {
+    /// A request with only an address: the starting point every format fills in.
+    pub(crate) fn with_addr(addr: IpAddr) -> Request<'a> {
+        Request {
+            addr,
+            time_ms: None,
+            method: b"",
+            path: b"",
+            status: 0,
+            user_agent: b"",
+            referer: b"",
+            host: b"",
+            limit_req_status: b"",
+        }
+    }
+}
+
+/// How the lines of one log are written.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Format {
+    /// nginx `combined` (also Apache's): common plus `"$http_referer" "$http_user_agent"`.
+    Combined,
+    /// `$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent`.
+    Common,
+    /// An nginx `log_format` string, e.g. `'$remote_addr [$time_iso8601] "$request" $status'`.
+    LogFormat(String),
+    /// A regex with named groups: `addr` (required), `time`, `method`, `path`,
+    /// `status`, `ua`, `referer`, `host`. It must match from the line's first byte.
+    Regex(String),
+}
+
+/// Why a [`Format`] cannot be turned into a [`Parser`].
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    #[error("log_format is empty")]
+    Empty,
+    #[error("log_format has no `$remote_addr`: the client address needs its own field")]
+    MissingAddr,
+    #[error("log_format: `$` at position {position} is not followed by a variable name")]
+    BadVariable { position: usize },
+    #[error("log_format: `${{` at position {position} is never closed by `}}`")]
+    UnclosedBrace { position: usize },
+    #[error("log_format: unknown character {found:?} in variable name at position {position}")]
+    BadVariableChar { found: char, position: usize },
+    #[error(
+        "log_format: `${second}` at position {position} follows `${first}` with no text \
+         between them, so the parser cannot tell where one ends"
+    )]
+    AdjacentVariables {
+        first: String,
+        second: String,
+        position: usize,
+    },
+    #[error(
+        "log_format: `${name}` at position {position} comes before `$remote_addr` and may \
+         contain {delimiter:?}; an address inside it could be taken for the client's. \
+         Quote it (\"${name}\") or move it after `$remote_addr`"
+    )]
+    AmbiguousBeforeAddr {
+        name: String,
+        position: usize,
+        delimiter: String,
+    },
+    #[error("invalid regex: {0}")]
+    Regex(#[from] ::regex::Error),
+    #[error("regex has no named group `addr`")]
+    RegexNoAddr,
+}
+
+/// A compiled [`Format`]: `Send + Sync`, and cloning it is cheap (an `Arc` at most).
+#[derive(Clone, Debug)]
+pub struct Parser {
+    kind: Kind,
+}
+
+#[derive(Clone, Debug)]
+enum Kind {
+    Combined,
+    Common,
+    LogFormat(Arc<log_format::Program>),
+    Regex(Arc<regex::RegexFormat>),
+}
+
+impl Parser {
+    /// Compiles `format`; every error names what is wrong and where.
+    pub fn new(format: &Format) -> Result<Parser, FormatError> {
+        let kind = match format {
+            Format::Combined => Kind::Combined,
+            Format::Common => Kind::Common,
+            Format::LogFormat(s) => Kind::LogFormat(Arc::new(log_format::Program::compile(s)?)),
+            Format::Regex(s) => Kind::Regex(Arc::new(regex::RegexFormat::compile(s)?)),
+        };
+        Ok(Parser { kind })
+    }
+
+    /// Parses one line (without its `\n`; a trailing `\r` is ignored).
+    /// `None` means unparsed: the caller counts it and moves on.
+    pub fn parse<'a>(&self, line: &'a [u8]) -> Option<Request<'a>> {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        match &self.kind {
+            Kind::Combined => combined::parse(line, true),
+            Kind::Common => combined::parse(line, false),
+            Kind::LogFormat(program) => program.parse(line),
+            Kind::Regex(format) => format.parse(line),
+        }
+    }
+
+    /// Whether parsed requests carry a time (`clock: log` needs one).
+    pub fn has_time(&self) -> bool {
+        match &self.kind {
+            Kind::Combined | Kind::Common => true,
+            Kind::LogFormat(program) => program.has_time(),
+            Kind::Regex(format) => format.has_time(),
+        }
+    }
+}

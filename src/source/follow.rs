@@ -1,0 +1,160 @@
+//! The follower task: runs polling steps (`tracker.rs`) on the blocking pool
+//! and sends their chunks into the bounded channel, one at a time.
+//!
+//! Backpressure is the send itself: while the channel is full the task waits,
+//! and no step runs, so at most one step's chunks (one `read_chunk` per open
+//! file) are held beyond what sits in the channel. Between steps it sleeps for
+//! `poll_interval`, unless a step filled a read buffer (more is waiting) or a
+//! [`WakeHandle`] wakes it: the hook for a notify/inotify watcher.
+//!
+//! Shutdown: the token stops the task at its next await; chunks read but not
+//! sent are dropped, which loses nothing since only committed offsets persist.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use foldhash::HashMap;
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error};
+
+use super::tracker::Tracker;
+use super::{Chunk, FollowOptions, OffsetStore, SourceStat};
+
+/// State shared by the task and its [`Follower`] / [`WakeHandle`]s.
+#[derive(Default)]
+pub(crate) struct Shared {
+    /// Per-path counters, updated once per step.
+    stats: Mutex<HashMap<Arc<Path>, SourceStat>>,
+    /// Cuts the sleep between steps short.
+    wake: Notify,
+    /// Expand the globs at the next step rather than at the next interval.
+    rescan: AtomicBool,
+}
+
+impl Shared {
+    pub(crate) fn lock_stats(&self) -> MutexGuard<'_, HashMap<Arc<Path>, SourceStat>> {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn take_rescan_request(&self) -> bool {
+        self.rescan.swap(false, Ordering::Relaxed)
+    }
+}
+
+/// Lets a watcher (notify/inotify, a signal) make the follower poll now.
+#[derive(Clone)]
+pub struct WakeHandle(Arc<Shared>);
+
+impl WakeHandle {
+    /// Some file may have new data: poll now.
+    pub fn wake(&self) {
+        self.0.wake.notify_one();
+    }
+
+    /// Files may have appeared: expand the globs and poll now.
+    pub fn rescan(&self) {
+        self.0.rescan.store(true, Ordering::Relaxed);
+        self.wake();
+    }
+}
+
+/// A running follower: its task and what it reports.
+pub struct Follower {
+    task: JoinHandle<()>,
+    shared: Arc<Shared>,
+}
+
+impl Follower {
+    /// One entry per followed path, by pattern index then path.
+    pub fn stats(&self) -> Vec<SourceStat> {
+        let mut v: Vec<SourceStat> = self.shared.lock_stats().values().cloned().collect();
+        v.sort_by(|a, b| (a.source, &a.path).cmp(&(b.source, &b.path)));
+        v
+    }
+
+    pub fn waker(&self) -> WakeHandle {
+        WakeHandle(Arc::clone(&self.shared))
+    }
+
+    /// The task has stopped (shutdown, or the receiver was dropped).
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Waits for the task to stop; cancel the shutdown token first.
+    pub async fn join(self) {
+        if let Err(e) = self.task.await {
+            error!(error = %e, "Log follower task failed.");
+        }
+    }
+}
+
+/// Starts following `patterns` (paths or globs; a chunk's `source` is the
+/// index in this list) on the current tokio runtime. A path matched by several
+/// patterns is followed once, under the first. The task ends when `shutdown`
+/// is cancelled or the receiver of `tx` is dropped.
+pub fn spawn(
+    patterns: Vec<String>,
+    offsets: Arc<OffsetStore>,
+    opts: FollowOptions,
+    tx: mpsc::Sender<Chunk>,
+    shutdown: CancellationToken,
+) -> Follower {
+    let shared = Arc::new(Shared::default());
+    let poll = opts.poll_interval;
+    let tracker = Tracker::new(patterns, offsets, opts, Arc::clone(&shared));
+    let task = tokio::spawn(run(tracker, poll, tx, shutdown, Arc::clone(&shared)));
+    Follower { task, shared }
+}
+
+async fn run(
+    mut tracker: Tracker,
+    poll: Duration,
+    tx: mpsc::Sender<Chunk>,
+    shutdown: CancellationToken,
+    shared: Arc<Shared>,
+) {
+    while !shutdown.is_cancelled() && !tx.is_closed() {
+        let blocking = tokio::task::spawn_blocking(move || {
+            let step = tracker.step();
+            (tracker, step)
+        });
+        let step = tokio::select! {
+            biased;
+            // A step stuck in the kernel (dead NFS) must not hold up shutdown.
+            _ = shutdown.cancelled() => return,
+            done = blocking => match done {
+                Ok((t, step)) => {
+                    tracker = t;
+                    step
+                }
+                Err(e) => {
+                    error!(error = %e, "Log follower step failed; following stopped.");
+                    return;
+                }
+            },
+        };
+        for chunk in step.chunks {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return,
+                sent = tx.send(chunk) => if sent.is_err() {
+                    debug!("Chunk receiver gone; follower stops.");
+                    return;
+                },
+            }
+        }
+        if !step.more {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return,
+                _ = shared.wake.notified() => {}
+                _ = tokio::time::sleep(poll) => {}
+            }
+        }
+    }
+}

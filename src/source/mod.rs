@@ -1,0 +1,153 @@
+//! Source: follows log files (tail -F that loses nothing) and hands their
+//! complete lines downstream in chunks. First stage of the flow:
+//! bytes -> **lines** -> request -> hit -> decision -> ban.
+//!
+//! [`spawn`] starts a follower for a list of paths or globs. It sends
+//! [`Chunk`]s (many whole lines from one file, with their file offsets) into a
+//! bounded channel, and pauses reading while the channel is full. It never
+//! marks anything processed: the consumer calls [`OffsetStore::commit`] with
+//! [`Chunk::end`] after handling a chunk, and [`OffsetStore::save`] now and then.
+//!
+//! Semantics, in short (details in `tracker.rs` and `reader.rs`):
+//! - A file is known by device + inode + fingerprint of its first bytes
+//!   ([`FileId`]). At start, a path whose saved identity matches resumes at the
+//!   saved offset (0 if the file is now shorter); a different identity means it
+//!   rotated while we were down: read from 0; no entry: first seen, start at its
+//!   end. Files that appear while running are read from 0.
+//! - Rename+create and delete+recreate: the old descriptor is drained until it
+//!   has been quiet for `drain_quiet`, while the new file is read from 0.
+//!   Copytruncate (same inode, shorter or different first bytes): restart at 0.
+//! - Only complete lines are sent; lines longer than `max_line` are counted
+//!   and skipped. An unterminated tail of a drained-and-closed file is sent as
+//!   a line (with a `\n` added).
+//!
+//! Layout: `identity.rs` (FileId, fingerprint), `split.rs` (bytes -> lines),
+//! `reader.rs` (one open file), `patterns.rs` (paths and globs),
+//! `tracker.rs` (which file each path names, rotation, draining),
+//! `follow.rs` (the task, backpressure, stats), `offsets.rs` (persistence).
+
+mod follow;
+mod identity;
+mod offsets;
+mod patterns;
+mod reader;
+mod split;
+mod tracker;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use memchr::memchr;
+
+pub use follow::{spawn, Follower, WakeHandle};
+pub use identity::{fingerprint, FileId, FINGERPRINT_BYTES};
+pub use offsets::OffsetStore;
+pub use split::LineSplitter;
+
+/// How the follower reads. `Default` gives the production values.
+#[derive(Clone, Debug)]
+pub struct FollowOptions {
+    /// Pause between polls when no file had more data (50 ms).
+    pub poll_interval: Duration,
+    /// Most bytes read from one file in one go; bounds a chunk (1 MiB).
+    pub read_chunk: usize,
+    /// Longest line kept, without its newline; longer ones are skipped (64 KiB).
+    pub max_line: usize,
+    /// After a rename or delete, keep reading the old file until it has been
+    /// quiet this long: nginx writes to it until it reopens its logs (5 s).
+    pub drain_quiet: Duration,
+    /// How often globs are expanded again to find new files (1 s).
+    pub rescan_interval: Duration,
+}
+
+impl Default for FollowOptions {
+    fn default() -> Self {
+        FollowOptions {
+            poll_interval: Duration::from_millis(50),
+            read_chunk: 1 << 20,
+            max_line: 64 << 10,
+            drain_quiet: Duration::from_secs(5),
+            rescan_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A run of complete lines read from one file.
+#[derive(Clone, Debug)]
+pub struct Chunk {
+    /// Index of the pattern (path or glob) in the list given to [`spawn`].
+    pub source: usize,
+    /// The concrete file's path (for a drained old file: the path it had).
+    pub path: Arc<Path>,
+    /// Identity of the file the bytes came from.
+    pub file: FileId,
+    /// Offset in the file of `data[0]`.
+    pub start: u64,
+    /// Whole lines, each ending in `\n`; contiguous in the file.
+    pub data: Vec<u8>,
+    /// Number of lines in `data`.
+    pub lines: u64,
+    /// Lines longer than `max_line` dropped right after `data`.
+    pub skipped_long: u64,
+    /// Their bytes, newlines included: they occupy `start + data.len()..end()`.
+    pub skipped_bytes: u64,
+}
+
+impl Chunk {
+    /// Offset just past this chunk's lines: the offset to checkpoint.
+    pub fn end(&self) -> u64 {
+        self.start + self.data.len() as u64 + self.skipped_bytes
+    }
+
+    /// The lines with their offsets in the file, without `\n` or a trailing `\r`.
+    pub fn lines(&self) -> Lines<'_> {
+        Lines {
+            data: &self.data,
+            start: self.start,
+            pos: 0,
+        }
+    }
+}
+
+/// Iterator over a chunk's lines: `(offset of the line in the file, line)`.
+#[derive(Clone, Debug)]
+pub struct Lines<'a> {
+    data: &'a [u8],
+    start: u64,
+    pos: usize,
+}
+
+impl<'a> Iterator for Lines<'a> {
+    type Item = (u64, &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let rest = self.data.get(self.pos..).filter(|r| !r.is_empty())?;
+        let n = memchr(b'\n', rest).unwrap_or(rest.len());
+        let line = &rest[..n];
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let offset = self.start + self.pos as u64;
+        self.pos += n + 1;
+        Some((offset, line))
+    }
+}
+
+/// What the follower knows about one followed path (for `status`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SourceStat {
+    /// Index of the pattern that matched the path.
+    pub source: usize,
+    pub path: PathBuf,
+    /// The file read at the path now; `None` while the path is missing.
+    pub file: Option<FileId>,
+    /// Read position in that file: just past the last complete line read.
+    pub offset: u64,
+    /// Lines read from every file that was at this path (sent or about to be).
+    pub lines: u64,
+    /// Bytes of those lines, skipped long lines included.
+    pub bytes: u64,
+    /// Lines longer than `max_line` that were skipped.
+    pub skipped_long: u64,
+    /// Old files (rotated away from this path) still being drained.
+    pub draining: usize,
+}

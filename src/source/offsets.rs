@@ -1,0 +1,235 @@
+//! Where each followed file was processed up to, kept across restarts.
+//!
+//! One entry per path: the identity of the file at that path and the offset
+//! just past the last line the consumer has processed. The consumer calls
+//! [`OffsetStore::commit`] after handling a chunk and [`OffsetStore::save`]
+//! now and then and at shutdown; the file (`offsets.json` under the state
+//! directory) is replaced atomically: temp file, fsync, rename, fsync dir.
+//!
+//! The follower also talks to the store, never to mark anything processed:
+//! when it opens a file at a path it registers that file as the path's current
+//! one and seeds an entry at the offset where it starts reading, so a restart
+//! before the first commit neither skips lines (a first-seen file that started
+//! at its end) nor re-reads them. Commits for any other file at that path (an
+//! old file still being drained after a rename) are ignored: the old file is no
+//! longer at the path, and its entry would make a restart re-read the new one.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use foldhash::HashMap;
+use serde::{Deserialize, Serialize};
+
+use super::FileId;
+
+const FILE_NAME: &str = "offsets.json";
+const FORMAT_VERSION: u32 = 1;
+
+/// Persisted offsets, shared between the follower and the consumer.
+#[derive(Debug)]
+pub struct OffsetStore {
+    /// `state_dir/offsets.json`.
+    file: PathBuf,
+    inner: Mutex<Inner>,
+    /// Serializes writers of the file, outside the `inner` lock.
+    save_lock: Mutex<()>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    entries: HashMap<PathBuf, Entry>,
+    /// Something changed since the last successful save.
+    dirty: bool,
+}
+
+#[derive(Debug, Default)]
+struct Entry {
+    /// What a restart resumes from.
+    saved: Option<(FileId, u64)>,
+    /// The file the follower reads at this path now (not persisted).
+    current: Option<FileId>,
+    /// The follower dropped this path (a glob match whose file is gone):
+    /// late commits from chunks still in flight must not bring it back.
+    gone: bool,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OnDisk {
+    version: u32,
+    /// Keyed by path; paths that are not UTF-8 are not persisted.
+    files: BTreeMap<String, Saved>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Saved {
+    dev: u64,
+    ino: u64,
+    fingerprint: u64,
+    offset: u64,
+}
+
+impl OffsetStore {
+    /// Opens (creating the directory if needed) the store under `state_dir`.
+    /// A file that cannot be parsed is set aside as `offsets.json.corrupt`
+    /// and the store starts empty (files are then treated as first seen).
+    pub fn open(state_dir: &Path) -> io::Result<OffsetStore> {
+        fs::create_dir_all(state_dir)?;
+        let file = state_dir.join(FILE_NAME);
+        let mut inner = Inner::default();
+        match fs::read(&file) {
+            Ok(bytes) => match serde_json::from_slice::<OnDisk>(&bytes) {
+                Ok(disk) if disk.version == FORMAT_VERSION => {
+                    for (path, s) in disk.files {
+                        let id = FileId {
+                            dev: s.dev,
+                            ino: s.ino,
+                            fingerprint: s.fingerprint,
+                        };
+                        let entry = Entry {
+                            saved: Some((id, s.offset)),
+                            ..Entry::default()
+                        };
+                        inner.entries.insert(PathBuf::from(path), entry);
+                    }
+                }
+                Ok(disk) => {
+                    set_aside(&file, &format!("unknown version {}", disk.version))?;
+                }
+                Err(e) => set_aside(&file, &e.to_string())?,
+            },
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        Ok(OffsetStore {
+            file,
+            inner: Mutex::new(inner),
+            save_lock: Mutex::new(()),
+        })
+    }
+
+    /// The file last recorded at `path` and the offset processed in it.
+    pub fn get(&self, path: &Path) -> Option<(FileId, u64)> {
+        self.lock().entries.get(path).and_then(|e| e.saved)
+    }
+
+    /// Records that `file` at `path` has been processed up to `offset`
+    /// (normally [`Chunk::end`](super::Chunk::end)). Ignored when `file` is
+    /// not the file the follower currently reads at `path`.
+    pub fn commit(&self, path: &Path, file: FileId, offset: u64) {
+        let mut inner = self.lock();
+        let entry = match inner.entries.get_mut(path) {
+            Some(e) => e,
+            None => inner.entries.entry(path.to_path_buf()).or_default(),
+        };
+        if entry.gone || entry.current.is_some_and(|cur| !cur.same_file(&file)) {
+            return;
+        }
+        if entry.saved != Some((file, offset)) {
+            entry.saved = Some((file, offset));
+            inner.dirty = true;
+        }
+    }
+
+    /// Writes the entries if anything changed since the last save.
+    pub fn save(&self) -> io::Result<()> {
+        let _writer = self.save_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let bytes = {
+            let mut inner = self.lock();
+            if !inner.dirty {
+                return Ok(());
+            }
+            inner.dirty = false;
+            let mut files = BTreeMap::new();
+            for (path, entry) in &inner.entries {
+                if let (Some((id, offset)), Some(path)) = (entry.saved, path.to_str()) {
+                    let saved = Saved {
+                        dev: id.dev,
+                        ino: id.ino,
+                        fingerprint: id.fingerprint,
+                        offset,
+                    };
+                    files.insert(path.to_owned(), saved);
+                }
+            }
+            let disk = OnDisk {
+                version: FORMAT_VERSION,
+                files,
+            };
+            serde_json::to_vec_pretty(&disk).map_err(io::Error::other)
+        };
+        let result = bytes.and_then(|b| write_atomically(&self.file, &b));
+        if result.is_err() {
+            self.lock().dirty = true;
+        }
+        result
+    }
+
+    /// The follower opened `file` at `path` and starts reading at `offset`.
+    /// `restart`: the same inode was truncated, so the saved offset is void.
+    pub(crate) fn begin(&self, path: &Path, file: FileId, offset: u64, restart: bool) {
+        let mut inner = self.lock();
+        let entry = inner.entries.entry(path.to_path_buf()).or_default();
+        entry.current = Some(file);
+        entry.gone = false;
+        let known = entry.saved.is_some_and(|(id, _)| id.same_file(&file));
+        if restart || !known {
+            entry.saved = Some((file, offset));
+            inner.dirty = true;
+        } else if let Some((id, _)) = &mut entry.saved {
+            if id.fingerprint == 0 && file.fingerprint != 0 {
+                id.fingerprint = file.fingerprint;
+                inner.dirty = true;
+            }
+        }
+    }
+
+    /// The follower learnt the fingerprint of the file it reads at `path`.
+    pub(crate) fn update_current(&self, path: &Path, file: FileId) {
+        if let Some(e) = self.lock().entries.get_mut(path) {
+            e.current = Some(file);
+        }
+    }
+
+    /// `path` (matched by a glob) is gone and no longer followed. Its entry
+    /// stays in memory as a tombstone (a path, a few bytes) but not on disk.
+    pub(crate) fn forget(&self, path: &Path) {
+        let mut inner = self.lock();
+        if let Some(entry) = inner.entries.get_mut(path) {
+            *entry = Entry {
+                gone: true,
+                ..Entry::default()
+            };
+            inner.dirty = true;
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn set_aside(file: &Path, why: &str) -> io::Result<()> {
+    let aside = file.with_extension("json.corrupt");
+    tracing::warn!(file = %file.display(), error = why, aside = %aside.display(),
+        "Offsets file unreadable; set aside, every file starts as first seen.");
+    fs::rename(file, aside)
+}
+
+fn write_atomically(file: &Path, bytes: &[u8]) -> io::Result<()> {
+    let tmp = file.with_extension("json.tmp");
+    {
+        let mut f = File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    fs::rename(&tmp, file)?;
+    if let Some(dir) = file.parent() {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}

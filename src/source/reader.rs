@@ -1,0 +1,193 @@
+//! One open file being read: its descriptor, identity, read position and line
+//! splitter. Decides where reading starts when the file is opened, and notices
+//! when the same inode was truncated or rewritten under it.
+//!
+//! Reads use `pread` at the splitter's position, so the position lives in one
+//! place and the descriptor's cursor never matters. The descriptor stays open
+//! after the path moves on (rename, delete): that is how an old file is drained.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use memchr::memrchr;
+
+use super::identity::{fingerprint_of, read_head, FINGERPRINT_BYTES};
+use super::{Chunk, FileId, LineSplitter, OffsetStore};
+
+/// Where a newly opened file starts, for logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// Saved offset for this very file.
+    Resumed,
+    /// First time seen at startup: at its end.
+    End,
+    /// New, rotated while down, or shorter than the saved offset.
+    Beginning,
+}
+
+#[derive(Debug)]
+pub(crate) struct Reader {
+    /// Pattern index, for the chunks.
+    pub(crate) source: usize,
+    /// Path the file had when it was opened (or adopted).
+    pub(crate) path: Arc<Path>,
+    pub(crate) id: FileId,
+    file: File,
+    /// The file's first bytes as last seen (up to `FINGERPRINT_BYTES`): a
+    /// rewrite is noticed even before the fingerprint is known.
+    head: Vec<u8>,
+    split: LineSplitter,
+    /// When data last arrived or the file was rotated away: the drain clock.
+    pub(crate) last_data: Instant,
+}
+
+impl Reader {
+    /// Opens `path` and picks the start: the saved offset if the store knows
+    /// this file, else 0, except for a file first seen at startup (`initial`),
+    /// which starts at its end. Registers the file with the store.
+    pub(crate) fn open(
+        source: usize,
+        path: Arc<Path>,
+        initial: bool,
+        offsets: &OffsetStore,
+        max_line: usize,
+    ) -> io::Result<(Reader, Start)> {
+        let file = File::open(&path)?;
+        let meta = file.metadata()?;
+        if !meta.is_file() {
+            return Err(io::Error::other("not a regular file"));
+        }
+        let mut buf = [0u8; FINGERPRINT_BYTES];
+        let n = read_head(&file, &mut buf)?;
+        let head = &buf[..n];
+        let id = FileId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            fingerprint: fingerprint_of(head),
+        };
+        let size = meta.len();
+        let (split, start, restart) = match offsets.get(&path) {
+            Some((saved, offset)) if saved.same_file(&id) && offset <= size => {
+                (LineSplitter::new(max_line, offset), Start::Resumed, false)
+            }
+            Some((saved, _)) if saved.same_file(&id) => {
+                (LineSplitter::new(max_line, 0), Start::Beginning, true)
+            }
+            None if initial => (at_end(&file, size, max_line)?, Start::End, false),
+            _ => (LineSplitter::new(max_line, 0), Start::Beginning, false),
+        };
+        offsets.begin(&path, id, split.position(), restart);
+        let reader = Reader {
+            source,
+            path,
+            id,
+            file,
+            head: head.to_vec(),
+            split,
+            last_data: Instant::now(),
+        };
+        Ok((reader, start))
+    }
+
+    /// Position just past the last complete line read.
+    pub(crate) fn position(&self) -> u64 {
+        self.split.position()
+    }
+
+    /// Reads once, up to `buf.len()` bytes, and appends the complete lines to
+    /// `out`. Returns the number of bytes read (0 at end of file).
+    pub(crate) fn read(&mut self, buf: &mut [u8], out: &mut Vec<Chunk>) -> io::Result<usize> {
+        let n = loop {
+            match self.file.read_at(buf, self.split.read_position()) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        };
+        if n > 0 {
+            self.split.push(&buf[..n]);
+            self.split.take(self.source, &self.path, self.id, out);
+        }
+        Ok(n)
+    }
+
+    /// The file's first bytes into `buf`, and whether the file is no longer
+    /// what we have been reading: shorter than our position (truncated) or
+    /// with other first bytes (rewritten).
+    fn probe(&self, buf: &mut [u8; FINGERPRINT_BYTES]) -> io::Result<(usize, bool)> {
+        let size = self.file.metadata()?.len();
+        let n = read_head(&self.file, buf)?;
+        let rewritten = size < self.split.read_position() || !buf[..n].starts_with(&self.head);
+        Ok((n, rewritten))
+    }
+
+    /// See [`probe`](Self::probe).
+    pub(crate) fn is_rewritten(&self) -> io::Result<bool> {
+        Ok(self.probe(&mut [0u8; FINGERPRINT_BYTES])?.1)
+    }
+
+    /// If the file was truncated or rewritten in place (copytruncate),
+    /// restart at 0 and return true. Learns the fingerprint once the file is
+    /// long enough. `offsets` is given when the file is the one its path
+    /// names, so the store learns the restart.
+    pub(crate) fn check_truncated(&mut self, offsets: Option<&OffsetStore>) -> io::Result<bool> {
+        let mut buf = [0u8; FINGERPRINT_BYTES];
+        let (n, truncated) = self.probe(&mut buf)?;
+        let head = &buf[..n];
+        if truncated {
+            // A partial line carried from before is dropped: its rest, if
+            // any, went to the copy.
+            self.split.reset(0);
+            self.head.clear();
+        }
+        if head.len() > self.head.len() {
+            self.head.clear();
+            self.head.extend_from_slice(head);
+        }
+        let fingerprint = fingerprint_of(&self.head);
+        let learnt = fingerprint != self.id.fingerprint;
+        self.id.fingerprint = fingerprint;
+        if let Some(offsets) = offsets {
+            if truncated {
+                offsets.begin(&self.path, self.id, 0, true);
+            } else if learnt {
+                offsets.update_current(&self.path, self.id);
+            }
+        }
+        Ok(truncated)
+    }
+
+    /// The file is being closed for good (drained after rotation): an
+    /// unterminated last line is sent as a line.
+    pub(crate) fn finish(mut self, out: &mut Vec<Chunk>) {
+        self.split.finish();
+        self.split.take(self.source, &self.path, self.id, out);
+    }
+
+    /// Follows the same descriptor under another path (a rotated file that a
+    /// glob also matches).
+    pub(crate) fn adopt(&mut self, source: usize, path: Arc<Path>, offsets: &OffsetStore) {
+        self.source = source;
+        self.path = path;
+        offsets.begin(&self.path, self.id, self.position(), false);
+    }
+}
+
+/// A splitter at the start of the line being written at the end of the file,
+/// so that line is not lost or cut; mid-line (skipping) if the file ends in a
+/// line already too long to keep.
+fn at_end(file: &File, size: u64, max_line: usize) -> io::Result<LineSplitter> {
+    let window = (max_line as u64 + 1).min(size);
+    let from = size - window;
+    let mut tail = vec![0u8; window as usize];
+    file.read_exact_at(&mut tail, from)?;
+    Ok(match memrchr(b'\n', &tail) {
+        Some(i) => LineSplitter::new(max_line, from + i as u64 + 1),
+        None if from == 0 => LineSplitter::new(max_line, 0),
+        None => LineSplitter::new_skipping(max_line, size),
+    })
+}

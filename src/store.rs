@@ -1,0 +1,147 @@
+//! The connection to Redis and the names of our keys (DESIGN §3).
+//!
+//! Every key that belongs to one address carries the address as a hash tag
+//! (`{203.0.113.7}`), every fleet-wide key carries the prefix as one
+//! (`{fleetban}:bans`), so that each script touches a single Cluster slot.
+
+use std::time::Duration;
+
+use ipnet::IpNet;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use crate::config::RedisConfig;
+
+/// The stream keeps about this many events; a host further behind reconciles.
+pub const STREAM_MAXLEN: u64 = 100_000;
+
+/// Key names under one prefix.
+#[derive(Clone, Debug)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    pub fn new(prefix: &str) -> Keys {
+        Keys { prefix: prefix.to_owned() }
+    }
+
+    /// `fleetban:win:{ADDR}:RULE`, with `:HOST` for `scope: host`.
+    pub fn window(&self, addr: &IpNet, rule: &str, host: Option<&str>) -> String {
+        match host {
+            None => format!("{}:win:{{{}}}:{}", self.prefix, AddrText(addr), rule),
+            Some(h) => format!("{}:win:{{{}}}:{}:{}", self.prefix, AddrText(addr), rule, h),
+        }
+    }
+
+    pub fn bans(&self) -> String {
+        format!("{{{}}}:bans", self.prefix)
+    }
+
+    pub fn records(&self) -> String {
+        format!("{{{}}}:banrec", self.prefix)
+    }
+
+    pub fn events(&self) -> String {
+        format!("{{{}}}:events", self.prefix)
+    }
+
+    /// Offence count of one address. Tagged with the prefix, not the address
+    /// (a change from DESIGN's `fleetban:off:{ADDR}`): `ban.lua` reads and
+    /// bumps it in the same atomic call as the ban list, which in a Cluster
+    /// requires the same slot.
+    pub fn offences(&self, addr: &IpNet) -> String {
+        format!("{{{}}}:off:{}", self.prefix, AddrText(addr))
+    }
+}
+
+/// How an address or prefix is written in keys and in the ban list: a single
+/// address without `/32` or `/128`, a network in CIDR form.
+pub struct AddrText<'a>(pub &'a IpNet);
+
+impl std::fmt::Display for AddrText<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.prefix_len() == self.0.max_prefix_len() {
+            write!(f, "{}", self.0.addr())
+        } else {
+            write!(f, "{}", self.0)
+        }
+    }
+}
+
+/// Parses a ban list member back into a network. Anything that is not an
+/// address or a CIDR network is refused: values read from Redis never reach
+/// nft unparsed.
+pub fn parse_member(s: &str) -> Option<IpNet> {
+    if let Ok(a) = s.parse::<std::net::IpAddr>() {
+        return Some(IpNet::from(crate::detect::normalize(a)));
+    }
+    let n = s.parse::<IpNet>().ok()?;
+    (n.trunc() == n).then_some(n)
+}
+
+/// Connects with automatic reconnection; every command times out after
+/// `response_timeout` so a slow Redis is treated as a down one.
+pub async fn connect(cfg: &RedisConfig, response_timeout: Option<Duration>) -> redis::RedisResult<ConnectionManager> {
+    let client = redis::Client::open(cfg.url.as_str())?;
+    let mgr = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(cfg.timeout.max(Duration::from_millis(100)) * 4))
+        .set_response_timeout(response_timeout)
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_secs(2));
+    ConnectionManager::new_with_config(client, mgr).await
+}
+
+/// A Lua script of `lua/`, called by SHA (EVALSHA) and loaded again when the
+/// server answers NOSCRIPT (after a restart or SCRIPT FLUSH).
+pub struct LuaScript {
+    pub name: &'static str,
+    src: &'static str,
+    sha: String,
+}
+
+pub static SLIDING_WINDOW: std::sync::LazyLock<LuaScript> =
+    std::sync::LazyLock::new(|| LuaScript::new("sliding_window", include_str!("../lua/sliding_window.lua")));
+pub static BAN: std::sync::LazyLock<LuaScript> =
+    std::sync::LazyLock::new(|| LuaScript::new("ban", include_str!("../lua/ban.lua")));
+pub static UNBAN: std::sync::LazyLock<LuaScript> =
+    std::sync::LazyLock::new(|| LuaScript::new("unban", include_str!("../lua/unban.lua")));
+
+impl LuaScript {
+    fn new(name: &'static str, src: &'static str) -> LuaScript {
+        LuaScript { name, src, sha: redis::Script::new(src).get_hash().to_owned() }
+    }
+
+    /// `EVALSHA sha numkeys keys...` ready for arguments; for pipelines.
+    pub fn cmd(&self, keys: &[&str]) -> redis::Cmd {
+        let mut c = redis::cmd("EVALSHA");
+        c.arg(&self.sha).arg(keys.len());
+        for k in keys {
+            c.arg(*k);
+        }
+        c
+    }
+
+    pub async fn load(&self, con: &mut ConnectionManager) -> redis::RedisResult<()> {
+        let _: String = redis::cmd("SCRIPT").arg("LOAD").arg(self.src).query_async(con).await?;
+        Ok(())
+    }
+
+    /// Runs one prepared call, loading the script once if the server lost it.
+    pub async fn run<T: redis::FromRedisValue>(&self, con: &mut ConnectionManager, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+        match cmd.query_async(con).await {
+            Err(e) if is_noscript(&e) => {
+                self.load(con).await?;
+                cmd.query_async(con).await
+            }
+            other => other,
+        }
+    }
+}
+
+pub fn is_noscript(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+pub fn value_is_noscript(v: &redis::Value) -> bool {
+    matches!(v, redis::Value::ServerError(e) if e.kind() == Some(redis::ServerErrorKind::NoScript))
+}

@@ -1,0 +1,151 @@
+//! The integration-test harness: real parts, no mocks.
+//!
+//! Every test that needs the outside world builds it from these guards: a
+//! private `redis-server` on a unix socket ([`Redis`]), network namespaces that
+//! stand in for fleet hosts ([`NetNs`], [`veth_pair`]), an nginx writing a real
+//! access log inside one of them ([`Nginx`]), curl as the client
+//! ([`http_get`]) and nft read back as JSON ([`nft_set_elements`]). Each guard
+//! cleans up on Drop, also when the test panics. A missing binary is a loud
+//! failure ([`require`]), never a silent skip: `scripts/ensure-deps.sh`
+//! installs them.
+//!
+//! Test files use it with `mod common;`; not every test uses every helper.
+#![allow(dead_code, unused_imports)]
+
+mod netns;
+mod nft;
+mod nginx;
+mod redis;
+pub mod model;
+
+pub use netns::{http_get, http_get_with, veth_pair, NetNs};
+pub use nft::{nft_set_elements, nft_set_elements_detailed, parse_set_json, NftElem};
+pub use nginx::Nginx;
+pub use redis::Redis;
+
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Where binaries are looked for besides `$PATH`: CI may run with a PATH that
+/// lacks the sbin directories where Debian puts `ip`, `nft` and `nginx`.
+const EXTRA_BIN_DIRS: &[&str] = &["/usr/local/sbin", "/usr/sbin", "/sbin"];
+
+/// Finds `bin` on `$PATH` (and the sbin directories), or panics saying how to
+/// get it. Tests must fail, not skip, when a dependency is missing.
+pub fn require(bin: &str) -> PathBuf {
+    if bin.contains('/') {
+        let p = PathBuf::from(bin);
+        assert!(is_executable(&p), "{bin} not found or not executable");
+        return p;
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(EXTRA_BIN_DIRS.iter().map(PathBuf::from))
+        .map(|dir| dir.join(bin))
+        .find(|p| is_executable(p))
+        .unwrap_or_else(|| panic!("{bin} not found: run scripts/ensure-deps.sh"))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// Panics unless running as root: namespaces, nft and nginx's `user root` need it.
+pub fn require_root(what: &str) {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(euid, 0, "{what} needs root (tests run as root in CI)");
+}
+
+/// Polls `f` every 20 ms until it returns true; panics naming `what` if it has
+/// not within `timeout`.
+pub fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let step = Duration::from_millis(20);
+    let deadline = Instant::now() + timeout;
+    let max_polls = timeout.as_millis() / step.as_millis() + 2;
+    for _ in 0..max_polls {
+        if f() {
+            return;
+        }
+        if Instant::now() >= deadline {
+            break;
+        }
+        thread::sleep(step);
+    }
+    panic!("timed out after {timeout:?} waiting for {what}");
+}
+
+/// The fleetban binary built by cargo for this test run.
+pub fn fleetban_bin() -> PathBuf {
+    match option_env!("CARGO_BIN_EXE_fleetban") {
+        Some(p) => PathBuf::from(p),
+        None => panic!("CARGO_BIN_EXE_fleetban is not set: only integration tests of the fleetban crate have it"),
+    }
+}
+
+/// The shared sample access log (`shared/corpus/elastic-examples-access.log`),
+/// found beside the checkout (as laid out in CI) or at `/work/shared`.
+pub fn corpus_path() -> PathBuf {
+    const FILE: &str = "corpus/elastic-examples-access.log";
+    let candidates = [
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../shared")
+            .join(FILE),
+        Path::new("/work/shared").join(FILE),
+    ];
+    for c in &candidates {
+        if c.is_file() {
+            return c.clone();
+        }
+    }
+    panic!("corpus not found; looked at {candidates:?}");
+}
+
+/// Sends `sig` to `pid`; a process that is already gone is not an error.
+pub(crate) fn signal(pid: u32, sig: libc::c_int) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    // SAFETY: kill(2) only takes plain integers; errors (ESRCH) are ignored.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+/// SIGKILLs a child and reaps it, so it leaves no zombie behind.
+pub(crate) fn kill_and_reap(child: &mut Child) {
+    if let Ok(None) = child.try_wait() {
+        signal(child.id(), libc::SIGKILL);
+    }
+    let _ = child.wait();
+}
+
+/// Waits up to `timeout` for `child` to exit; true if it has.
+pub(crate) fn wait_exit(child: &mut Child, timeout: Duration) -> bool {
+    let mut exited = false;
+    let step = Duration::from_millis(20);
+    let deadline = Instant::now() + timeout;
+    for _ in 0..timeout.as_millis() / step.as_millis() + 2 {
+        if !matches!(child.try_wait(), Ok(None)) {
+            exited = true;
+            break;
+        }
+        if Instant::now() >= deadline {
+            break;
+        }
+        thread::sleep(step);
+    }
+    exited
+}
+
+/// Reads a file for a diagnostic message; never fails.
+pub(crate) fn read_lossy(p: &Path) -> String {
+    std::fs::read(p)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_else(|e| format!("<cannot read {}: {e}>", p.display()))
+}

@@ -1,0 +1,256 @@
+//! A real nginx inside a test namespace, everything it writes in a temp dir:
+//! the access log the daemon tails, rotated the way logrotate does it
+//! (rename, then [`Nginx::reopen`]).
+
+use super::{read_lossy, require, require_root, signal, wait_exit, NetNs};
+use std::ffi::OsStr;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+use tempfile::TempDir;
+
+const START_TIMEOUT: Duration = Duration::from_secs(5);
+const REOPEN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Graceful stop (SIGQUIT) gets this long before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+/// Readiness probe location; `access_log off` so probes never reach access.log.
+const READY_PATH: &str = "/__fbt_ready";
+
+pub struct Nginx {
+    /// Config, pid, logs and temp paths; removed on Drop.
+    dir: TempDir,
+    /// The master (the process `ip netns exec` became).
+    child: Child,
+    /// `host:port` as given to `start`.
+    listen: String,
+}
+
+impl Nginx {
+    /// Starts nginx in `ns` listening on `listen` (e.g. `"10.213.1.1:8080"`,
+    /// an address `ns` owns) and waits until it answers. Access log format:
+    /// `combined`, or `log_format` (an nginx `log_format` string) if given.
+    /// Locations: `/` -> 200 "ok\n", `/static/` -> 200 "s\n", `/missing` -> 404.
+    pub fn start(ns: &NetNs, listen: &str, log_format: Option<&str>) -> Nginx {
+        require_root("Nginx::start");
+        let dir = tempfile::Builder::new()
+            .prefix("fbt-nginx-")
+            .tempdir()
+            .expect("create temp dir for nginx");
+        let d = dir.path();
+        fs::create_dir(d.join("tmp")).expect("create nginx tmp dir");
+        let conf = d.join("nginx.conf");
+        let error_log = d.join("error.log");
+        fs::write(&conf, config(d, listen, log_format)).expect("write nginx.conf");
+
+        let argv: [&OsStr; 7] = [
+            "nginx".as_ref(),
+            "-p".as_ref(),
+            d.as_os_str(),
+            "-c".as_ref(),
+            conf.as_os_str(),
+            "-e".as_ref(),
+            error_log.as_os_str(),
+        ];
+        let child = ns
+            .exec(&argv)
+            .stdout(Stdio::from(
+                fs::File::create(d.join("stdout.log")).expect("create stdout.log"),
+            ))
+            .stderr(Stdio::from(
+                fs::File::create(d.join("stderr.log")).expect("create stderr.log"),
+            ))
+            .spawn()
+            .expect("spawn nginx");
+        let mut nginx = Nginx {
+            dir,
+            child,
+            listen: listen.to_string(),
+        };
+        nginx.wait_ready(ns);
+        nginx
+    }
+
+    /// Where nginx writes requests.
+    pub fn access_log(&self) -> PathBuf {
+        self.dir.path().join("access.log")
+    }
+
+    pub fn error_log(&self) -> PathBuf {
+        self.dir.path().join("error.log")
+    }
+
+    /// The temp dir holding config, logs and pid file.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `http://<listen><path>`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.listen, path)
+    }
+
+    /// The master's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Tells nginx to reopen its logs (SIGUSR1, what logrotate's postrotate
+    /// does) and waits until the worker has: after it returns, new requests go
+    /// to a fresh `access_log()` if the old one was renamed away.
+    pub fn reopen(&self) {
+        let before = self.reopen_count();
+        signal(self.pid(), libc::SIGUSR1);
+        // The master logs "reopening logs" and then each worker (one here)
+        // does; the worker's line means its fds point at the new files.
+        let deadline = Instant::now() + REOPEN_TIMEOUT;
+        for _ in 0..REOPEN_TIMEOUT.as_millis() / 20 + 2 {
+            if self.reopen_count() >= before + 2 && self.access_log().exists() {
+                return;
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "nginx did not reopen its logs within {REOPEN_TIMEOUT:?}; error.log:\n{}",
+            read_lossy(&self.error_log())
+        );
+    }
+
+    fn reopen_count(&self) -> usize {
+        read_lossy(&self.error_log())
+            .lines()
+            .filter(|l| l.ends_with("reopening logs"))
+            .count()
+    }
+
+    fn wait_ready(&mut self, ns: &NetNs) {
+        let url = self.url(READY_PATH);
+        let deadline = Instant::now() + START_TIMEOUT;
+        let mut last = String::new();
+        for _ in 0..START_TIMEOUT.as_millis() / 50 + 2 {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "nginx exited at start ({status});\nstderr: {}\nerror.log:\n{}",
+                    read_lossy(&self.dir.path().join("stderr.log")),
+                    read_lossy(&self.error_log())
+                );
+            }
+            match super::http_get(ns, &url, Duration::from_millis(500)) {
+                Ok(204) => return,
+                Ok(code) => last = format!("HTTP {code}"),
+                Err(e) => last = e,
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "nginx on {} in {} not ready within {START_TIMEOUT:?} (last: {last});\nerror.log:\n{}",
+            self.listen,
+            ns.name,
+            read_lossy(&self.error_log())
+        );
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let master = self.child.id();
+        signal(master, libc::SIGQUIT);
+        if !wait_exit(&mut self.child, STOP_GRACE) {
+            // Workers outlive a SIGKILLed master: kill them first, by parent.
+            for pid in children_of(master) {
+                signal(pid, libc::SIGKILL);
+            }
+            signal(master, libc::SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+fn config(d: &Path, listen: &str, log_format: Option<&str>) -> String {
+    let dir = d.display();
+    let mut c = String::new();
+    let _ = write!(
+        c,
+        "worker_processes 1;\n\
+         daemon off;\n\
+         master_process on;\n\
+         user root root;\n\
+         pid {dir}/nginx.pid;\n\
+         error_log {dir}/error.log notice;\n\
+         events {{ worker_connections 64; }}\n\
+         http {{\n\
+         \x20   default_type text/plain;\n"
+    );
+    // Debian's nginx has compiled-in temp paths under /var/lib/nginx; keep ours
+    // in the temp dir. Only name those whose module is compiled in.
+    let built = nginx_build_flags();
+    for (directive, module) in [
+        ("client_body_temp_path", ""),
+        ("proxy_temp_path", "proxy"),
+        ("fastcgi_temp_path", "fastcgi"),
+        ("uwsgi_temp_path", "uwsgi"),
+        ("scgi_temp_path", "scgi"),
+    ] {
+        if module.is_empty() || !built.contains(&format!("--without-http_{module}_module")) {
+            let _ = writeln!(c, "    {directive} {dir}/tmp/{directive};");
+        }
+    }
+    match log_format {
+        Some(f) => {
+            let escaped = f.replace('\\', "\\\\").replace('\'', "\\'");
+            let _ = writeln!(c, "    log_format fbt '{escaped}';");
+            let _ = writeln!(c, "    access_log {dir}/access.log fbt;");
+        }
+        None => {
+            let _ = writeln!(c, "    access_log {dir}/access.log combined;");
+        }
+    }
+    let _ = write!(
+        c,
+        "    server {{\n\
+         \x20       listen {listen};\n\
+         \x20       server_name _;\n\
+         \x20       location / {{ return 200 \"ok\\n\"; }}\n\
+         \x20       location /static/ {{ return 200 \"s\\n\"; }}\n\
+         \x20       location /missing {{ return 404; }}\n\
+         \x20       location = {READY_PATH} {{ access_log off; return 204; }}\n\
+         \x20   }}\n\
+         }}\n"
+    );
+    c
+}
+
+/// `nginx -V` (configure arguments), to know which modules exist.
+fn nginx_build_flags() -> String {
+    Command::new(require("nginx"))
+        .arg("-V")
+        .stdin(Stdio::null())
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+        .unwrap_or_default()
+}
+
+/// Pids whose parent is `parent` (from /proc/*/stat).
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // "pid (comm) state ppid ...": comm may hold spaces and parens.
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                == Some(parent)
+        })
+        .collect()
+}

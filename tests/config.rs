@@ -1,0 +1,96 @@
+//! `fleetban check` on good and bad configurations: every error names the
+//! file, line and column and says what was expected; exit code 2. Drives the
+//! real binary.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::fleetban_bin;
+
+const GOOD_RULE: &str = "rules:
+  - name: scraper
+    logs: [/var/log/nginx/access.log]
+    limit: { hits: 100, window: 60s }
+";
+
+fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn check(main: &str, rule: &str) -> (i32, String, String, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "r.yaml", rule);
+    let cfg = write(dir.path(), "fleetban.yaml", main);
+    let out = Command::new(fleetban_bin()).args(["check", "-c"]).arg(&cfg).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        dir,
+    )
+}
+
+#[test]
+fn a_good_configuration_passes_with_a_summary() {
+    let (code, out, err, _d) = check("rules: [r.yaml]\nallow: [10.0.0.0/8, 192.0.2.1]\nredis: { url: 'unix:///run/redis.sock' }\n", GOOD_RULE);
+    assert_eq!(code, 0, "stderr: {err}");
+    assert!(out.contains("1 rule(s)"), "{out}");
+    assert!(out.contains("scraper: 100 hits per 1m"), "{out}");
+    assert!(out.contains("/var/log/nginx/access.log"), "{out}");
+}
+
+/// (what, main file, rule file, file that must be named, "line:col", words the message must have)
+const BAD: &[(&str, &str, &str, &str, &str, &[&str])] = &[
+    ("unknown key in main", "rules: [r.yaml]\nredis_url: x\n", GOOD_RULE, "fleetban.yaml", "2:1", &["redis_url"]),
+    ("unknown key in rule", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: 1s }\n    bans: {}\n", "r.yaml", "5:5", &["bans"]),
+    ("bad duration", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: soon }\n", "r.yaml", "4:", &["duration", "soon", "60s"]),
+    ("bad status", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    match: { status: [200, 6xx] }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["6xx", "4xx"]),
+    ("bad regex", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    ignore: { path: '(unclosed' }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["regular expression"]),
+    ("bad cidr", "rules: [r.yaml]\nallow: [10.0.0.0/33]\n", GOOD_RULE, "fleetban.yaml", "2:", &["10.0.0.0/33", "CIDR"]),
+    ("zero hits", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 0, window: 1s }\n", "r.yaml", "4:", &["hits"]),
+    ("missing limit", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n", "r.yaml", "3:", &["missing field `limit`"]),
+    ("duplicate rule", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: 1s }\n  - name: a\n    logs: [/y]\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "5:", &["duplicate", "`a`"]),
+    ("bad log_format", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    format: { log_format: '$remote_user [$time_local]' }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["log_format"]),
+    ("regex without addr", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    format: { regex: '^(?P<host>\\S+)' }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["addr"]),
+    ("unknown format", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    format: apache\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["apache", "combined"]),
+    ("bad redis url", "rules: [r.yaml]\nredis:\n  url: http://x\n", GOOD_RULE, "fleetban.yaml", "3:", &["http://x", "redis://"]),
+    ("bad ipv6 prefix", "rules: [r.yaml]\nipv6_prefix: 200\n", GOOD_RULE, "fleetban.yaml", "2:", &["ipv6_prefix"]),
+    ("unknown algorithm", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: 1s, algorithm: leaky }\n", "r.yaml", "4:", &["leaky"]),
+    ("glob matches nothing", "rules: [nothing/*.yaml]\n", GOOD_RULE, "fleetban.yaml", "1:", &["matches no file"]),
+    ("bad yaml", "rules: [r.yaml\n", GOOD_RULE, "fleetban.yaml", "1:8", &["unclosed"]),
+    ("bad table name", "rules: [r.yaml]\nfirewall: { table: 'x; drop' }\n", GOOD_RULE, "fleetban.yaml", "2:", &["table"]),
+];
+
+#[test]
+fn every_bad_configuration_names_file_line_column_and_reason() {
+    let mut failures = Vec::new();
+    for (what, main, rule, file, pos, words) in BAD {
+        let (code, _out, err, dir) = check(main, rule);
+        let path = dir.path().join(file);
+        let prefix = format!("{}:{}", path.display(), pos);
+        let ok = code == 2 && err.contains(&prefix) && words.iter().all(|w| err.contains(w));
+        if !ok {
+            failures.push(format!("{what}: exit {code}, wanted `{prefix}...` and {words:?}, got:\n{err}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n---\n"));
+}
+
+#[test]
+fn errors_in_several_files_are_all_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "a.yaml", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: soon }\n");
+    write(dir.path(), "b.yaml", "rules:\n  - name: b\n    logs: [/x]\n    limit: { hits: 1, window: 1s, colour: red }\n");
+    let cfg = write(dir.path(), "fleetban.yaml", "rules: ['*.yaml']\n");
+    // The main file itself matches *.yaml too: it has no `rules:` list of rule
+    // objects, which is a third error.
+    let out = Command::new(fleetban_bin()).args(["check", "-c"]).arg(&cfg).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(err.contains("a.yaml:4:"), "{err}");
+    assert!(err.contains("b.yaml:4:"), "{err}");
+}

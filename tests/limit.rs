@@ -1,0 +1,196 @@
+//! The sliding window's semantics, three ways: the Redis script against a
+//! real redis-server, the in-memory store, and the brute-force model of
+//! DESIGN §2. They must agree on every hit, for random sequences with equal
+//! and out-of-order timestamps, replays of the same line, bursts and idle
+//! gaps, and hits of clients already banned.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::model::{model, ModelHit, ModelRule};
+use common::Redis;
+use fleetban::config::{Clock, OnDown, RedisConfig, Scope};
+use fleetban::detect::{Batch, Hit};
+use fleetban::limit::{MemoryLimiter, RedisLimiter, RuleLimit, Verdict};
+use fleetban::store::{self, Keys};
+use ipnet::IpNet;
+use proptest::prelude::*;
+
+fn rule_limits(rules: &[ModelRule]) -> Vec<RuleLimit> {
+    rules
+        .iter()
+        .enumerate()
+        .map(|(i, r)| RuleLimit {
+            name: format!("r{i}"),
+            hits: r.limit as u32,
+            window_ms: r.window,
+            scope: Scope::Fleet,
+            clock: Clock::Log,
+        })
+        .collect()
+}
+
+fn key_net(k: &str) -> IpNet {
+    format!("{k}/32").parse().unwrap()
+}
+
+/// Drives a limiter the way the daemon does: hits of banned clients are
+/// skipped, a verdict over the limit bans until `at + ban_ms`. `batch` hits
+/// of one (rule, key) in a row go in one call.
+fn drive(
+    hits: &[ModelHit],
+    rules: &[ModelRule],
+    batch_sizes: &[usize],
+    mut check: impl FnMut(&[Batch]) -> Vec<Verdict>,
+) -> Vec<(usize, String, i64)> {
+    let mut banned_until: HashMap<String, i64> = HashMap::new();
+    let mut out = Vec::new();
+    let mut i = 0;
+    let mut round = 0;
+    while i < hits.len() {
+        // A run of consecutive hits of the same (rule, key), cut to the batch size.
+        let size = batch_sizes[round % batch_sizes.len()].max(1);
+        round += 1;
+        let first = &hits[i];
+        let mut idx = Vec::new();
+        let mut j = i;
+        while j < hits.len() && idx.len() < size && hits[j].rule == first.rule && hits[j].key == first.key {
+            if !banned_until.get(&hits[j].key).is_some_and(|&u| hits[j].time < u) {
+                idx.push(j);
+            }
+            j += 1;
+        }
+        // A batch stops at a ban: later hits of the run are judged against it.
+        if !idx.is_empty() {
+            let b = Batch {
+                rule: first.rule,
+                key: key_net(&first.key),
+                hits: idx.iter().map(|&k| Hit { time_ms: hits[k].time, member: hits[k].member }).collect(),
+            };
+            if let Verdict::Over { index, .. } = check(std::slice::from_ref(&b))[0] {
+                let h = &hits[idx[index]];
+                banned_until.insert(h.key.clone(), h.time + rules[h.rule].ban_ms);
+                out.push((idx[index], h.key.clone(), h.time));
+                // Hits of the run after the one that banned are re-examined
+                // against the ban (they may fall after its end).
+                j = idx[index] + 1;
+            }
+        }
+        i = j;
+    }
+    out
+}
+
+fn model_bans(hits: &[ModelHit], rules: &[ModelRule]) -> Vec<(usize, String, i64)> {
+    model(hits, rules).into_iter().map(|b| (b.hit, b.key, b.at)).collect()
+}
+
+/// Random hit sequences: few keys and rules, times that repeat, go back,
+/// burst and jump; some members repeated (a line read twice).
+fn sequences() -> impl Strategy<Value = (Vec<ModelHit>, Vec<ModelRule>, Vec<usize>)> {
+    let rules = prop::collection::vec(
+        (1usize..6, prop::sample::select(vec![30_000i64, 60_000, 90_000]), prop::sample::select(vec![1_000i64, 20_000, 600_000])),
+        1..3,
+    )
+    .prop_map(|v| v.into_iter().map(|(limit, window, ban_ms)| ModelRule { limit, window, ban_ms }).collect::<Vec<_>>());
+    (rules, prop::collection::vec((0usize..3, 0u8..3, -3i64..40, any::<bool>()), 1..120), prop::collection::vec(1usize..8, 1..4))
+        .prop_map(|(rules, steps, batches)| {
+            let mut t = 1_700_000_000_000i64;
+            let mut hits = Vec::new();
+            for (n, (key, rule, step, dup)) in steps.into_iter().enumerate() {
+                // Steps in seconds: negative = out of order; large = idle gap.
+                t += if step > 35 { 120_000 } else { step * 1000 };
+                let member = if dup && n > 0 { hits.last().map_or(n as u64, |h: &ModelHit| h.member) } else { n as u64 + 1 };
+                hits.push(ModelHit { rule: (rule as usize) % rules.len(), key: format!("192.0.2.{}", key + 1), time: t, member });
+            }
+            (hits, rules, batches)
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn memory_store_agrees_with_model((hits, rules, batches) in sequences()) {
+        let mut m = MemoryLimiter::new(rule_limits(&rules));
+        let wall = fleetban::now_ms();
+        let got = drive(&hits, &rules, &batches, |bs| bs.iter().map(|b| m.check(b.rule, b.key, &b.hits, wall)).collect());
+        prop_assert_eq!(got, model_bans(&hits, &rules));
+    }
+}
+
+#[test]
+fn redis_script_agrees_with_model_and_memory() {
+    let redis = Redis::start();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let cfg = RedisConfig {
+        url: redis.url(),
+        prefix: "fbtest".into(),
+        timeout: Duration::from_secs(2),
+        on_down: OnDown::Local,
+        fleet_size: 1,
+        reconcile_every: Duration::from_secs(60),
+    };
+    let con = rt.block_on(store::connect(&cfg, Some(Duration::from_secs(5)))).expect("connect");
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 150, ..ProptestConfig::default() });
+    let case = std::sync::atomic::AtomicU32::new(0);
+    runner
+        .run(&sequences(), |(hits, rules, batches)| {
+            let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            // Each case in its own prefix: no state shared between cases.
+            let keys = Keys::new(&format!("fbtest{n}"));
+            let mut lim = RedisLimiter::new(con.clone(), keys, "h1", rule_limits(&rules));
+            let got = drive(&hits, &rules, &batches, |bs| rt.block_on(lim.check(bs)).expect("redis check"));
+            prop_assert_eq!(&got, &model_bans(&hits, &rules));
+            let mut m = MemoryLimiter::new(rule_limits(&rules));
+            let wall = fleetban::now_ms();
+            let mem = drive(&hits, &rules, &batches, |bs| bs.iter().map(|b| m.check(b.rule, b.key, &b.hits, wall)).collect());
+            prop_assert_eq!(got, mem);
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn redis_window_is_the_seeds_zset_with_pexpire() {
+    let redis = Redis::start();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let cfg = RedisConfig {
+        url: redis.url(),
+        prefix: "fleetban".into(),
+        timeout: Duration::from_secs(2),
+        on_down: OnDown::Local,
+        fleet_size: 1,
+        reconcile_every: Duration::from_secs(60),
+    };
+    let con = rt.block_on(store::connect(&cfg, Some(Duration::from_secs(5)))).unwrap();
+    let rules = vec![ModelRule { limit: 3, window: 60_000, ban_ms: 1000 }];
+    let mut lim = RedisLimiter::new(con, Keys::new("fleetban"), "h1", rule_limits(&rules));
+    let key: IpNet = "203.0.113.7/32".parse().unwrap();
+    // Three hits in the same millisecond: three members (no overwrite).
+    let b = Batch { rule: 0, key, hits: (1..=3).map(|m| Hit { time_ms: 1_000_000, member: m }).collect() };
+    assert_eq!(rt.block_on(lim.check(std::slice::from_ref(&b))).unwrap(), vec![Verdict::Under { count: 3 }]);
+    let zkey = "fleetban:win:{203.0.113.7}:r0";
+    assert_eq!(redis.cli(&["ZCARD", zkey]), "3");
+    let ttl: i64 = redis.cli(&["PTTL", zkey]).parse().unwrap();
+    assert!(ttl > 59_000 && ttl <= 61_000, "PEXPIRE window+1000, got {ttl}");
+    // The same lines again (a restart re-reading them): not counted twice, no ban.
+    assert_eq!(rt.block_on(lim.check(std::slice::from_ref(&b))).unwrap(), vec![Verdict::Under { count: 3 }]);
+    // The fourth distinct hit is over: `>=` test.
+    let b4 = Batch { rule: 0, key, hits: vec![Hit { time_ms: 1_000_500, member: 4 }] };
+    assert_eq!(rt.block_on(lim.check(&[b4.clone()])).unwrap(), vec![Verdict::Over { index: 0, count: 3 }]);
+    // 60 s after the first three, they have left the window (score <= now - window).
+    let later = Batch { rule: 0, key, hits: vec![Hit { time_ms: 1_060_000, member: 5 }] };
+    assert_eq!(rt.block_on(lim.check(&[later])).unwrap(), vec![Verdict::Under { count: 1 }]);
+
+    // NOSCRIPT after SCRIPT FLUSH is recovered inside the pipeline.
+    assert_eq!(redis.cli(&["SCRIPT", "FLUSH"]), "OK");
+    let other = Batch { rule: 0, key: "203.0.113.8/32".parse().unwrap(), hits: vec![Hit { time_ms: 1_000_000, member: 1 }] };
+    let many = vec![other.clone(), Batch { key: "203.0.113.9/32".parse().unwrap(), ..other }];
+    assert_eq!(
+        rt.block_on(lim.check(&many)).unwrap(),
+        vec![Verdict::Under { count: 1 }, Verdict::Under { count: 1 }]
+    );
+}

@@ -1,0 +1,622 @@
+//! The nftables enforcer against a real kernel.
+//!
+//! Every test makes its own network namespace (`fbt-<pid>-<n>`, deleted on
+//! drop, also on panic) and runs nft inside it through the enforcer's argv
+//! prefix, so the host's ruleset is never touched. Needs root, `ip` and
+//! `nft`; without them the tests say so and pass, unless
+//! `FLEETBAN_REQUIRE_NFT=1` makes that a failure.
+
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use fleetban::enforce::{Action, Element, EnforceError, Enforcer, NftOptions, Until};
+use ipnet::IpNet;
+use serde_json::Value;
+
+const HOUR: i64 = 3_600_000;
+
+/// A network namespace for one test.
+struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// None when namespaces or nft are unavailable (the test is skipped).
+    fn new() -> Option<Netns> {
+        static SEQ: AtomicUsize = AtomicUsize::new(0);
+        let name = format!("fbt-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
+        let created = Command::new("ip").args(["netns", "add", &name]).output();
+        if !created.as_ref().is_ok_and(|o| o.status.success()) {
+            let why = format!("cannot create network namespace {name}: {created:?}");
+            assert!(std::env::var_os("FLEETBAN_REQUIRE_NFT").is_none(), "{why}");
+            eprintln!("SKIPPED (needs root, ip and nft): {why}");
+            return None;
+        }
+        let ns = Netns { name };
+        ns.exec(&["ip", "link", "set", "lo", "up"]);
+        if !ns.run(&["nft", "list", "ruleset"]).status.success() {
+            assert!(std::env::var_os("FLEETBAN_REQUIRE_NFT").is_none(), "nft does not run");
+            eprintln!("SKIPPED: nft does not run");
+            return None;
+        }
+        Some(ns)
+    }
+
+    fn nft_command(&self) -> Vec<String> {
+        ["ip", "netns", "exec", &self.name, "nft"].map(String::from).to_vec()
+    }
+
+    fn opts(&self) -> NftOptions {
+        NftOptions {
+            command: self.nft_command(),
+            ..NftOptions::default()
+        }
+    }
+
+    fn enforcer(&self) -> Enforcer {
+        Enforcer::nft(self.opts()).unwrap()
+    }
+
+    fn run(&self, argv: &[&str]) -> Output {
+        Command::new("ip")
+            .args(["netns", "exec", &self.name])
+            .args(argv)
+            .output()
+            .unwrap()
+    }
+
+    /// Runs a command in the namespace; panics with its stderr on failure.
+    fn exec(&self, argv: &[&str]) -> String {
+        let out = self.run(argv);
+        assert!(
+            out.status.success(),
+            "{argv:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn nft_json(&self, args: &[&str]) -> Value {
+        let argv: Vec<&str> = ["nft", "-j"].iter().chain(args).copied().collect();
+        serde_json::from_str(&self.exec(&argv)).unwrap()
+    }
+
+    /// `nft -f -` with the given text.
+    fn nft_script(&self, text: &str) -> Output {
+        use std::io::Write;
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.name, "nft", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    }
+
+    fn table_exists(&self) -> bool {
+        self.run(&["nft", "list", "table", "inet", "fleetban"]).status.success()
+    }
+
+    /// The elements of set `v4` or `v6`, sorted.
+    fn elements(&self, set: &str) -> Vec<Listed> {
+        let v = self.nft_json(&["list", "set", "inet", "fleetban", set]);
+        let mut out: Vec<Listed> = v["nftables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|i| i.get("set"))
+            .flat_map(|s| s["elem"].as_array().cloned().unwrap_or_default())
+            .map(|e| Listed::from_json(&e))
+            .collect();
+        out.sort_by(|a, b| a.elem.cmp(&b.elem));
+        out
+    }
+
+    fn elem_names(&self, set: &str) -> Vec<String> {
+        self.elements(set).into_iter().map(|l| l.elem).collect()
+    }
+
+    /// The rules of our chain as JSON.
+    fn rules(&self) -> Vec<Value> {
+        let v = self.nft_json(&["list", "chain", "inet", "fleetban", "input"]);
+        v["nftables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|i| i.get("rule").cloned())
+            .collect()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+    }
+}
+
+/// One listed element: `1.2.3.4`, `10.0.0.0/24` or `a-b`; seconds.
+#[derive(Debug)]
+struct Listed {
+    elem: String,
+    timeout: Option<u64>,
+    expires: Option<u64>,
+}
+
+impl Listed {
+    fn from_json(e: &Value) -> Listed {
+        let (val, timeout, expires) = match e.get("elem") {
+            Some(inner) => (&inner["val"], inner["timeout"].as_u64(), inner["expires"].as_u64()),
+            None => (e, None, None),
+        };
+        let elem = if let Some(s) = val.as_str() {
+            s.to_owned()
+        } else if let Some(p) = val.get("prefix") {
+            format!("{}/{}", p["addr"].as_str().unwrap(), p["len"])
+        } else {
+            format!("{}-{}", val["range"][0].as_str().unwrap(), val["range"][1].as_str().unwrap())
+        };
+        Listed {
+            elem,
+            timeout,
+            expires,
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+fn net(s: &str) -> IpNet {
+    s.parse().unwrap_or_else(|_| IpNet::from(s.parse::<IpAddr>().unwrap()))
+}
+
+fn ban(s: &str, until: Until) -> Element {
+    Element { net: net(s), until }
+}
+
+fn assert_about(secs: Option<u64>, want: i64, what: &str) {
+    let got = secs.unwrap_or_else(|| panic!("{what}: no timeout")) as i64;
+    assert!((got - want).abs() <= 2, "{what}: {got} s, want about {want} s");
+}
+
+macro_rules! netns_or_skip {
+    () => {
+        match Netns::new() {
+            Some(ns) => ns,
+            None => return,
+        }
+    };
+}
+
+#[tokio::test]
+async fn init_is_idempotent_and_keeps_the_kernels_elements() {
+    let ns = netns_or_skip!();
+    let now = now_ms();
+    let mut e = ns.enforcer();
+    e.init(now).await.unwrap();
+    e.init(now).await.unwrap();
+    assert_eq!(ns.rules().len(), 2);
+    e.add(&[ban("192.0.2.1", Until::At(now + HOUR)), ban("2001:db8::/64", Until::Permanent)], now)
+        .await
+        .unwrap();
+
+    // A restarted daemon: a fresh enforcer, init twice, elements kept.
+    let mut again = ns.enforcer();
+    again.init(now_ms()).await.unwrap();
+    again.init(now_ms()).await.unwrap();
+    assert_eq!((again.len(), again.desired_len()), (2, 2));
+    assert_eq!(ns.elem_names("v4"), ["192.0.2.1"]);
+    assert_eq!(ns.elem_names("v6"), ["2001:db8::/64"]);
+    assert_eq!(ns.rules().len(), 2, "rules not duplicated");
+    // It knows them: a broader ban replaces the kept one.
+    again.add(&[ban("192.0.2.0/24", Until::At(now + HOUR))], now_ms()).await.unwrap();
+    assert_eq!(ns.elem_names("v4"), ["192.0.2.0/24"]);
+}
+
+#[tokio::test]
+async fn adds_and_removes_v4_and_v6_with_remaining_timeouts() {
+    let ns = netns_or_skip!();
+    let now = now_ms();
+    let mut e = ns.enforcer();
+    e.init(now).await.unwrap();
+    e.add(
+        &[
+            ban("192.0.2.1", Until::At(now + HOUR)),
+            ban("198.51.100.0/24", Until::Permanent),
+            ban("2001:db8:1:2:3:4:5:6/64", Until::At(now + HOUR / 2)),
+            ban("2001:db8:9::1", Until::At(now + 30 * 24 * HOUR)),
+        ],
+        now,
+    )
+    .await
+    .unwrap();
+    assert_eq!(e.len(), 4);
+
+    let v4 = ns.elements("v4");
+    assert_eq!(v4[0].elem, "192.0.2.1");
+    assert_about(v4[0].timeout, 3_600, "v4 timeout");
+    assert_about(v4[0].expires, 3_600, "v4 expires");
+    assert_eq!(v4[1].elem, "198.51.100.0/24");
+    assert_eq!((v4[1].timeout, v4[1].expires), (None, None), "permanent has no timeout");
+    let v6 = ns.elements("v6");
+    assert_eq!(v6[0].elem, "2001:db8:1:2::/64", "host bits dropped");
+    assert_about(v6[0].timeout, 1_800, "v6 timeout");
+    assert_eq!(v6[1].elem, "2001:db8:9::1");
+    assert_about(v6[1].timeout, 30 * 86_400, "30-day timeout");
+
+    e.remove(&[net("192.0.2.1"), net("2001:db8:1:2::/64")], now_ms()).await.unwrap();
+    assert_eq!(ns.elem_names("v4"), ["198.51.100.0/24"]);
+    assert_eq!(ns.elem_names("v6"), ["2001:db8:9::1"]);
+    assert_eq!(e.len(), 2);
+}
+
+#[tokio::test]
+async fn re_adding_refreshes_the_timeout_both_ways() {
+    let ns = netns_or_skip!();
+    let now = now_ms();
+    let mut e = ns.enforcer();
+    e.init(now).await.unwrap();
+    for (hours, want) in [(1, 3_600), (2, 7_200), (0, 600)] {
+        let until = if hours == 0 { now + 600_000 } else { now + hours * HOUR };
+        e.add(&[ban("203.0.113.7", Until::At(until)), ban("2001:db8::/64", Until::At(until))], now)
+            .await
+            .unwrap();
+        assert_about(ns.elements("v4")[0].expires, want, "v4 after re-add");
+        assert_about(ns.elements("v6")[0].expires, want, "v6 after re-add");
+    }
+    // Permanent to timed and back.
+    e.add(&[ban("203.0.113.7", Until::Permanent)], now).await.unwrap();
+    assert_eq!(ns.elements("v4")[0].timeout, None);
+    e.add(&[ban("203.0.113.7", Until::At(now + HOUR))], now).await.unwrap();
+    assert_about(ns.elements("v4")[0].timeout, 3_600, "timed again");
+}
+
+#[tokio::test]
+async fn replace_all_adds_missing_removes_stale_refreshes_changed() {
+    let ns = netns_or_skip!();
+    let now = now_ms();
+    let mut e = ns.enforcer();
+    e.init(now).await.unwrap();
+    let h = Until::At(now + HOUR);
+    e.add(&[ban("10.1.0.1", h), ban("10.1.0.2", h), ban("10.1.0.3", h)], now).await.unwrap();
+
+    let want = [
+        ban("10.1.0.2", h),
+        ban("10.1.0.3", Until::At(now + 3 * HOUR)),
+        ban("10.1.0.4", h),
+        ban("10.1.0.9", Until::At(now - 1)),
+    ];
+    let stats = e.replace_all(&want, now).await.unwrap();
+    assert_eq!(
+        (stats.added, stats.removed, stats.refreshed, stats.unchanged, stats.expired),
+        (1, 1, 1, 1, 1),
+        "{stats:?}"
+    );
+    let v4 = ns.elements("v4");
+    let names: Vec<&str> = v4.iter().map(|l| l.elem.as_str()).collect();
+    assert_eq!(names, ["10.1.0.2", "10.1.0.3", "10.1.0.4"]);
+    assert_about(v4[1].expires, 3 * 3_600, "refreshed");
+
+    // The table vanished behind our back (a firewall reload): reconcile restores it.
+    ns.exec(&["nft", "delete", "table", "inet", "fleetban"]);
+    let stats = e.replace_all(&want, now_ms()).await.unwrap();
+    assert_eq!(stats.added, 3);
+    assert_eq!(ns.elem_names("v4"), ["10.1.0.2", "10.1.0.3", "10.1.0.4"]);
+    assert_eq!(ns.rules().len(), 2);
+}
+
+#[tokio::test]
+async fn overlapping_prefixes_are_covered_and_come_back() {
+    let ns = netns_or_skip!();
+    let now = now_ms();
+    let h = Until::At(now + HOUR);
+    let mut e = ns.enforcer();
+    e.init(now).await.unwrap();
+
+    // Broad first, then a narrower one inside it: the kernel keeps the broad one.
+    e.add(&[ban("10.0.0.0/24", h)], now).await.unwrap();
+    e.add(&[ban("10.0.0.5", h)], now).await.unwrap();
+    assert_eq!(ns.elem_names("v4"), ["10.0.0.0/24"]);
+    assert_eq!((e.len(), e.desired_len()), (1, 2));
+    // Removing the broad one brings the narrow one back.
+    e.remove(&[net("10.0.0.0/24")], now).await.unwrap();
+    assert_eq!(ns.elem_names("v4"), ["10.0.0.5"]);
+
+    // Narrow first, then the broad one: replaced in one transaction.
+    e.add(&[ban("10.0.0.7", h), ban("10.9.0.1", h)], now).await.unwrap();
+    e.add(&[ban("10.0.0.0/24", Until::At(now + 2 * HOUR))], now).await.unwrap();
+    assert_eq!(ns.elem_names("v4"), ["10.0.0.0/24", "10.9.0.1"]);
+    // Both inside one call, and in IPv6.
+    e.add(&[ban("2001:db8::1", h), ban("2001:db8::/64", h), ban("2001:db8::2", h)], now).await.unwrap();
+    assert_eq!(ns.elem_names("v6"), ["2001:db8::/64"]);
+    e.remove(&[net("2001:db8::/64")], now).await.unwrap();
+    assert_eq!(ns.elem_names("v6"), ["2001:db8::1", "2001:db8::2"]);
+    // Removing a covered element leaves its cover in place.
+    e.remove(&[net("10.0.0.5")], now).await.unwrap();
+    assert_eq!(ns.elem_names("v4"), ["10.0.0.0/24", "10.9.0.1"]);
+    e.remove(&[net("10.0.0.0/24")], now).await.unwrap();
+    assert_eq!(ns.elem_names("v4"), ["10.0.0.7", "10.9.0.1"]);
+}
+
+#[tokio::test]
+async fn covered_element_outliving_its_cover_is_added_back_on_tick() {
+    let ns = netns_or_skip!();
+    let now = now_ms();
+    let mut e = ns.enforcer();
+    e.init(now).await.unwrap();
+    e.add(&[ban("10.0.0.0/24", Until::At(now + 1_000)), ban("10.0.0.5", Until::At(now + HOUR))], now)
+        .await
+        .unwrap();
+    assert_eq!(ns.elem_names("v4"), ["10.0.0.0/24"]);
+    let wake = e.next_wakeup().expect("a wakeup for the add-back");
+    assert!(wake > now + 1_000 && wake < now + 10_000, "{wake} vs {now}");
+    tokio::time::sleep(Duration::from_millis((wake - now_ms()).max(0) as u64)).await;
+    e.tick(now_ms()).await.unwrap();
+    assert_eq!(ns.elem_names("v4"), ["10.0.0.5"]);
+    assert_eq!(e.next_wakeup(), None);
+}
+
+#[tokio::test]
+async fn expired_elements_are_skipped_and_never_deleted() {
+    let ns = netns_or_skip!();
+    let now = now_ms();
+    let mut e = ns.enforcer();
+    e.init(now).await.unwrap();
+    e.add(
+        &[
+            ban("10.2.0.1", Until::At(now - 1)),
+            ban("10.2.0.2", Until::At(now)),
+            ban("10.2.0.3", Until::At(now + 500)),
+            ban("10.2.0.4", Until::At(now + HOUR)),
+        ],
+        now,
+    )
+    .await
+    .unwrap();
+    assert_eq!(ns.elem_names("v4"), ["10.2.0.3", "10.2.0.4"]);
+    // 10.2.0.3 expires in the kernel; removing it must not send a delete
+    // that would fail the whole transaction (nft 1.0.6 has no `destroy`).
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(ns.elem_names("v4"), ["10.2.0.4"]);
+    e.remove(&[net("10.2.0.3"), net("10.2.0.4")], now_ms()).await.unwrap();
+    assert!(ns.elem_names("v4").is_empty());
+    assert_eq!(e.desired_len(), 0);
+}
+
+#[tokio::test]
+async fn recovers_when_the_kernel_changed_behind_its_back() {
+    let ns = netns_or_skip!();
+    let now = now_ms();
+    let h = Until::At(now + HOUR);
+    let mut e = ns.enforcer();
+    e.init(now).await.unwrap();
+    e.add(&[ban("10.3.0.1", h), ban("10.3.0.2", h)], now).await.unwrap();
+    // Someone deletes one of ours and adds another by hand.
+    let out = ns.nft_script(
+        "delete element inet fleetban v4 { 10.3.0.1 }\nadd element inet fleetban v4 { 10.3.1.0/24 }\n",
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Our delete of 10.3.0.1 fails ("element does not exist"); the retry
+    // re-reads the kernel, and its plan also drops the unwanted /24.
+    e.remove(&[net("10.3.0.1")], now).await.unwrap();
+    assert_eq!(ns.elem_names("v4"), ["10.3.0.2"]);
+    // An overlapping element added by hand makes our add fail ("interval
+    // overlaps"); the retry deletes it and adds ours.
+    let out = ns.nft_script("add element inet fleetban v4 { 10.3.2.0/24 }\n");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    e.add(&[ban("10.3.2.9", h)], now).await.unwrap();
+    assert_eq!(ns.elem_names("v4"), ["10.3.0.2", "10.3.2.9"]);
+}
+
+#[tokio::test]
+async fn failures_are_reported_not_panicked() {
+    let ns = netns_or_skip!();
+    let now = now_ms();
+    // nft refuses twice: a foreign chain in our table references a set of the
+    // wrong type, so re-creating the set fails ("Device or resource busy").
+    let out = ns.nft_script(
+        "table inet fleetban {\n set v4 { type ipv4_addr; }\n chain other { ip saddr @v4 accept; }\n}\n",
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut e = ns.enforcer();
+    let err = e.init(now).await.unwrap_err();
+    assert!(matches!(err, EnforceError::Nft { .. }), "{err}");
+    assert!(err.to_string().contains("busy"), "stderr included: {err}");
+    let err = e.add(&[ban("10.4.0.1", Until::At(now + HOUR))], now).await.unwrap_err();
+    assert!(matches!(err, EnforceError::Nft { .. }), "{err}");
+    // Once the obstacle is gone, the next call recovers.
+    ns.exec(&["nft", "delete", "chain", "inet", "fleetban", "other"]);
+    e.add(&[ban("10.4.0.2", Until::At(now + HOUR))], now).await.unwrap();
+    assert_eq!(ns.elem_names("v4"), ["10.4.0.1", "10.4.0.2"]);
+
+    // A missing program, and a bad table name, are errors too.
+    let opts = NftOptions {
+        command: vec!["/nonexistent/nft".into()],
+        ..NftOptions::default()
+    };
+    let err = Enforcer::nft(opts).unwrap().init(now).await.unwrap_err();
+    assert!(matches!(err, EnforceError::Spawn { .. }), "{err}");
+    for table in ["", "fleet ban", "a;b", "x".repeat(33).as_str()] {
+        let opts = NftOptions {
+            table: table.into(),
+            ..NftOptions::default()
+        };
+        assert!(matches!(Enforcer::nft(opts), Err(EnforceError::InvalidTable(_))));
+    }
+}
+
+#[tokio::test]
+async fn flush_deletes_the_table() {
+    let ns = netns_or_skip!();
+    let now = now_ms();
+    let mut e = ns.enforcer();
+    e.init(now).await.unwrap();
+    e.add(&[ban("10.5.0.1", Until::At(now + HOUR))], now).await.unwrap();
+    e.flush().await.unwrap();
+    assert!(!ns.table_exists());
+    assert!(e.is_empty());
+    e.flush().await.unwrap(); // absent is fine
+    // The next ban re-creates the table.
+    e.add(&[ban("10.5.0.2", Until::At(now + HOUR))], now).await.unwrap();
+    assert_eq!(ns.elem_names("v4"), ["10.5.0.2"]);
+    assert_eq!(ns.rules().len(), 2);
+}
+
+#[tokio::test]
+async fn action_and_ports_shape_the_two_rules() {
+    let ns = netns_or_skip!();
+    let now = now_ms();
+    let mut e = ns.enforcer();
+    e.init(now).await.unwrap();
+    e.add(&[ban("10.6.0.1", Until::At(now + HOUR))], now).await.unwrap();
+    let chain = ns.nft_json(&["list", "chain", "inet", "fleetban", "input"]);
+    let c = chain["nftables"][1]["chain"].clone();
+    assert_eq!((c["type"].as_str(), c["hook"].as_str()), (Some("filter"), Some("input")));
+    assert_eq!((c["prio"].as_i64(), c["policy"].as_str()), (Some(-10), Some("accept")));
+    let rules = ns.rules();
+    for (rule, proto, set) in [(&rules[0], "ip", "@v4"), (&rules[1], "ip6", "@v6")] {
+        let expr = rule["expr"].as_array().unwrap();
+        assert_eq!(expr.len(), 3, "{rule}");
+        assert_eq!(expr[0]["match"]["left"]["payload"]["protocol"], proto);
+        assert_eq!(expr[0]["match"]["right"], set);
+        assert!(expr[1].get("counter").is_some());
+        assert!(expr[2].get("drop").is_some());
+    }
+
+    // Restart with reject on two ports: the rules are replaced, elements kept.
+    let opts = NftOptions {
+        action: Action::Reject,
+        ports: vec![443, 80, 443],
+        ..ns.opts()
+    };
+    let mut e = Enforcer::nft(opts).unwrap();
+    e.init(now_ms()).await.unwrap();
+    let rules = ns.rules();
+    assert_eq!(rules.len(), 2);
+    for (rule, proto) in [(&rules[0], "ip"), (&rules[1], "ip6")] {
+        let expr = rule["expr"].as_array().unwrap();
+        assert_eq!(expr[0]["match"]["left"]["payload"]["protocol"], "tcp");
+        assert_eq!(expr[0]["match"]["left"]["payload"]["field"], "dport");
+        assert_eq!(expr[0]["match"]["right"]["set"], serde_json::json!([80, 443]));
+        assert_eq!(expr[1]["match"]["left"]["payload"]["protocol"], proto);
+        assert!(expr[2].get("counter").is_some());
+        assert!(expr[3].get("reject").is_some(), "{rule}");
+    }
+    assert_eq!(ns.elem_names("v4"), ["10.6.0.1"]);
+    // Same options again: the rules (and their counters) stay as they are.
+    let handles: Vec<Value> = rules.iter().map(|r| r["handle"].clone()).collect();
+    let mut e = Enforcer::nft(NftOptions {
+        action: Action::Reject,
+        ports: vec![80, 443],
+        ..ns.opts()
+    })
+    .unwrap();
+    e.init(now_ms()).await.unwrap();
+    let again: Vec<Value> = ns.rules().iter().map(|r| r["handle"].clone()).collect();
+    assert_eq!(handles, again);
+}
+
+/// Helper for `drops_packets_from_banned_sources`, run inside the namespace
+/// as a child process; does nothing in a normal test run.
+#[test]
+fn packet_probe_child() {
+    let Ok(targets) = std::env::var("FLEETBAN_PROBE") else {
+        return;
+    };
+    let listener = TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || for conn in listener.incoming() {
+        drop(conn);
+    });
+    for target in targets.split(',') {
+        let addr = SocketAddr::new(target.parse().unwrap(), port);
+        let ok = TcpStream::connect_timeout(&addr, Duration::from_millis(700)).is_ok();
+        println!("PROBE {target} {}", if ok { "ok" } else { "fail" });
+    }
+}
+
+/// Connects from 127.0.0.2 and from 127.0.0.3 inside the namespace; returns
+/// the probe lines (`PROBE 127.0.0.10 ok`, ...).
+fn probe(ns: &Netns) -> Vec<String> {
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new("ip")
+        .args(["netns", "exec", &ns.name])
+        .arg(exe)
+        .args(["packet_probe_child", "--exact", "--nocapture", "--test-threads=1"])
+        .env("FLEETBAN_PROBE", "127.0.0.10,127.0.0.11")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        // libtest may print "test packet_probe_child ... " on the same line.
+        .filter_map(|l| l.find("PROBE ").map(|i| l[i..].to_owned()))
+        .collect();
+    lines.sort();
+    lines
+}
+
+#[tokio::test]
+async fn drops_packets_from_banned_sources() {
+    let ns = netns_or_skip!();
+    // The enforcer is policy-free; only in this namespace do we ban loopback.
+    // Connections to 127.0.0.10 leave from 127.0.0.2, to .11 from 127.0.0.3.
+    for (dst, src) in [("127.0.0.10/32", "127.0.0.2"), ("127.0.0.11/32", "127.0.0.3")] {
+        ns.exec(&["ip", "route", "add", "local", dst, "dev", "lo", "src", src, "table", "local"]);
+    }
+    let now = now_ms();
+    let mut e = ns.enforcer();
+    e.init(now).await.unwrap();
+    assert_eq!(probe(&ns), ["PROBE 127.0.0.10 ok", "PROBE 127.0.0.11 ok"]);
+
+    e.add(&[ban("127.0.0.2", Until::At(now + 60_000))], now).await.unwrap();
+    let started = Instant::now();
+    assert_eq!(probe(&ns), ["PROBE 127.0.0.10 fail", "PROBE 127.0.0.11 ok"]);
+    assert!(started.elapsed() < Duration::from_secs(3));
+    let counter = &ns.rules()[0]["expr"][1]["counter"]["packets"];
+    assert!(counter.as_u64().unwrap() > 0, "drop rule counted: {counter}");
+
+    e.remove(&[net("127.0.0.2")], now_ms()).await.unwrap();
+    assert_eq!(probe(&ns), ["PROBE 127.0.0.10 ok", "PROBE 127.0.0.11 ok"]);
+}
+
+#[tokio::test]
+async fn loads_100k_elements_in_one_transaction() {
+    let ns = netns_or_skip!();
+    let now = now_ms();
+    let mut e = ns.enforcer();
+    e.init(now).await.unwrap();
+    let elems: Vec<Element> = (0..100_000u32)
+        .map(|i| Element {
+            net: IpNet::from(IpAddr::from((11u32 << 24 | i).to_be_bytes())),
+            until: Until::At(now + HOUR + i64::from(i)),
+        })
+        .collect();
+    let started = Instant::now();
+    e.add(&elems, now).await.unwrap();
+    let load = started.elapsed();
+    assert_eq!(e.len(), 100_000);
+    let started = Instant::now();
+    let listed = ns.elements("v4");
+    let list = started.elapsed();
+    assert_eq!(listed.len(), 100_000);
+    assert!(listed.iter().all(|l| l.timeout.is_some()));
+
+    // Costs once the set is large (nft 1.0.6 reads the whole set each time).
+    let started = Instant::now();
+    e.add(&[ban("12.0.0.1", Until::At(now + HOUR))], now).await.unwrap();
+    let one = started.elapsed();
+    let started = Instant::now();
+    let stats = e.replace_all(&elems, now_ms()).await.unwrap();
+    let reconcile = started.elapsed();
+    assert_eq!((stats.unchanged, stats.removed), (100_000, 1), "{stats:?}");
+    eprintln!(
+        "100k v4 elements: load {load:?} (one nft -f -), list {list:?}, \
+         one more element {one:?}, reconcile (re-read + delete 1) {reconcile:?}"
+    );
+}
