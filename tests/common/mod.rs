@@ -17,6 +17,8 @@ mod nft;
 mod nginx;
 mod redis;
 pub mod model;
+mod daemon;
+pub use daemon::{combined_line, Daemon};
 
 pub use netns::{http_get, http_get_with, veth_pair, NetNs};
 pub use nft::{nft_set_elements, nft_set_elements_detailed, parse_set_json, NftElem};

@@ -1,0 +1,131 @@
+//! A `fleetban run` under test: the real binary, in a network namespace when
+//! given one (so its nft table is the namespace's), with its log captured.
+//! Stopped with SIGTERM on Drop (SIGKILL if it lingers).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{fleetban_bin, require, wait_until, NetNs};
+
+pub struct Daemon {
+    child: Option<Child>,
+    pub config: PathBuf,
+    pub log: PathBuf,
+    pub control: PathBuf,
+}
+
+impl Daemon {
+    /// Starts `fleetban run -c config` and waits until its control socket
+    /// answers. `control` is the socket path the config names.
+    pub fn start(ns: Option<&NetNs>, config: &Path, control: &Path) -> Daemon {
+        let log = config.with_extension("log");
+        let err = std::fs::File::create(&log).unwrap();
+        let mut cmd = match ns {
+            Some(ns) => {
+                let mut c = Command::new(require("ip"));
+                c.args(["netns", "exec", &ns.name]).arg(fleetban_bin());
+                c
+            }
+            None => Command::new(fleetban_bin()),
+        };
+        cmd.args(["run", "-c"]).arg(config).stdin(Stdio::null()).stdout(Stdio::null()).stderr(err);
+        cmd.env("RUST_LOG", "fleetban=debug,info");
+        let child = cmd.spawn().expect("spawn fleetban run");
+        let mut d = Daemon { child: Some(child), config: config.to_path_buf(), log, control: control.to_path_buf() };
+        let start = Instant::now();
+        loop {
+            if d.status_opt().is_some() {
+                break;
+            }
+            if let Some(st) = d.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("fleetban exited early ({st}):\n{}", d.log_text());
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "fleetban did not come up:\n{}", d.log_text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn status_opt(&self) -> Option<serde_json::Value> {
+        fleetban::daemon::control::request(&self.control, &serde_json::json!({"cmd": "status"})).ok()
+    }
+
+    pub fn status(&self) -> serde_json::Value {
+        self.status_opt().unwrap_or_else(|| panic!("no status from the daemon:\n{}", self.log_text()))
+    }
+
+    /// Waits until the daemon has read `lines` lines in all.
+    pub fn wait_lines(&self, lines: u64) {
+        wait_until(Duration::from_secs(20), "daemon to read the lines", || {
+            self.status()["lines"].as_u64().unwrap_or(0) >= lines
+        });
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// SIGTERM, then wait (at most `limit`).
+    pub fn stop(&mut self, limit: Duration) -> (ExitStatus, Duration) {
+        let mut child = self.child.take().expect("running");
+        let t = Instant::now();
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                return (st, t.elapsed());
+            }
+            if t.elapsed() > limit {
+                let _ = child.kill();
+                panic!("fleetban did not stop within {limit:?}:\n{}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(5) {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// One nginx `combined` line for `addr` at unix ms `ms`.
+pub fn combined_line(addr: &str, ms: i64, path: &str, status: u16) -> String {
+    let secs = ms.div_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let rfc = fleetban::rfc3339(days * 86_400_000);
+    let (y, m, d) = (&rfc[0..4], rfc[5..7].parse::<usize>().unwrap(), &rfc[8..10]);
+    const MON: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+    format!(
+        "{addr} - - [{d}/{}/{y}:{:02}:{:02}:{:02} +0000] \"GET {path} HTTP/1.1\" {status} 12 \"-\" \"curl/7.88\"\n",
+        MON[m - 1],
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}

@@ -1,0 +1,169 @@
+//! `fleetban run` for real: a redis-server of its own, nft inside a network
+//! namespace the test creates, a log file appended to as nginx would.
+//! Lines in → a ban in the shared list → an element with a timeout in the
+//! namespace's nft set; allowed addresses never banned; manual ban/unban
+//! reach the set through the events stream; SIGTERM stops it cleanly with
+//! offsets saved and the table left in place.
+
+mod common;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{combined_line, fleetban_bin, nft_set_elements, wait_until, Daemon, NetNs, Redis};
+
+fn append(log: &Path, text: &str) {
+    let mut f = std::fs::OpenOptions::new().append(true).open(log).unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+}
+
+fn cli(cfg: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(fleetban_bin()).args(args).arg("-c").arg(cfg).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn set_has(ns: &NetNs, elem: &str) -> bool {
+    nft_set_elements(ns, "fleetban", if elem.contains(':') { "v6" } else { "v4" }).iter().any(|(e, _)| e == elem)
+}
+
+struct Rig {
+    dir: tempfile::TempDir,
+    cfg: std::path::PathBuf,
+    log: std::path::PathBuf,
+    control: std::path::PathBuf,
+}
+
+fn rig(redis: Option<&Redis>) -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    std::fs::write(&log, "").unwrap();
+    let control = dir.path().join("control.sock");
+    std::fs::write(
+        dir.path().join("rules.yaml"),
+        format!(
+            "rules:
+  - name: scraper
+    logs: [{}]
+    match: {{ method: [GET] }}
+    ignore: {{ path: '\\.css$' }}
+    limit: {{ hits: 5, window: 60s }}
+    ban: {{ duration: 1h }}
+",
+            log.display()
+        ),
+    )
+    .unwrap();
+    let redis_section = redis.map_or(String::new(), |r| format!("redis: {{ url: '{}', reconcile_every: 2s }}\n", r.url()));
+    let cfg = dir.path().join("fleetban.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "host_id: test-host\nstate_dir: {}\ncontrol: {}\nallow: [192.0.2.0/24]\n{redis_section}rules: [rules.yaml]\n",
+            dir.path().join("state").display(),
+            control.display()
+        ),
+    )
+    .unwrap();
+    Rig { dir, cfg, log, control }
+}
+
+#[test]
+fn a_scraper_is_banned_in_redis_and_nft_and_the_allowed_never() {
+    let redis = Redis::start();
+    let ns = NetNs::new("daemon");
+    let r = rig(Some(&redis));
+    let mut d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+
+    let now = fleetban::now_ms();
+    let mut lines = String::new();
+    for i in 0..8 {
+        lines += &combined_line("203.0.113.7", now + i, "/page", 200);
+        lines += &combined_line("203.0.113.8", now + i, "/style.css", 200); // ignored path
+        lines += &combined_line("192.0.2.5", now + i, "/page", 200); // allowed
+    }
+    lines += &combined_line("2001:db8:1:2::77", now, "/", 200);
+    append(&r.log, &lines);
+
+    wait_until(Duration::from_secs(10), "ban of 203.0.113.7 in nft", || set_has(&ns, "203.0.113.7"));
+    let score = redis.cli(&["ZSCORE", "{fleetban}:bans", "203.0.113.7"]);
+    let until: f64 = score.parse().unwrap_or_else(|_| panic!("not in the ban list: {score:?}\n{}", d.log_text()));
+    assert!((until - (fleetban::now_ms() + 3_600_000) as f64).abs() < 60_000.0, "ban of about 1h, got {until}");
+    let rec: serde_json::Value = serde_json::from_str(&redis.cli(&["HGET", "{fleetban}:banrec", "203.0.113.7"])).unwrap();
+    assert_eq!(rec["rule"], "scraper");
+    assert_eq!(rec["host"], "test-host");
+    assert_eq!(rec["hits"], 6);
+    let elems = nft_set_elements(&ns, "fleetban", "v4");
+    let timeout = elems.iter().find(|(e, _)| e == "203.0.113.7").unwrap().1.expect("a timeout");
+    assert!((3_500_000..=3_600_000).contains(&timeout), "timeout {timeout}");
+
+    d.wait_lines(25);
+    assert!(!set_has(&ns, "203.0.113.8"), "ignored path counted");
+    assert!(!set_has(&ns, "192.0.2.5"), "allowed address banned");
+    assert_eq!(redis.cli(&["ZSCORE", "{fleetban}:bans", "192.0.2.5"]), "");
+    let st = d.status();
+    assert_eq!(st["rules"][0]["bans"], 1);
+    assert_eq!(st["redis"]["connected"], true);
+
+    // Operators: a network for 10 minutes, then unban of the scraper.
+    let (code, out, err) = cli(&r.cfg, &["ban", "198.51.100.0/24", "--for", "10m", "--reason", "abuse report"]);
+    assert_eq!(code, 0, "{out}{err}");
+    wait_until(Duration::from_secs(5), "manual ban in nft", || set_has(&ns, "198.51.100.0/24"));
+    let (code, out, _) = cli(&r.cfg, &["bans", "--json"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("\"198.51.100.0/24\"") && out.contains("abuse report"), "{out}");
+    let (code, _, _) = cli(&r.cfg, &["unban", "203.0.113.7"]);
+    assert_eq!(code, 0);
+    wait_until(Duration::from_secs(5), "unban in nft", || !set_has(&ns, "203.0.113.7"));
+    // Loopback can never be banned by hand either.
+    let (code, _, err) = cli(&r.cfg, &["ban", "127.0.0.1"]);
+    assert_eq!(code, 2, "{err}");
+
+    // A garbage member in the list never reaches nft (the reconcile skips it).
+    redis.cli(&["ZADD", "{fleetban}:bans", "+inf", "not-an-address; flush ruleset"]);
+    redis.cli(&["ZADD", "{fleetban}:bans", "+inf", "203.0.113.99"]);
+    wait_until(Duration::from_secs(10), "reconcile picks up a direct list entry", || set_has(&ns, "203.0.113.99"));
+
+    let (status, took) = d.stop(Duration::from_secs(10));
+    assert!(status.success(), "exit {status}\n{}", d.log_text());
+    assert!(took < Duration::from_secs(5), "stop took {took:?}");
+    // The table stays: the kernel keeps enforcing while the daemon is down.
+    assert!(set_has(&ns, "198.51.100.0/24"));
+    let offsets = std::fs::read_to_string(r.dir.path().join("state/offsets.json")).expect("offsets saved");
+    let size = std::fs::metadata(&r.log).unwrap().len();
+    assert!(offsets.contains(&size.to_string()), "offset {size} saved: {offsets}");
+}
+
+#[test]
+fn without_redis_the_embedded_store_bans_and_keeps_bans_across_restart() {
+    let ns = NetNs::new("embed");
+    let r = rig(None);
+    let mut d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    let now = fleetban::now_ms();
+    let lines: String = (0..6).map(|i| combined_line("203.0.113.50", now + i, "/", 200)).collect();
+    append(&r.log, &lines);
+    wait_until(Duration::from_secs(10), "embedded ban in nft", || set_has(&ns, "203.0.113.50"));
+
+    // ban/unban/bans go through the control socket.
+    let (code, out, err) = cli(&r.cfg, &["ban", "2001:db8:5::/48", "--permanent"]);
+    assert_eq!(code, 0, "{out}{err}");
+    wait_until(Duration::from_secs(5), "manual v6 ban", || set_has(&ns, "2001:db8:5::/48"));
+    let permanent = nft_set_elements(&ns, "fleetban", "v6");
+    assert_eq!(permanent.iter().find(|(e, _)| e == "2001:db8:5::/48").unwrap().1, None, "permanent: no timeout");
+    let (_, out, _) = cli(&r.cfg, &["bans"]);
+    assert!(out.contains("203.0.113.50") && out.contains("2 active ban(s)"), "{out}");
+    d.stop(Duration::from_secs(10));
+
+    // The restarted daemon finds its bans and its offset: the old lines are
+    // not read again (the ban count stays 0 in the new process).
+    std::process::Command::new("ip").args(["netns", "exec", &ns.name, "nft", "flush", "set", "inet", "fleetban", "v4"]).status().unwrap();
+    let d2 = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    wait_until(Duration::from_secs(5), "bans re-applied at start", || set_has(&ns, "203.0.113.50"));
+    assert_eq!(d2.status()["lines"], 0);
+    assert_eq!(d2.status()["bans_active"], 2);
+}

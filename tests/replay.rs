@@ -1,0 +1,130 @@
+//! `fleetban test` on the shared corpus (10,000 real lines, out-of-order
+//! times): its `--json` decisions must be exactly the brute-force model's,
+//! and the output must have the contract's shape.
+
+mod common;
+
+use std::process::Command;
+
+use common::model::{model, ModelHit, ModelRule};
+use common::{corpus_path, fleetban_bin};
+use fleetban::detect::client_key;
+use fleetban::parse::{Format, Parser};
+use fleetban::store::AddrText;
+
+fn run_test(rules_yaml: &str, extra: &[&str]) -> (i32, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("rules.yaml"), rules_yaml).unwrap();
+    let cfg = dir.path().join("fleetban.yaml");
+    std::fs::write(&cfg, "rules: [rules.yaml]\n").unwrap();
+    let out = Command::new(fleetban_bin())
+        .args(["test", "-c"])
+        .arg(&cfg)
+        .args(extra)
+        .arg(corpus_path())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const RULES: &str = "rules:
+  - name: any
+    logs: [/unused]
+    limit: { hits: 20, window: 60s }
+    ban: { duration: 10m }
+  - name: notfound
+    logs: [/unused]
+    match: { status: [404] }
+    limit: { hits: 3, window: 5m }
+    ban: { duration: 1h }
+";
+
+#[test]
+fn json_decisions_equal_the_brute_force_model_on_the_corpus() {
+    let (code, out, err) = run_test(RULES, &["--json"]);
+    assert_eq!(code, 0, "{err}");
+
+    // The model's input: every line of the corpus, in file order.
+    let text = std::fs::read(corpus_path()).unwrap();
+    let parser = Parser::new(&Format::Combined).unwrap();
+    let rules = [
+        ModelRule { limit: 20, window: 60_000, ban_ms: 600_000 },
+        ModelRule { limit: 3, window: 300_000, ban_ms: 3_600_000 },
+    ];
+    let mut hits = Vec::new();
+    for (n, line) in text.split(|&b| b == b'\n').filter(|l| !l.is_empty()).enumerate() {
+        let r = parser.parse(line).expect("the corpus parses");
+        let key = AddrText(&client_key(r.addr, 64)).to_string();
+        let time = r.time_ms.unwrap();
+        hits.push(ModelHit { rule: 0, key: key.clone(), time, member: n as u64 });
+        if r.status == 404 {
+            hits.push(ModelHit { rule: 1, key, time, member: n as u64 });
+        }
+    }
+    let expected: Vec<(String, String, String)> = model(&hits, &rules)
+        .into_iter()
+        .map(|b| (b.key, ["any", "notfound"][b.rule].to_owned(), fleetban::rfc3339(b.at)))
+        .collect();
+    assert!(expected.len() >= 5, "the corpus should produce several bans, got {}", expected.len());
+
+    let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let (summary, bans) = lines.split_last().unwrap();
+    let got: Vec<(String, String, String)> = bans
+        .iter()
+        .map(|b| {
+            assert_eq!(b["event"], "ban");
+            (b["addr"].as_str().unwrap().into(), b["rule"].as_str().unwrap().into(), b["at"].as_str().unwrap().into())
+        })
+        .collect();
+    assert_eq!(got, expected);
+    for b in bans {
+        assert_eq!(b["hits"], 21u64.min(if b["rule"] == "any" { 21 } else { 4 }));
+        assert!(b["until"].as_str().unwrap() > b["at"].as_str().unwrap());
+    }
+    assert_eq!(summary["event"], "summary");
+    assert_eq!(summary["lines"], 10_000);
+    assert_eq!(summary["unparsed"], 0);
+    let n404 = hits.iter().filter(|h| h.rule == 1).count() as u64;
+    assert_eq!(summary["rules"]["notfound"]["matched"], n404);
+    assert_eq!(summary["rules"]["any"]["matched"], 10_000);
+    let any_bans = expected.iter().filter(|e| e.1 == "any").count() as u64;
+    assert_eq!(summary["rules"]["any"]["bans"], any_bans);
+}
+
+#[test]
+fn rule_selection_and_human_output() {
+    let (code, out, err) = run_test(RULES, &["--rule", "notfound"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("lines: 10000  unparsed: 0"), "{out}");
+    assert!(out.contains("rule notfound:"), "{out}");
+    assert!(!out.contains("rule any:"), "{out}");
+    let (code, _, err) = run_test(RULES, &["--rule", "nosuch"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("nosuch"));
+}
+
+#[test]
+fn an_injected_address_is_never_banned() {
+    // A client whose user agent and path carry another address: only the
+    // real client may be banned.
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let mut text = String::new();
+    for s in 0..30 {
+        text += &format!(
+            "198.51.100.9 - - [17/May/2015:10:05:{s:02} +0000] \"GET /?x=6.6.6.6 HTTP/1.1\" 200 1 \"http://7.7.7.7/\" \"6.6.6.6 - - [17/May/2015:10:05:00 +0000] \\x22GET / HTTP/1.1\\x22\"\n"
+        );
+    }
+    std::fs::write(&log, text).unwrap();
+    std::fs::write(dir.path().join("rules.yaml"), "rules:\n  - name: any\n    logs: [/unused]\n    limit: { hits: 5, window: 60s }\n").unwrap();
+    let cfg = dir.path().join("fleetban.yaml");
+    std::fs::write(&cfg, "rules: [rules.yaml]\n").unwrap();
+    let out = Command::new(fleetban_bin()).args(["test", "--json", "-c"]).arg(&cfg).arg(&log).output().unwrap();
+    let out = String::from_utf8_lossy(&out.stdout);
+    assert!(out.contains("\"addr\":\"198.51.100.9\""), "{out}");
+    assert!(!out.contains("6.6.6.6") && !out.contains("7.7.7.7"), "{out}");
+}
