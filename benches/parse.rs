@@ -13,9 +13,7 @@ const REGEX: &str = r#"^(?P<addr>\S+) \S+ \S+ \[(?P<time>[^\]]+)\] "(?P<method>[
 
 fn corpus() -> Vec<Vec<u8>> {
     let name = "shared/corpus/elastic-examples-access.log";
-    let beside = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(name);
+    let beside = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(name);
     let path = if beside.exists() {
         beside
     } else {
@@ -35,10 +33,7 @@ fn parse(c: &mut Criterion) {
     let formats = [
         ("combined", Format::Combined),
         ("common", Format::Common),
-        (
-            "log_format_combined",
-            Format::LogFormat(COMBINED.to_string()),
-        ),
+        ("log_format_combined", Format::LogFormat(COMBINED.to_string())),
         ("regex", Format::Regex(REGEX.to_string())),
     ];
     for (name, format) in formats {

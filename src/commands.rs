@@ -36,7 +36,10 @@ fn runtime() -> tokio::runtime::Runtime {
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 pub fn run(path: &Path, dry_run: bool) -> u8 {
@@ -46,7 +49,14 @@ pub fn run(path: &Path, dry_run: bool) -> u8 {
         Err(code) => return code,
     };
     let rt = runtime();
-    match rt.block_on(crate::daemon::run(config, crate::daemon::Options { dry_run, config_path: path.to_path_buf() }, crate::daemon::signals())) {
+    match rt.block_on(crate::daemon::run(
+        config,
+        crate::daemon::Options {
+            dry_run,
+            config_path: path.to_path_buf(),
+        },
+        crate::daemon::signals(),
+    )) {
         Ok(()) => OK,
         Err(e) => {
             tracing::error!(error = %e, "fleetban stopped.");
@@ -70,7 +80,11 @@ pub fn check(path: &Path) -> u8 {
             r.limit.hits,
             window,
             ban,
-            if r.ban.factor > 1.0 { format!(" (x{} for repeat offenders)", r.ban.factor) } else { String::new() },
+            if r.ban.factor > 1.0 {
+                format!(" (x{} for repeat offenders)", r.ban.factor)
+            } else {
+                String::new()
+            },
             format_name(&r.format),
             r.logs.join(", ")
         );
@@ -103,7 +117,10 @@ pub fn test(path: &Path, rule: Option<&str>, json: bool, logs: &[PathBuf]) -> u8
             return USAGE;
         }
     }
-    let mut allow: Vec<IpNet> = vec!["127.0.0.0/8".parse().expect("literal"), "::1/128".parse().expect("literal")];
+    let mut allow: Vec<IpNet> = vec![
+        "127.0.0.0/8".parse().expect("literal"),
+        "::1/128".parse().expect("literal"),
+    ];
     allow.extend_from_slice(&config.allow);
     let files: Vec<&Path> = logs.iter().map(PathBuf::as_path).collect();
     let report = match crate::replay::replay(&config.rules, &files, &AllowList::only(&allow), config.ipv6_prefix) {
@@ -129,7 +146,12 @@ pub fn test(path: &Path, rule: Option<&str>, json: bool, logs: &[PathBuf]) -> u8
         let rules: serde_json::Map<String, serde_json::Value> = report
             .rules
             .iter()
-            .map(|r| (r.name.clone(), serde_json::json!({"matched": r.matched, "bans": r.bans})))
+            .map(|r| {
+                (
+                    r.name.clone(),
+                    serde_json::json!({"matched": r.matched, "bans": r.bans}),
+                )
+            })
             .collect();
         let _ = writeln!(
             out,
@@ -227,7 +249,11 @@ pub fn bans(path: &Path, json: bool) -> u8 {
                 r.until.map_or("forever".to_owned(), crate::rfc3339),
                 if r.host.is_empty() { "?" } else { &r.host },
                 crate::rfc3339(r.since),
-                if r.reason.is_empty() { String::new() } else { format!(" ({})", r.reason) }
+                if r.reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", r.reason)
+                }
             );
         }
     }
@@ -261,9 +287,15 @@ pub fn ban(path: &Path, args: &BanArgs) -> u8 {
         Err(c) => return c,
     };
     let mut allow = config.allow.clone();
-    allow.extend(["127.0.0.0/8".parse::<IpNet>().expect("literal"), "::1/128".parse().expect("literal")]);
+    allow.extend([
+        "127.0.0.0/8".parse::<IpNet>().expect("literal"),
+        "::1/128".parse().expect("literal"),
+    ]);
     if AllowList::only(&allow).overlaps(&net) {
-        eprintln!("{} overlaps the allow list (loopback or `allow:`): not banned", AddrText(&net));
+        eprintln!(
+            "{} overlaps the allow list (loopback or `allow:`): not banned",
+            AddrText(&net)
+        );
         return USAGE;
     }
     let mode = if args.permanent {
@@ -291,10 +323,13 @@ pub fn ban(path: &Path, args: &BanArgs) -> u8 {
     };
     let rt = runtime();
     let result = match redis_list(&config, &rt) {
-        Some(Ok(mut list)) => rt.block_on(list.ban(&req, crate::now_ms())).map_err(|e| e.to_string()).map(|o| match o {
-            Outcome::Banned(r) => r.until,
-            Outcome::AlreadyBanned(_) => None,
-        }),
+        Some(Ok(mut list)) => rt
+            .block_on(list.ban(&req, crate::now_ms()))
+            .map_err(|e| e.to_string())
+            .map(|o| match o {
+                Outcome::Banned(r) => r.until,
+                Outcome::AlreadyBanned(_) => None,
+            }),
         Some(Err(e)) => Err(e),
         None => control::request(&config.control, &control::ban_request(&req))
             .map_err(|e| format!("cannot reach the daemon at {}: {e}", config.control.display()))
@@ -302,7 +337,11 @@ pub fn ban(path: &Path, args: &BanArgs) -> u8 {
     };
     match result {
         Ok(until) => {
-            println!("banned {} until {}", AddrText(&net), until.map_or("unbanned".to_owned(), crate::rfc3339));
+            println!(
+                "banned {} until {}",
+                AddrText(&net),
+                until.map_or("unbanned".to_owned(), crate::rfc3339)
+            );
             OK
         }
         Err(e) => {
@@ -323,11 +362,16 @@ pub fn unban(path: &Path, t: &str) -> u8 {
     };
     let rt = runtime();
     let result = match redis_list(&config, &rt) {
-        Some(Ok(mut list)) => rt.block_on(list.unban(&net, &config.host_id)).map_err(|e| e.to_string()),
+        Some(Ok(mut list)) => rt
+            .block_on(list.unban(&net, &config.host_id))
+            .map_err(|e| e.to_string()),
         Some(Err(e)) => Err(e),
-        None => control::request(&config.control, &serde_json::json!({"cmd": "unban", "addr": AddrText(&net).to_string()}))
-            .map_err(|e| format!("cannot reach the daemon at {}: {e}", config.control.display()))
-            .map(|v| v["removed"].as_bool().unwrap_or(false)),
+        None => control::request(
+            &config.control,
+            &serde_json::json!({"cmd": "unban", "addr": AddrText(&net).to_string()}),
+        )
+        .map_err(|e| format!("cannot reach the daemon at {}: {e}", config.control.display()))
+        .map(|v| v["removed"].as_bool().unwrap_or(false)),
     };
     match result {
         Ok(true) => {

@@ -7,7 +7,11 @@ use clap::{Parser, Subcommand};
 use fleetban::commands::{self, BanArgs};
 
 #[derive(Parser)]
-#[command(name = "fleetban", version, about = "Fleet-wide ban daemon for nginx: Redis sliding windows, shared ban list, nftables")]
+#[command(
+    name = "fleetban",
+    version,
+    about = "Fleet-wide ban daemon for nginx: Redis sliding windows, shared ban list, nftables"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -89,12 +93,29 @@ fn main() -> ExitCode {
     let code = match cli.command {
         Command::Run { config, dry_run } => commands::run(&config, dry_run),
         Command::Check { config } => commands::check(&config),
-        Command::Test { config, rule, json, logs } => commands::test(&config, rule.as_deref(), json, &logs),
+        Command::Test {
+            config,
+            rule,
+            json,
+            logs,
+        } => commands::test(&config, rule.as_deref(), json, &logs),
         Command::Status { config, json } => commands::status(&config, json),
         Command::Bans { config, json } => commands::bans(&config, json),
-        Command::Ban { config, target, duration, permanent, reason } => {
-            commands::ban(&config, &BanArgs { target, duration, permanent, reason })
-        }
+        Command::Ban {
+            config,
+            target,
+            duration,
+            permanent,
+            reason,
+        } => commands::ban(
+            &config,
+            &BanArgs {
+                target,
+                duration,
+                permanent,
+                reason,
+            },
+        ),
         Command::Unban { config, target } => commands::unban(&config, &target),
         Command::Flush { config } => commands::flush(&config),
     };

@@ -43,10 +43,10 @@ pub struct Report {
 
 /// Replays `files` through `rules`; `allow` is never counted.
 pub fn replay(rules: &[Rule], files: &[&Path], allow: &AllowList, ipv6_prefix: u8) -> std::io::Result<Report> {
-    let names: Vec<String> = files.iter().map(|f| f.to_string_lossy().into_owned()).collect();
-    let plan = Plan::replay(rules, &names).map_err(|e| std::io::Error::other(e.to_string()))?;
+    let plan = Plan::new(rules).map_err(|e| std::io::Error::other(e.to_string()))?;
     let mut r = Replay {
         rules,
+        groups: plan.all(),
         plan: &plan,
         allow,
         ipv6_prefix,
@@ -55,7 +55,13 @@ pub fn replay(rules: &[Rule], files: &[&Path], allow: &AllowList, ipv6_prefix: u
         cache: BanCache::default(),
         wall: crate::now_ms(),
         report: Report {
-            rules: rules.iter().map(|r| RuleStats { name: r.name.clone(), ..Default::default() }).collect(),
+            rules: rules
+                .iter()
+                .map(|r| RuleStats {
+                    name: r.name.clone(),
+                    ..Default::default()
+                })
+                .collect(),
             ..Default::default()
         },
     };
@@ -68,6 +74,7 @@ pub fn replay(rules: &[Rule], files: &[&Path], allow: &AllowList, ipv6_prefix: u
 struct Replay<'a> {
     rules: &'a [Rule],
     plan: &'a Plan,
+    groups: Vec<crate::detect::Group>,
     allow: &'a AllowList,
     ipv6_prefix: u8,
     limiter: MemoryLimiter,
@@ -90,13 +97,13 @@ impl Replay<'_> {
             buf.extend_from_slice(&chunk[..n]);
             let mut start = 0;
             while let Some(nl) = memchr::memchr(b'\n', &buf[start..]) {
-                self.line(index, origin, base + start as u64, &buf[start..start + nl]);
+                self.line(origin, base + start as u64, &buf[start..start + nl]);
                 start += nl + 1;
             }
             if eof {
                 if start < buf.len() {
                     let tail = buf[start..].to_vec();
-                    self.line(index, origin, base + start as u64, &tail);
+                    self.line(origin, base + start as u64, &tail);
                 }
                 return Ok(());
             }
@@ -105,14 +112,16 @@ impl Replay<'_> {
         }
     }
 
-    fn line(&mut self, file: usize, origin: u64, offset: u64, line: &[u8]) {
+    fn line(&mut self, origin: u64, offset: u64, line: &[u8]) {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         if line.is_empty() {
             return;
         }
         self.report.lines += 1;
         let mut parsed_any = false;
-        for g in &self.plan.groups[file] {
+        // Taken out for the loop so that `decide` may borrow `self` mutably.
+        let groups = std::mem::take(&mut self.groups);
+        for g in &groups {
             let Some(req) = g.parser.parse(line) else { continue };
             parsed_any = true;
             if self.allow.contains(req.addr) {
@@ -128,12 +137,16 @@ impl Replay<'_> {
                 if self.cache.is_banned(&key, time) {
                     continue;
                 }
-                let hit = Hit { time_ms: time, member: detect::member(origin, offset) };
+                let hit = Hit {
+                    time_ms: time,
+                    member: detect::member(origin, offset),
+                };
                 if let Verdict::Over { count, .. } = self.limiter.check(ri, key, &[hit], self.wall) {
                     self.decide(ri, key, time, count + 1);
                 }
             }
         }
+        self.groups = groups;
         if !parsed_any {
             self.report.unparsed += 1;
         }
@@ -148,11 +161,19 @@ impl Replay<'_> {
             hits,
             mode: Mode::Auto(self.rules[rule].ban),
         };
-        let crate::bans::BanList::Memory(m) = &mut self.bans else { return };
+        let crate::bans::BanList::Memory(m) = &mut self.bans else {
+            return;
+        };
         if let Outcome::Banned(rec) = m.ban(&req, at_ms) {
             self.cache.insert(key, rec.until());
             self.report.rules[rule].bans += 1;
-            self.report.decisions.push(Decision { addr: key, rule: req.rule, at_ms, until_ms: rec.until, hits });
+            self.report.decisions.push(Decision {
+                addr: key,
+                rule: req.rule,
+                at_ms,
+                until_ms: rec.until,
+                hits,
+            });
         }
     }
 }

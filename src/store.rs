@@ -22,7 +22,9 @@ pub struct Keys {
 
 impl Keys {
     pub fn new(prefix: &str) -> Keys {
-        Keys { prefix: prefix.to_owned() }
+        Keys {
+            prefix: prefix.to_owned(),
+        }
     }
 
     /// `fleetban:win:{ADDR}:RULE`, with `:HOST` for `scope: host`.
@@ -108,7 +110,11 @@ pub static UNBAN: std::sync::LazyLock<LuaScript> =
 
 impl LuaScript {
     fn new(name: &'static str, src: &'static str) -> LuaScript {
-        LuaScript { name, src, sha: redis::Script::new(src).get_hash().to_owned() }
+        LuaScript {
+            name,
+            src,
+            sha: redis::Script::new(src).get_hash().to_owned(),
+        }
     }
 
     /// `EVALSHA sha numkeys keys...` ready for arguments; for pipelines.
@@ -127,7 +133,11 @@ impl LuaScript {
     }
 
     /// Runs one prepared call, loading the script once if the server lost it.
-    pub async fn run<T: redis::FromRedisValue>(&self, con: &mut ConnectionManager, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+    pub async fn run<T: redis::FromRedisValue>(
+        &self,
+        con: &mut ConnectionManager,
+        cmd: &redis::Cmd,
+    ) -> redis::RedisResult<T> {
         match cmd.query_async(con).await {
             Err(e) if is_noscript(&e) => {
                 self.load(con).await?;

@@ -25,7 +25,11 @@ fn check(main: &str, rule: &str) -> (i32, String, String, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), "r.yaml", rule);
     let cfg = write(dir.path(), "fleetban.yaml", main);
-    let out = Command::new(fleetban_bin()).args(["check", "-c"]).arg(&cfg).output().unwrap();
+    let out = Command::new(fleetban_bin())
+        .args(["check", "-c"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -36,7 +40,10 @@ fn check(main: &str, rule: &str) -> (i32, String, String, tempfile::TempDir) {
 
 #[test]
 fn a_good_configuration_passes_with_a_summary() {
-    let (code, out, err, _d) = check("rules: [r.yaml]\nallow: [10.0.0.0/8, 192.0.2.1]\nredis: { url: 'unix:///run/redis.sock' }\n", GOOD_RULE);
+    let (code, out, err, _d) = check(
+        "rules: [r.yaml]\nallow: [10.0.0.0/8, 192.0.2.1]\nredis: { url: 'unix:///run/redis.sock' }\n",
+        GOOD_RULE,
+    );
     assert_eq!(code, 0, "stderr: {err}");
     assert!(out.contains("1 rule(s)"), "{out}");
     assert!(out.contains("scraper: 100 hits per 1m"), "{out}");
@@ -44,7 +51,15 @@ fn a_good_configuration_passes_with_a_summary() {
 }
 
 /// (what, main file, rule file, file that must be named, "line:col", words the message must have)
-const BAD: &[(&str, &str, &str, &str, &str, &[&str])] = &[
+type Case = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static [&'static str],
+);
+const BAD: &[Case] = &[
     ("unknown key in main", "rules: [r.yaml]\nredis_url: x\n", GOOD_RULE, "fleetban.yaml", "2:1", &["redis_url"]),
     ("unknown key in rule", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: 1s }\n    bans: {}\n", "r.yaml", "5:5", &["bans"]),
     ("bad duration", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: soon }\n", "r.yaml", "4:", &["duration", "soon", "60s"]),
@@ -74,7 +89,9 @@ fn every_bad_configuration_names_file_line_column_and_reason() {
         let prefix = format!("{}:{}", path.display(), pos);
         let ok = code == 2 && err.contains(&prefix) && words.iter().all(|w| err.contains(w));
         if !ok {
-            failures.push(format!("{what}: exit {code}, wanted `{prefix}...` and {words:?}, got:\n{err}"));
+            failures.push(format!(
+                "{what}: exit {code}, wanted `{prefix}...` and {words:?}, got:\n{err}"
+            ));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n---\n"));
@@ -83,12 +100,24 @@ fn every_bad_configuration_names_file_line_column_and_reason() {
 #[test]
 fn errors_in_several_files_are_all_reported() {
     let dir = tempfile::tempdir().unwrap();
-    write(dir.path(), "a.yaml", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: soon }\n");
-    write(dir.path(), "b.yaml", "rules:\n  - name: b\n    logs: [/x]\n    limit: { hits: 1, window: 1s, colour: red }\n");
+    write(
+        dir.path(),
+        "a.yaml",
+        "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: soon }\n",
+    );
+    write(
+        dir.path(),
+        "b.yaml",
+        "rules:\n  - name: b\n    logs: [/x]\n    limit: { hits: 1, window: 1s, colour: red }\n",
+    );
     let cfg = write(dir.path(), "fleetban.yaml", "rules: ['*.yaml']\n");
     // The main file itself matches *.yaml too: it has no `rules:` list of rule
     // objects, which is a third error.
-    let out = Command::new(fleetban_bin()).args(["check", "-c"]).arg(&cfg).output().unwrap();
+    let out = Command::new(fleetban_bin())
+        .args(["check", "-c"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2));
     assert!(err.contains("a.yaml:4:"), "{err}");

@@ -20,7 +20,12 @@ fn append(log: &Path, text: &str) {
 }
 
 fn cli(cfg: &Path, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(fleetban_bin()).args(args).arg("-c").arg(cfg).output().unwrap();
+    let out = Command::new(fleetban_bin())
+        .args(args)
+        .arg("-c")
+        .arg(cfg)
+        .output()
+        .unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -29,7 +34,9 @@ fn cli(cfg: &Path, args: &[&str]) -> (i32, String, String) {
 }
 
 fn set_has(ns: &NetNs, elem: &str) -> bool {
-    nft_set_elements(ns, "fleetban", if elem.contains(':') { "v6" } else { "v4" }).iter().any(|(e, _)| e == elem)
+    nft_set_elements(ns, "fleetban", if elem.contains(':') { "v6" } else { "v4" })
+        .iter()
+        .any(|(e, _)| e == elem)
 }
 
 struct Rig {
@@ -59,7 +66,9 @@ fn rig(redis: Option<&Redis>) -> Rig {
         ),
     )
     .unwrap();
-    let redis_section = redis.map_or(String::new(), |r| format!("redis: {{ url: '{}', reconcile_every: 2s }}\n", r.url()));
+    let redis_section = redis.map_or(String::new(), |r| {
+        format!("redis: {{ url: '{}', reconcile_every: 2s }}\n", r.url())
+    });
     let cfg = dir.path().join("fleetban.yaml");
     std::fs::write(
         &cfg,
@@ -90,16 +99,29 @@ fn a_scraper_is_banned_in_redis_and_nft_and_the_allowed_never() {
     lines += &combined_line("2001:db8:1:2::77", now, "/", 200);
     append(&r.log, &lines);
 
-    wait_until(Duration::from_secs(10), "ban of 203.0.113.7 in nft", || set_has(&ns, "203.0.113.7"));
+    wait_until(Duration::from_secs(10), "ban of 203.0.113.7 in nft", || {
+        set_has(&ns, "203.0.113.7")
+    });
     let score = redis.cli(&["ZSCORE", "{fleetban}:bans", "203.0.113.7"]);
-    let until: f64 = score.parse().unwrap_or_else(|_| panic!("not in the ban list: {score:?}\n{}", d.log_text()));
-    assert!((until - (fleetban::now_ms() + 3_600_000) as f64).abs() < 60_000.0, "ban of about 1h, got {until}");
-    let rec: serde_json::Value = serde_json::from_str(&redis.cli(&["HGET", "{fleetban}:banrec", "203.0.113.7"])).unwrap();
+    let until: f64 = score
+        .parse()
+        .unwrap_or_else(|_| panic!("not in the ban list: {score:?}\n{}", d.log_text()));
+    assert!(
+        (until - (fleetban::now_ms() + 3_600_000) as f64).abs() < 60_000.0,
+        "ban of about 1h, got {until}"
+    );
+    let rec: serde_json::Value =
+        serde_json::from_str(&redis.cli(&["HGET", "{fleetban}:banrec", "203.0.113.7"])).unwrap();
     assert_eq!(rec["rule"], "scraper");
     assert_eq!(rec["host"], "test-host");
     assert_eq!(rec["hits"], 6);
     let elems = nft_set_elements(&ns, "fleetban", "v4");
-    let timeout = elems.iter().find(|(e, _)| e == "203.0.113.7").unwrap().1.expect("a timeout");
+    let timeout = elems
+        .iter()
+        .find(|(e, _)| e == "203.0.113.7")
+        .unwrap()
+        .1
+        .expect("a timeout");
     assert!((3_500_000..=3_600_000).contains(&timeout), "timeout {timeout}");
 
     d.wait_lines(25);
@@ -111,12 +133,20 @@ fn a_scraper_is_banned_in_redis_and_nft_and_the_allowed_never() {
     assert_eq!(st["redis"]["connected"], true);
 
     // Operators: a network for 10 minutes, then unban of the scraper.
-    let (code, out, err) = cli(&r.cfg, &["ban", "198.51.100.0/24", "--for", "10m", "--reason", "abuse report"]);
+    let (code, out, err) = cli(
+        &r.cfg,
+        &["ban", "198.51.100.0/24", "--for", "10m", "--reason", "abuse report"],
+    );
     assert_eq!(code, 0, "{out}{err}");
-    wait_until(Duration::from_secs(5), "manual ban in nft", || set_has(&ns, "198.51.100.0/24"));
+    wait_until(Duration::from_secs(5), "manual ban in nft", || {
+        set_has(&ns, "198.51.100.0/24")
+    });
     let (code, out, _) = cli(&r.cfg, &["bans", "--json"]);
     assert_eq!(code, 0);
-    assert!(out.contains("\"198.51.100.0/24\"") && out.contains("abuse report"), "{out}");
+    assert!(
+        out.contains("\"198.51.100.0/24\"") && out.contains("abuse report"),
+        "{out}"
+    );
     let (code, _, _) = cli(&r.cfg, &["unban", "203.0.113.7"]);
     assert_eq!(code, 0);
     wait_until(Duration::from_secs(5), "unban in nft", || !set_has(&ns, "203.0.113.7"));
@@ -127,7 +157,11 @@ fn a_scraper_is_banned_in_redis_and_nft_and_the_allowed_never() {
     // A garbage member in the list never reaches nft (the reconcile skips it).
     redis.cli(&["ZADD", "{fleetban}:bans", "+inf", "not-an-address; flush ruleset"]);
     redis.cli(&["ZADD", "{fleetban}:bans", "+inf", "203.0.113.99"]);
-    wait_until(Duration::from_secs(10), "reconcile picks up a direct list entry", || set_has(&ns, "203.0.113.99"));
+    wait_until(
+        Duration::from_secs(10),
+        "reconcile picks up a direct list entry",
+        || set_has(&ns, "203.0.113.99"),
+    );
 
     let (status, took) = d.stop(Duration::from_secs(10));
     assert!(status.success(), "exit {status}\n{}", d.log_text());
@@ -145,25 +179,42 @@ fn without_redis_the_embedded_store_bans_and_keeps_bans_across_restart() {
     let r = rig(None);
     let mut d = Daemon::start(Some(&ns), &r.cfg, &r.control);
     let now = fleetban::now_ms();
-    let lines: String = (0..6).map(|i| combined_line("203.0.113.50", now + i, "/", 200)).collect();
+    let lines: String = (0..6)
+        .map(|i| combined_line("203.0.113.50", now + i, "/", 200))
+        .collect();
     append(&r.log, &lines);
-    wait_until(Duration::from_secs(10), "embedded ban in nft", || set_has(&ns, "203.0.113.50"));
+    wait_until(Duration::from_secs(10), "embedded ban in nft", || {
+        set_has(&ns, "203.0.113.50")
+    });
 
     // ban/unban/bans go through the control socket.
     let (code, out, err) = cli(&r.cfg, &["ban", "2001:db8:5::/48", "--permanent"]);
     assert_eq!(code, 0, "{out}{err}");
-    wait_until(Duration::from_secs(5), "manual v6 ban", || set_has(&ns, "2001:db8:5::/48"));
+    wait_until(Duration::from_secs(5), "manual v6 ban", || {
+        set_has(&ns, "2001:db8:5::/48")
+    });
     let permanent = nft_set_elements(&ns, "fleetban", "v6");
-    assert_eq!(permanent.iter().find(|(e, _)| e == "2001:db8:5::/48").unwrap().1, None, "permanent: no timeout");
+    assert_eq!(
+        permanent.iter().find(|(e, _)| e == "2001:db8:5::/48").unwrap().1,
+        None,
+        "permanent: no timeout"
+    );
     let (_, out, _) = cli(&r.cfg, &["bans"]);
     assert!(out.contains("203.0.113.50") && out.contains("2 active ban(s)"), "{out}");
     d.stop(Duration::from_secs(10));
 
     // The restarted daemon finds its bans and its offset: the old lines are
     // not read again (the ban count stays 0 in the new process).
-    std::process::Command::new("ip").args(["netns", "exec", &ns.name, "nft", "flush", "set", "inet", "fleetban", "v4"]).status().unwrap();
+    std::process::Command::new("ip")
+        .args([
+            "netns", "exec", &ns.name, "nft", "flush", "set", "inet", "fleetban", "v4",
+        ])
+        .status()
+        .unwrap();
     let d2 = Daemon::start(Some(&ns), &r.cfg, &r.control);
-    wait_until(Duration::from_secs(5), "bans re-applied at start", || set_has(&ns, "203.0.113.50"));
+    wait_until(Duration::from_secs(5), "bans re-applied at start", || {
+        set_has(&ns, "203.0.113.50")
+    });
     assert_eq!(d2.status()["lines"], 0);
     assert_eq!(d2.status()["bans_active"], 2);
 }

@@ -55,15 +55,23 @@ fn a_scraper_is_dropped_and_a_normal_client_is_not() {
 
     // Static files are ignored: any number of them.
     for _ in 0..15 {
-        assert_eq!(http_get(&visitor, "http://10.213.2.1:8080/static/app.js", Duration::from_secs(2)), Ok(200));
+        assert_eq!(
+            http_get(&visitor, "http://10.213.2.1:8080/static/app.js", Duration::from_secs(2)),
+            Ok(200)
+        );
     }
     // The scraper: ten pages are allowed, the eleventh bans.
     for i in 0..11 {
         assert_eq!(to_a(&scraper), Ok(200), "request {i} before the ban");
     }
-    wait_until(Duration::from_secs(10), "scraper's connections to fail", || to_a(&scraper).is_err());
+    wait_until(Duration::from_secs(10), "scraper's connections to fail", || {
+        to_a(&scraper).is_err()
+    });
     assert_eq!(redis.cli(&["ZCARD", "{fleetban}:bans"]), "1");
-    assert!(redis.cli(&["ZSCORE", "{fleetban}:bans", "10.213.1.2"]).parse::<f64>().is_ok());
+    assert!(redis
+        .cli(&["ZSCORE", "{fleetban}:bans", "10.213.1.2"])
+        .parse::<f64>()
+        .is_ok());
     // The visitor still gets through, even with a few pages of its own.
     for _ in 0..5 {
         assert_eq!(to_b(&visitor), Ok(200));

@@ -54,19 +54,11 @@ struct Rig {
 }
 
 impl Rig {
-    fn start<P: AsRef<Path>>(
-        state: &Path,
-        patterns: &[P],
-        opts: FollowOptions,
-        capacity: usize,
-    ) -> Rig {
+    fn start<P: AsRef<Path>>(state: &Path, patterns: &[P], opts: FollowOptions, capacity: usize) -> Rig {
         let store = Arc::new(OffsetStore::open(state).expect("open offsets"));
         let (tx, rx) = mpsc::channel(capacity);
         let shutdown = CancellationToken::new();
-        let patterns = patterns
-            .iter()
-            .map(|p| p.as_ref().display().to_string())
-            .collect();
+        let patterns = patterns.iter().map(|p| p.as_ref().display().to_string()).collect();
         let follower = source::spawn(patterns, Arc::clone(&store), opts, tx, shutdown.clone());
         Rig {
             store,
@@ -114,10 +106,7 @@ impl Rig {
     /// Nothing more arrives for `d`.
     async fn quiet(&mut self, d: Duration) {
         let deadline = Instant::now() + d;
-        while self
-            .pump(deadline.saturating_duration_since(Instant::now()))
-            .await
-        {}
+        while self.pump(deadline.saturating_duration_since(Instant::now())).await {}
         assert!(self.queue.is_empty(), "unexpected lines: {:?}", self.queue);
     }
 
@@ -166,16 +155,11 @@ fn open_append(path: &Path) -> File {
 }
 
 fn numbered(from: usize, to: usize) -> String {
-    (from..to)
-        .map(|i| format!("line {i:06} of the log\n"))
-        .collect()
+    (from..to).map(|i| format!("line {i:06} of the log\n")).collect()
 }
 
 fn seqs(lines: &[Line]) -> Vec<usize> {
-    lines
-        .iter()
-        .map(|l| l.text[5..11].parse().expect("seq"))
-        .collect()
+    lines.iter().map(|l| l.text[5..11].parse().expect("seq")).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -243,11 +227,7 @@ async fn rename_and_create_while_writing_loses_and_repeats_nothing() {
         std::thread::sleep(Duration::from_millis(20));
         let mut new = open_append(&log2);
         for i in 2500..5000 {
-            let to = if i < 3500 && i % 2 == 1 {
-                &mut old
-            } else {
-                &mut new
-            };
+            let to = if i < 3500 && i % 2 == 1 { &mut old } else { &mut new };
             to.write_all(numbered(i, i + 1).as_bytes()).unwrap();
             if i % 200 == 0 {
                 std::thread::sleep(Duration::from_millis(2));
@@ -259,20 +239,14 @@ async fn rename_and_create_while_writing_loses_and_repeats_nothing() {
     let mut seen = seqs(&got);
     seen.sort_unstable();
     assert_eq!(seen, (0..5000).collect::<Vec<_>>());
-    let first_new = got
-        .iter()
-        .find(|l| l.text.starts_with("line 002500"))
-        .unwrap();
+    let first_new = got.iter().find(|l| l.text.starts_with("line 002500")).unwrap();
     assert_eq!(first_new.offset, 0, "the new file is read from 0");
     rig.quiet(Duration::from_millis(200)).await;
     wait_until("old file to be closed", || {
         rig.follower.stats().iter().all(|s| s.draining == 0)
     })
     .await;
-    assert_eq!(
-        rig.store.get(&log).unwrap().0,
-        FileId::of_path(&log).unwrap()
-    );
+    assert_eq!(rig.store.get(&log).unwrap().0, FileId::of_path(&log).unwrap());
     rig.stop().await;
 }
 
@@ -289,24 +263,14 @@ async fn copytruncate_restarts_at_zero() {
     writer.write_all(numbered(0, 100).as_bytes()).unwrap();
     assert_eq!(seqs(&rig.recv(100).await), (0..100).collect::<Vec<_>>());
     fs::copy(&log, logs.path().join("access.log.1")).unwrap();
-    OpenOptions::new()
-        .write(true)
-        .open(&log)
-        .unwrap()
-        .set_len(0)
-        .unwrap();
+    OpenOptions::new().write(true).open(&log).unwrap().set_len(0).unwrap();
     writer.write_all(numbered(100, 110).as_bytes()).unwrap();
     let got = rig.recv(10).await;
     assert_eq!(seqs(&got), (100..110).collect::<Vec<_>>());
     assert_eq!(got[0].offset, 0);
 
     // Grows past the old size at once: seen by the fingerprint.
-    OpenOptions::new()
-        .write(true)
-        .open(&log)
-        .unwrap()
-        .set_len(0)
-        .unwrap();
+    OpenOptions::new().write(true).open(&log).unwrap().set_len(0).unwrap();
     writer.write_all(numbered(110, 400).as_bytes()).unwrap();
     let got = rig.recv(290).await;
     assert_eq!(seqs(&got), (110..400).collect::<Vec<_>>());
@@ -332,10 +296,7 @@ async fn delete_and_recreate_drains_the_old_and_reads_the_new_from_zero() {
     let mut seen = seqs(&got);
     seen.sort_unstable();
     assert_eq!(seen, (0..80).collect::<Vec<_>>());
-    let first_new = got
-        .iter()
-        .find(|l| l.text.starts_with("line 000060"))
-        .unwrap();
+    let first_new = got.iter().find(|l| l.text.starts_with("line 000060")).unwrap();
     assert_eq!(first_new.offset, 0);
     rig.quiet(Duration::from_millis(150)).await;
     rig.stop().await;
@@ -353,10 +314,7 @@ async fn globs_and_missing_paths_pick_up_files_created_later() {
 
     append(&present, "a 1\n");
     let got = rig.recv(1).await;
-    assert_eq!(
-        (got[0].source, got[0].offset, got[0].text.as_str()),
-        (0, 13, "a 1")
-    );
+    assert_eq!((got[0].source, got[0].offset, got[0].text.as_str()), (0, 13, "a 1"));
 
     let created = logs.path().join("b.log");
     fs::write(&created, "b 1\nb 2\n").unwrap();
@@ -369,10 +327,7 @@ async fn globs_and_missing_paths_pick_up_files_created_later() {
 
     fs::write(&missing, "late 1\n").unwrap();
     let got = rig.recv(1).await;
-    assert_eq!(
-        (got[0].source, got[0].offset, got[0].text.as_str()),
-        (1, 0, "late 1")
-    );
+    assert_eq!((got[0].source, got[0].offset, got[0].text.as_str()), (1, 0, "late 1"));
 
     // Deleted and back: a new file, from 0.
     fs::remove_file(&created).unwrap();
@@ -404,20 +359,14 @@ async fn a_restart_resumes_exactly_and_reads_a_file_rotated_meanwhile_from_zero(
     append(&log, &numbered(10, 15));
     let mut rig = Rig::start(state.path(), &[&log], opts(), 16);
     let got = rig.recv(6).await;
-    assert_eq!(
-        (got[0].offset, got[0].text.as_str()),
-        (8 + 10 * 23, "partially")
-    );
+    assert_eq!((got[0].offset, got[0].text.as_str()), (8 + 10 * 23, "partially"));
     assert_eq!(seqs(&got[1..]), (10..15).collect::<Vec<_>>());
     rig.quiet(Duration::from_millis(150)).await;
     rig.stop().await;
 
     // While down: rotated by rename+create.
     fs::rename(&log, logs.path().join("access.log.1")).unwrap();
-    append(
-        &logs.path().join("access.log.1"),
-        "late write to the old file\n",
-    );
+    append(&logs.path().join("access.log.1"), "late write to the old file\n");
     append(&log, &numbered(15, 18));
     let mut rig = Rig::start(state.path(), &[&log], opts(), 16);
     let got = rig.recv(3).await;
@@ -464,18 +413,11 @@ async fn long_lines_are_skipped_and_counted_and_the_next_line_is_intact() {
     }
     append(&log, "\nok\n");
     let got = rig.recv(1).await;
-    assert_eq!(
-        (got[0].offset, got[0].text.as_str()),
-        (6 + 5001 + 6 + 2101, "ok")
-    );
+    assert_eq!((got[0].offset, got[0].text.as_str()), (6 + 5001 + 6 + 2101, "ok"));
     rig.quiet(Duration::from_millis(100)).await;
     assert_eq!(rig.skipped_long, 2);
     let size = fs::metadata(&log).unwrap().len();
-    assert_eq!(
-        rig.store.get(&log).unwrap().1,
-        size,
-        "checkpoint covers skipped lines"
-    );
+    assert_eq!(rig.store.get(&log).unwrap().1, size, "checkpoint covers skipped lines");
     assert_eq!(rig.follower.stats()[0].skipped_long, 2);
     rig.stop().await;
 }
@@ -519,6 +461,33 @@ async fn a_full_channel_pauses_reading_without_losing_lines() {
     rig.stop().await;
 }
 
+#[test]
+fn offsets_survive_a_reopen_and_a_corrupt_file_is_set_aside() {
+    let state = tempfile::tempdir().unwrap();
+    let (log, id) = (
+        Path::new("/var/log/nginx/access.log"),
+        FileId {
+            dev: 1,
+            ino: 2,
+            fingerprint: 3,
+        },
+    );
+    let store = OffsetStore::open(state.path()).unwrap();
+    store.commit(log, id, 42);
+    store.save().unwrap();
+    let names: Vec<_> = fs::read_dir(state.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["offsets.json"], "no temp file left behind");
+    assert_eq!(OffsetStore::open(state.path()).unwrap().get(log), Some((id, 42)));
+
+    fs::write(state.path().join("offsets.json"), "{not json").unwrap();
+    let store = OffsetStore::open(state.path()).unwrap();
+    assert_eq!(store.get(log), None);
+    assert!(state.path().join("offsets.json.corrupt").exists());
+}
+
 /// Splits `input` the obvious way: (offset, line without \n and \r) for lines
 /// up to `max_line`, the number of longer ones, and the end of the last line.
 fn reference_split(input: &[u8], max_line: usize) -> (Vec<(u64, Vec<u8>)>, u64, u64) {
@@ -528,10 +497,7 @@ fn reference_split(input: &[u8], max_line: usize) -> (Vec<(u64, Vec<u8>)>, u64, 
         if n > max_line {
             skipped += 1;
         } else {
-            lines.push((
-                pos as u64,
-                line.strip_suffix(b"\r").unwrap_or(line).to_vec(),
-            ));
+            lines.push((pos as u64, line.strip_suffix(b"\r").unwrap_or(line).to_vec()));
         }
         pos += n + 1;
     }
@@ -656,10 +622,7 @@ async fn stress_200k_lines_through_mixed_rotations_arrive_exactly_once() {
         // a log lives far longer than a poll interval.
         let ino = fs::metadata(&log).unwrap().ino();
         wait_until("follower to open the file", || {
-            follower
-                .stats()
-                .iter()
-                .any(|s| s.file.is_some_and(|f| f.ino == ino))
+            follower.stats().iter().any(|s| s.file.is_some_and(|f| f.ino == ino))
         })
         .await;
         match styles[round % styles.len()] {
@@ -693,12 +656,7 @@ async fn stress_200k_lines_through_mixed_rotations_arrive_exactly_once() {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
                 fs::copy(&log, &rotated).unwrap();
-                OpenOptions::new()
-                    .write(true)
-                    .open(&log)
-                    .unwrap()
-                    .set_len(0)
-                    .unwrap();
+                OpenOptions::new().write(true).open(&log).unwrap().set_len(0).unwrap();
                 write(&mut w, &mut seq, 300);
             }
             Rotation::DeleteRecreate => {
@@ -715,10 +673,7 @@ async fn stress_200k_lines_through_mixed_rotations_arrive_exactly_once() {
         }
     }
     assert_eq!(seq, N);
-    wait_until("every line", || {
-        received.load(Ordering::Relaxed) >= N as u64
-    })
-    .await;
+    wait_until("every line", || received.load(Ordering::Relaxed) >= N as u64).await;
     tokio::time::sleep(Duration::from_millis(400)).await; // old files drained and closed
     shutdown.cancel();
     follower.join().await;

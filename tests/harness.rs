@@ -38,11 +38,7 @@ fn redis_answers_and_restarts_on_the_same_socket() {
     let mut redis = Redis::start();
     assert!(redis.ping());
     assert_eq!(redis.url(), format!("unix://{}", redis.socket.display()));
-    assert_eq!(
-        redis.cli(&["CONFIG", "GET", "port"]),
-        "port\n0",
-        "no TCP listener"
-    );
+    assert_eq!(redis.cli(&["CONFIG", "GET", "port"]), "port\n0", "no TCP listener");
     assert_eq!(redis.cli(&["SET", "k", "v"]), "OK");
     assert_eq!(redis.cli(&["GET", "k"]), "v");
     assert_eq!(redis.cli(&["GET", "absent"]), "");
@@ -73,22 +69,14 @@ fn netns_is_created_and_removed_with_its_processes() {
     let name = ns.name.clone();
     assert!(netns_listed(&name));
     let lo = ns.run(&["ip", "-o", "link", "show", "lo"]);
-    assert!(
-        String::from_utf8_lossy(&lo.stdout).contains("UP"),
-        "lo is up"
-    );
+    assert!(String::from_utf8_lossy(&lo.stdout).contains("UP"), "lo is up");
     let mut sleeper = ns.exec(&["sleep", "30"]).spawn().expect("spawn sleep");
-    wait_until(T, "sleep to enter the namespace", || {
-        ns.pids().contains(&sleeper.id())
-    });
+    wait_until(T, "sleep to enter the namespace", || ns.pids().contains(&sleeper.id()));
 
     drop(ns);
     assert!(!netns_listed(&name), "{name} still listed after drop");
     let status = sleeper.wait().expect("reap sleep");
-    assert!(
-        !status.success(),
-        "sleep was killed, not finished: {status}"
-    );
+    assert!(!status.success(), "sleep was killed, not finished: {status}");
 }
 
 #[test]
@@ -98,11 +86,7 @@ fn nginx_serves_a_neighbour_through_a_veth_and_logs_its_address() {
     let (if_web, if_cli) = veth_pair(&web, "10.213.1.1", &client, "10.213.1.2");
     assert_ne!(if_web, if_cli);
     let nginx = Nginx::start(&web, "10.213.1.1:8080", None);
-    assert_eq!(
-        lines(&nginx.access_log()).len(),
-        0,
-        "readiness probes are not logged"
-    );
+    assert_eq!(lines(&nginx.access_log()).len(), 0, "readiness probes are not logged");
 
     assert_eq!(http_get(&client, &nginx.url("/"), T), Ok(200));
     assert_eq!(http_get(&client, &nginx.url("/static/a.css"), T), Ok(200));
@@ -110,31 +94,14 @@ fn nginx_serves_a_neighbour_through_a_veth_and_logs_its_address() {
     let ua = ["-A", "smoke-agent/1.0"];
     assert_eq!(http_get_with(&client, &nginx.url("/ua"), &ua, T), Ok(200));
 
-    wait_until(T, "4 access log lines", || {
-        lines(&nginx.access_log()).len() == 4
-    });
+    wait_until(T, "4 access log lines", || lines(&nginx.access_log()).len() == 4);
     let log = lines(&nginx.access_log());
     for l in &log {
-        assert!(
-            l.starts_with("10.213.1.2 - - ["),
-            "combined line from the client: {l}"
-        );
+        assert!(l.starts_with("10.213.1.2 - - ["), "combined line from the client: {l}");
     }
-    assert!(
-        log[0].contains("\"GET / HTTP/1.1\" 200 3 \"-\""),
-        "{}",
-        log[0]
-    );
-    assert!(
-        log[1].contains("\"GET /static/a.css HTTP/1.1\" 200 2"),
-        "{}",
-        log[1]
-    );
-    assert!(
-        log[2].contains("\"GET /missing HTTP/1.1\" 404 "),
-        "{}",
-        log[2]
-    );
+    assert!(log[0].contains("\"GET / HTTP/1.1\" 200 3 \"-\""), "{}", log[0]);
+    assert!(log[1].contains("\"GET /static/a.css HTTP/1.1\" 200 2"), "{}", log[1]);
+    assert!(log[2].contains("\"GET /missing HTTP/1.1\" 404 "), "{}", log[2]);
     assert!(log[3].ends_with("\"smoke-agent/1.0\""), "{}", log[3]);
 
     // Nothing listens on 9; the failure is an Err, not a status.
@@ -143,11 +110,7 @@ fn nginx_serves_a_neighbour_through_a_veth_and_logs_its_address() {
     let pid = nginx.pid();
     drop(nginx);
     assert!(!proc_alive(pid), "Drop stops nginx");
-    assert!(
-        web.pids().is_empty(),
-        "no nginx worker left: {:?}",
-        web.pids()
-    );
+    assert!(web.pids().is_empty(), "no nginx worker left: {:?}", web.pids());
 }
 
 #[test]
@@ -163,15 +126,10 @@ fn nginx_reopen_after_rename_writes_a_new_access_log() {
     wait_until(T, "first line", || lines(&log).len() == 1);
     fs::rename(&log, &rotated).expect("rename access.log");
     assert_eq!(http_get(&client, &nginx.url("/between"), T), Ok(200));
-    wait_until(
-        T,
-        "the line written before reopen to land in the renamed file",
-        || lines(&rotated).len() == 2,
-    );
-    assert!(
-        !log.exists(),
-        "nginx keeps writing the renamed file until reopen"
-    );
+    wait_until(T, "the line written before reopen to land in the renamed file", || {
+        lines(&rotated).len() == 2
+    });
+    assert!(!log.exists(), "nginx keeps writing the renamed file until reopen");
 
     nginx.reopen();
     assert_eq!(http_get(&client, &nginx.url("/after"), T), Ok(200));
@@ -189,10 +147,7 @@ fn nginx_custom_log_format_with_quotes() {
     let nginx = Nginx::start(&web, "10.213.3.1:8080", Some(fmt));
     assert_eq!(http_get(&client, &nginx.url("/x?a=1"), T), Ok(200));
     wait_until(T, "one line", || lines(&nginx.access_log()).len() == 1);
-    assert_eq!(
-        lines(&nginx.access_log())[0],
-        r#"10.213.3.2 '200' "/x?a=1" \ GET"#
-    );
+    assert_eq!(lines(&nginx.access_log())[0], r#"10.213.3.2 '200' "/x?a=1" \ GET"#);
 }
 
 #[test]
@@ -211,11 +166,7 @@ fn nft_set_elements_reads_timeouts_prefixes_and_permanent_elements() {
          add element inet fbtest v6 { 2001:db8::/64 timeout 90s, 2001:db8:1::1 }\n",
     )
     .unwrap();
-    ns.run(&[
-        Path::new("nft").as_os_str(),
-        "-f".as_ref(),
-        rules.as_os_str(),
-    ]);
+    ns.run(&[Path::new("nft").as_os_str(), "-f".as_ref(), rules.as_os_str()]);
 
     assert_eq!(
         nft_set_elements(&ns, "fbtest", "v4"),
@@ -239,10 +190,7 @@ fn nft_set_elements_reads_timeouts_prefixes_and_permanent_elements() {
     assert!((3_500_000..=3_600_000).contains(&left), "expires {left}");
 
     // The namespace's ruleset is its own: the host's is untouched.
-    let host = Command::new(require("nft"))
-        .args(["list", "tables"])
-        .output()
-        .unwrap();
+    let host = Command::new(require("nft")).args(["list", "tables"]).output().unwrap();
     assert!(!String::from_utf8_lossy(&host.stdout).contains("fbtest"));
 }
 
@@ -287,11 +235,7 @@ fn nft_drop_in_a_namespace_makes_http_get_fail() {
          }\n",
     )
     .unwrap();
-    web.run(&[
-        Path::new("nft").as_os_str(),
-        "-f".as_ref(),
-        rules.as_os_str(),
-    ]);
+    web.run(&[Path::new("nft").as_os_str(), "-f".as_ref(), rules.as_os_str()]);
     let r = http_get(&client, &nginx.url("/"), Duration::from_millis(500));
     assert!(r.is_err(), "dropped client got {r:?}");
 }
@@ -311,9 +255,5 @@ fn require_names_the_missing_binary() {
 #[test]
 fn corpus_is_found() {
     let p = corpus_path();
-    assert!(
-        fs::metadata(&p).unwrap().len() > 0,
-        "{} is empty",
-        p.display()
-    );
+    assert!(fs::metadata(&p).unwrap().len() > 0, "{} is empty", p.display());
 }

@@ -57,7 +57,7 @@ fn drive(
         let mut idx = Vec::new();
         let mut j = i;
         while j < hits.len() && idx.len() < size && hits[j].rule == first.rule && hits[j].key == first.key {
-            if !banned_until.get(&hits[j].key).is_some_and(|&u| hits[j].time < u) {
+            if banned_until.get(&hits[j].key).is_none_or(|&u| hits[j].time >= u) {
                 idx.push(j);
             }
             j += 1;
@@ -67,7 +67,13 @@ fn drive(
             let b = Batch {
                 rule: first.rule,
                 key: key_net(&first.key),
-                hits: idx.iter().map(|&k| Hit { time_ms: hits[k].time, member: hits[k].member }).collect(),
+                hits: idx
+                    .iter()
+                    .map(|&k| Hit {
+                        time_ms: hits[k].time,
+                        member: hits[k].member,
+                    })
+                    .collect(),
             };
             if let Verdict::Over { index, .. } = check(std::slice::from_ref(&b))[0] {
                 let h = &hits[idx[index]];
@@ -91,19 +97,40 @@ fn model_bans(hits: &[ModelHit], rules: &[ModelRule]) -> Vec<(usize, String, i64
 /// burst and jump; some members repeated (a line read twice).
 fn sequences() -> impl Strategy<Value = (Vec<ModelHit>, Vec<ModelRule>, Vec<usize>)> {
     let rules = prop::collection::vec(
-        (1usize..6, prop::sample::select(vec![30_000i64, 60_000, 90_000]), prop::sample::select(vec![1_000i64, 20_000, 600_000])),
+        (
+            1usize..6,
+            prop::sample::select(vec![30_000i64, 60_000, 90_000]),
+            prop::sample::select(vec![1_000i64, 20_000, 600_000]),
+        ),
         1..3,
     )
-    .prop_map(|v| v.into_iter().map(|(limit, window, ban_ms)| ModelRule { limit, window, ban_ms }).collect::<Vec<_>>());
-    (rules, prop::collection::vec((0usize..3, 0u8..3, -3i64..40, any::<bool>()), 1..120), prop::collection::vec(1usize..8, 1..4))
+    .prop_map(|v| {
+        v.into_iter()
+            .map(|(limit, window, ban_ms)| ModelRule { limit, window, ban_ms })
+            .collect::<Vec<_>>()
+    });
+    (
+        rules,
+        prop::collection::vec((0usize..3, 0u8..3, -3i64..40, any::<bool>()), 1..120),
+        prop::collection::vec(1usize..8, 1..4),
+    )
         .prop_map(|(rules, steps, batches)| {
             let mut t = 1_700_000_000_000i64;
             let mut hits = Vec::new();
             for (n, (key, rule, step, dup)) in steps.into_iter().enumerate() {
                 // Steps in seconds: negative = out of order; large = idle gap.
                 t += if step > 35 { 120_000 } else { step * 1000 };
-                let member = if dup && n > 0 { hits.last().map_or(n as u64, |h: &ModelHit| h.member) } else { n as u64 + 1 };
-                hits.push(ModelHit { rule: (rule as usize) % rules.len(), key: format!("192.0.2.{}", key + 1), time: t, member });
+                let member = if dup && n > 0 {
+                    hits.last().map_or(n as u64, |h: &ModelHit| h.member)
+                } else {
+                    n as u64 + 1
+                };
+                hits.push(ModelHit {
+                    rule: (rule as usize) % rules.len(),
+                    key: format!("192.0.2.{}", key + 1),
+                    time: t,
+                    member,
+                });
             }
             (hits, rules, batches)
         })
@@ -124,7 +151,10 @@ proptest! {
 #[test]
 fn redis_script_agrees_with_model_and_memory() {
     let redis = Redis::start();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let cfg = RedisConfig {
         url: redis.url(),
         prefix: "fbtest".into(),
@@ -133,8 +163,13 @@ fn redis_script_agrees_with_model_and_memory() {
         fleet_size: 1,
         reconcile_every: Duration::from_secs(60),
     };
-    let con = rt.block_on(store::connect(&cfg, Some(Duration::from_secs(5)))).expect("connect");
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 150, ..ProptestConfig::default() });
+    let con = rt
+        .block_on(store::connect(&cfg, Some(Duration::from_secs(5))))
+        .expect("connect");
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 150,
+        ..ProptestConfig::default()
+    });
     let case = std::sync::atomic::AtomicU32::new(0);
     runner
         .run(&sequences(), |(hits, rules, batches)| {
@@ -142,11 +177,15 @@ fn redis_script_agrees_with_model_and_memory() {
             // Each case in its own prefix: no state shared between cases.
             let keys = Keys::new(&format!("fbtest{n}"));
             let mut lim = RedisLimiter::new(con.clone(), keys, "h1", rule_limits(&rules));
-            let got = drive(&hits, &rules, &batches, |bs| rt.block_on(lim.check(bs)).expect("redis check"));
+            let got = drive(&hits, &rules, &batches, |bs| {
+                rt.block_on(lim.check(bs)).expect("redis check")
+            });
             prop_assert_eq!(&got, &model_bans(&hits, &rules));
             let mut m = MemoryLimiter::new(rule_limits(&rules));
             let wall = fleetban::now_ms();
-            let mem = drive(&hits, &rules, &batches, |bs| bs.iter().map(|b| m.check(b.rule, b.key, &b.hits, wall)).collect());
+            let mem = drive(&hits, &rules, &batches, |bs| {
+                bs.iter().map(|b| m.check(b.rule, b.key, &b.hits, wall)).collect()
+            });
             prop_assert_eq!(got, mem);
             Ok(())
         })
@@ -156,7 +195,10 @@ fn redis_script_agrees_with_model_and_memory() {
 #[test]
 fn redis_window_is_the_seeds_zset_with_pexpire() {
     let redis = Redis::start();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let cfg = RedisConfig {
         url: redis.url(),
         prefix: "fleetban".into(),
@@ -166,29 +208,81 @@ fn redis_window_is_the_seeds_zset_with_pexpire() {
         reconcile_every: Duration::from_secs(60),
     };
     let con = rt.block_on(store::connect(&cfg, Some(Duration::from_secs(5)))).unwrap();
-    let rules = vec![ModelRule { limit: 3, window: 60_000, ban_ms: 1000 }];
+    let rules = vec![ModelRule {
+        limit: 3,
+        window: 60_000,
+        ban_ms: 1000,
+    }];
     let mut lim = RedisLimiter::new(con, Keys::new("fleetban"), "h1", rule_limits(&rules));
     let key: IpNet = "203.0.113.7/32".parse().unwrap();
     // Three hits in the same millisecond: three members (no overwrite).
-    let b = Batch { rule: 0, key, hits: (1..=3).map(|m| Hit { time_ms: 1_000_000, member: m }).collect() };
-    assert_eq!(rt.block_on(lim.check(std::slice::from_ref(&b))).unwrap(), vec![Verdict::Under { count: 3 }]);
+    let b = Batch {
+        rule: 0,
+        key,
+        hits: (1..=3)
+            .map(|m| Hit {
+                time_ms: 1_000_000,
+                member: m,
+            })
+            .collect(),
+    };
+    assert_eq!(
+        rt.block_on(lim.check(std::slice::from_ref(&b))).unwrap(),
+        vec![Verdict::Under { count: 3 }]
+    );
     let zkey = "fleetban:win:{203.0.113.7}:r0";
     assert_eq!(redis.cli(&["ZCARD", zkey]), "3");
     let ttl: i64 = redis.cli(&["PTTL", zkey]).parse().unwrap();
     assert!(ttl > 59_000 && ttl <= 61_000, "PEXPIRE window+1000, got {ttl}");
     // The same lines again (a restart re-reading them): not counted twice, no ban.
-    assert_eq!(rt.block_on(lim.check(std::slice::from_ref(&b))).unwrap(), vec![Verdict::Under { count: 3 }]);
+    assert_eq!(
+        rt.block_on(lim.check(std::slice::from_ref(&b))).unwrap(),
+        vec![Verdict::Under { count: 3 }]
+    );
     // The fourth distinct hit is over: `>=` test.
-    let b4 = Batch { rule: 0, key, hits: vec![Hit { time_ms: 1_000_500, member: 4 }] };
-    assert_eq!(rt.block_on(lim.check(&[b4.clone()])).unwrap(), vec![Verdict::Over { index: 0, count: 3 }]);
+    let b4 = Batch {
+        rule: 0,
+        key,
+        hits: vec![Hit {
+            time_ms: 1_000_500,
+            member: 4,
+        }],
+    };
+    assert_eq!(
+        rt.block_on(lim.check(std::slice::from_ref(&b4))).unwrap(),
+        vec![Verdict::Over { index: 0, count: 3 }]
+    );
     // 60 s after the first three, they have left the window (score <= now - window).
-    let later = Batch { rule: 0, key, hits: vec![Hit { time_ms: 1_060_000, member: 5 }] };
-    assert_eq!(rt.block_on(lim.check(&[later])).unwrap(), vec![Verdict::Under { count: 1 }]);
+    let later = Batch {
+        rule: 0,
+        key,
+        hits: vec![Hit {
+            time_ms: 1_060_000,
+            member: 5,
+        }],
+    };
+    assert_eq!(
+        rt.block_on(lim.check(&[later])).unwrap(),
+        vec![Verdict::Under { count: 1 }]
+    );
 
     // NOSCRIPT after SCRIPT FLUSH is recovered inside the pipeline.
     assert_eq!(redis.cli(&["SCRIPT", "FLUSH"]), "OK");
-    let other = Batch { rule: 0, key: "203.0.113.8/32".parse().unwrap(), hits: vec![Hit { time_ms: 1_000_000, member: 1 }] };
-    let many = vec![other.clone(), Batch { key: "203.0.113.9/32".parse().unwrap(), ..other }];
+    let other = Batch {
+        rule: 0,
+        key: "203.0.113.8/32".parse().unwrap(),
+        hits: vec![Hit {
+            time_ms: 1_000_000,
+            member: 1,
+        }],
+    };
+    let many = vec![
+        other.clone(),
+        Batch {
+            key: "203.0.113.9/32".parse().unwrap(),
+            ..other
+        },
+    ];
     assert_eq!(
         rt.block_on(lim.check(&many)).unwrap(),
         vec![Verdict::Under { count: 1 }, Verdict::Under { count: 1 }]

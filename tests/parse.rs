@@ -7,34 +7,27 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use fleetban::parse::{
-    days_from_civil, parse_addr, parse_epoch, parse_iso8601, parse_time_any, parse_time_local,
-    Format, FormatError, Parser, Request,
+    days_from_civil, parse_addr, parse_epoch, parse_iso8601, parse_time_any, parse_time_local, Format, FormatError,
+    Parser, Request,
 };
 use proptest::prelude::*;
 
 const COMBINED: &str = r#"$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent "$http_referer" "$http_user_agent""#;
-const COMMON: &str =
-    r#"$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent"#;
+const COMMON: &str = r#"$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent"#;
 const REGEX: &str = r#"(?P<addr>\S+) \S+ \S+ \[(?P<time>[^\]]+)\] "(?P<method>[A-Z]+) (?P<path>\S+)[^"]*" (?P<status>\d{3}) (?:\d+|-) "(?P<referer>[^"]*)" "(?P<ua>[^"]*)""#;
 
 // ---------------------------------------------------------------- helpers
 
 fn corpus_path() -> PathBuf {
     let name = "shared/corpus/elastic-examples-access.log";
-    let beside = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(name);
+    let beside = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(name);
     let fixed = PathBuf::from("/work").join(name);
     if beside.exists() {
         beside
     } else if fixed.exists() {
         fixed
     } else {
-        panic!(
-            "corpus not found at {} nor {}",
-            beside.display(),
-            fixed.display()
-        )
+        panic!("corpus not found at {} nor {}", beside.display(), fixed.display())
     }
 }
 
@@ -103,17 +96,13 @@ fn first_field_addr(line: &[u8]) -> Option<IpAddr> {
 fn corpus_parses_completely_with_combined() {
     let combined = parser(Format::Combined);
     for (i, text) in corpus().iter().enumerate() {
-        let request = combined.parse(text).unwrap_or_else(|| {
-            panic!("line {} unparsed: {}", i + 1, String::from_utf8_lossy(text))
-        });
+        let request = combined
+            .parse(text)
+            .unwrap_or_else(|| panic!("line {} unparsed: {}", i + 1, String::from_utf8_lossy(text)));
         assert_eq!(Some(request.addr), first_field_addr(text), "line {}", i + 1);
         let time = request.time_ms.expect("combined has a time");
         // The sample covers 17 to 21 May 2015.
-        assert!(
-            (1_431_820_800_000..1_432_252_800_000).contains(&time),
-            "line {}",
-            i + 1
-        );
+        assert!((1_431_820_800_000..1_432_252_800_000).contains(&time), "line {}", i + 1);
         assert!((100..600).contains(&request.status), "line {}", i + 1);
         assert!(
             !request.method.is_empty() && request.path.starts_with(b"/"),
@@ -203,10 +192,7 @@ fn spot_checks_of_corpus_lines() {
     // HEAD with `-` as the byte count, and `-` for referer and user agent.
     let head = combined.parse(line(1141)).expect("line 1141");
     assert_eq!(head.addr, v4("81.198.20.11"));
-    assert_eq!(
-        (head.method, head.path),
-        (&b"HEAD"[..], &b"/favicon.ico"[..])
-    );
+    assert_eq!((head.method, head.path), (&b"HEAD"[..], &b"/favicon.ico"[..]));
     assert_eq!((head.referer, head.user_agent), (&b"-"[..], &b"-"[..]));
 
     let post = combined.parse(line(5009)).expect("line 5009");
@@ -254,12 +240,7 @@ fn malformed_lines_are_unparsed() {
     ];
     for (name, parser) in all_parsers() {
         for text in lines {
-            assert_eq!(
-                parser.parse(text),
-                None,
-                "{name}: {}",
-                String::from_utf8_lossy(text)
-            );
+            assert_eq!(parser.parse(text), None, "{name}: {}", String::from_utf8_lossy(text));
         }
     }
     // Broken only after the common prefix.
@@ -289,31 +270,46 @@ fn malformed_lines_are_unparsed() {
 fn odd_but_valid_lines_parse() {
     let combined = parser(Format::Combined);
     // nginx logs a 400 for a garbage request line; it still counts.
-    for request in [
-        &b"-"[..],
-        b"\\x16\\x03\\x01\\x00\\xA5",
-        b"",
-        b"GET",
-        b"get / HTTP/1.1",
-    ] {
+    for request in [&b"-"[..], b"\\x16\\x03\\x01\\x00\\xA5", b"", b"GET", b"get / HTTP/1.1"] {
         let mut text = b"1.2.3.4 - - [17/May/2015:10:05:03 +0000] \"".to_vec();
         text.extend_from_slice(request);
         text.extend_from_slice(b"\" 400 0 \"-\" \"-\"");
         let parsed = combined.parse(&text).expect("garbage request line");
-        assert_eq!(
-            (parsed.method, parsed.path, parsed.status),
-            (&b""[..], &b""[..], 400)
-        );
+        assert_eq!((parsed.method, parsed.path, parsed.status), (&b""[..], &b""[..], 400));
     }
     // A target with a space, HTTP/0.9 without a protocol, a trailing \r,
     // appended fields, a NUL and invalid UTF-8 inside quoted fields.
     let cases: &[(&[u8], &[u8], &[u8])] = &[
-        (b"1.2.3.4 - - [17/May/2015:10:05:03 +0000] \"GET /a b HTTP/1.1\" 200 1 \"-\" \"-\"", b"/a b", b"-"),
-        (b"1.2.3.4 - - [17/May/2015:10:05:03 +0000] \"GET /old\" 200 1 \"-\" \"-\"", b"/old", b"-"),
-        (b"1.2.3.4 - - [17/May/2015:10:05:03 +0000] \"GET / HTTP/1.1\" 200 1 \"-\" \"ua\"\r", b"/", b"ua"),
-        (b"1.2.3.4 - - [17/May/2015:10:05:03 +0000] \"GET / HTTP/1.1\" 200 1 \"-\" \"ua\" 0.012 \"x\" -", b"/", b"ua"),
-        (b"1.2.3.4 - - [17/May/2015:10:05:03 +0000] \"GET / HTTP/1.1\" 200 1 \"-\" \"a\0b\xff\"", b"/", b"a\0b\xff"),
-        (b"1.2.3.4 ident alice [17/May/2015:10:05:03 +0000] \"GET / HTTP/1.1\" 200 1 \"-\" \"ua\"", b"/", b"ua"),
+        (
+            b"1.2.3.4 - - [17/May/2015:10:05:03 +0000] \"GET /a b HTTP/1.1\" 200 1 \"-\" \"-\"",
+            b"/a b",
+            b"-",
+        ),
+        (
+            b"1.2.3.4 - - [17/May/2015:10:05:03 +0000] \"GET /old\" 200 1 \"-\" \"-\"",
+            b"/old",
+            b"-",
+        ),
+        (
+            b"1.2.3.4 - - [17/May/2015:10:05:03 +0000] \"GET / HTTP/1.1\" 200 1 \"-\" \"ua\"\r",
+            b"/",
+            b"ua",
+        ),
+        (
+            b"1.2.3.4 - - [17/May/2015:10:05:03 +0000] \"GET / HTTP/1.1\" 200 1 \"-\" \"ua\" 0.012 \"x\" -",
+            b"/",
+            b"ua",
+        ),
+        (
+            b"1.2.3.4 - - [17/May/2015:10:05:03 +0000] \"GET / HTTP/1.1\" 200 1 \"-\" \"a\0b\xff\"",
+            b"/",
+            b"a\0b\xff",
+        ),
+        (
+            b"1.2.3.4 ident alice [17/May/2015:10:05:03 +0000] \"GET / HTTP/1.1\" 200 1 \"-\" \"ua\"",
+            b"/",
+            b"ua",
+        ),
     ];
     for (text, path, ua) in cases {
         let parsed = combined
@@ -325,25 +321,14 @@ fn odd_but_valid_lines_parse() {
 
 #[test]
 fn every_prefix_of_a_real_line_is_unparsed_or_consistent() {
-    let (combined, common, spelled) = (
-        parser(Format::Combined),
-        parser(Format::Common),
-        log_format(COMBINED),
-    );
+    let (combined, common, spelled) = (parser(Format::Combined), parser(Format::Common), log_format(COMBINED));
     for n in [1, 63, 1141, 5009, 9158, 10_000] {
         let full = line(n);
         let whole = combined.parse(full).expect("full line");
         let whole_common = common.parse(full).expect("full line");
         let ua_start = full.len() - whole.user_agent.len() - 1;
-        let bytes_start = full[..ua_start - 4]
-            .iter()
-            .rposition(|&b| b == b'"')
-            .expect("referer");
-        let bytes_start = full[..bytes_start - 1]
-            .iter()
-            .rposition(|&b| b == b' ')
-            .expect("bytes")
-            + 1;
+        let bytes_start = full[..ua_start - 4].iter().rposition(|&b| b == b'"').expect("referer");
+        let bytes_start = full[..bytes_start - 1].iter().rposition(|&b| b == b' ').expect("bytes") + 1;
         for cut in 0..full.len() {
             let prefix = &full[..cut];
             let parsed = combined.parse(prefix);
@@ -363,10 +348,7 @@ fn every_prefix_of_a_real_line_is_unparsed_or_consistent() {
             assert_eq!(spelled.parse(prefix), parsed, "line {n} cut at {cut}");
             match common.parse(prefix) {
                 None => assert!(cut <= bytes_start, "line {n} cut at {cut}"),
-                Some(r) => assert!(
-                    cut > bytes_start && r == whole_common,
-                    "line {n} cut at {cut}"
-                ),
+                Some(r) => assert!(cut > bytes_start && r == whole_common, "line {n} cut at {cut}"),
             }
         }
     }
@@ -447,21 +429,11 @@ fn injected_addresses_never_become_the_client() {
     for (name, parser) in &formats {
         for text in INJECTED {
             if let Some(request) = parser.parse(text) {
-                assert_eq!(
-                    request.addr,
-                    real,
-                    "{name}: {}",
-                    String::from_utf8_lossy(text)
-                );
+                assert_eq!(request.addr, real, "{name}: {}", String::from_utf8_lossy(text));
             }
         }
         for text in NO_CLIENT {
-            assert_eq!(
-                parser.parse(text),
-                None,
-                "{name}: {}",
-                String::from_utf8_lossy(text)
-            );
+            assert_eq!(parser.parse(text), None, "{name}: {}", String::from_utf8_lossy(text));
         }
     }
     // The nginx-escaped lines parse, and the fake line stays inside the field.
@@ -473,8 +445,7 @@ fn injected_addresses_never_become_the_client() {
     assert!(json.user_agent.starts_with(b"\\\" 6.6.6.6") && json.user_agent.ends_with(b"x"));
 
     // A user agent in front of the address, quoted and escaped by nginx.
-    let ua_first =
-        log_format(r#""$http_user_agent" $remote_addr [$time_local] "$request" $status"#);
+    let ua_first = log_format(r#""$http_user_agent" $remote_addr [$time_local] "$request" $status"#);
     let text = b"\"\\x22 6.6.6.6 [17/May/2015:10:05:03 +0000] \\x22GET / HTTP/1.1\\x22 200 \\x22\" 1.2.3.4 [17/May/2015:10:05:03 +0000] \"GET / HTTP/1.1\" 200";
     assert_eq!(ua_first.parse(text).map(|r| r.addr), Some(real));
 }
@@ -488,10 +459,7 @@ fn free_text_before_the_address_must_be_quoted() {
         "[$request] $remote_addr",
     ] {
         let e = error(Format::LogFormat(format.into()));
-        assert!(
-            matches!(e, FormatError::AmbiguousBeforeAddr { .. }),
-            "{format}: {e}"
-        );
+        assert!(matches!(e, FormatError::AmbiguousBeforeAddr { .. }), "{format}: {e}");
         assert!(e.to_string().contains("before `$remote_addr`"), "{e}");
     }
     // Tokens nginx writes itself, fixed-width times and quoted text are fine.
@@ -502,10 +470,7 @@ fn free_text_before_the_address_must_be_quoted() {
         "$time_iso8601 $remote_addr",
         "\"$http_x_forwarded_for\" $remote_addr",
     ] {
-        assert!(
-            Parser::new(&Format::LogFormat(format.into())).is_ok(),
-            "{format}"
-        );
+        assert!(Parser::new(&Format::LogFormat(format.into())).is_ok(), "{format}");
     }
 }
 
@@ -531,12 +496,7 @@ fn addresses_are_exact_and_normalised() {
         (b"[::ffff:192.0.2.1]", v4("192.0.2.1")),
     ];
     for (text, addr) in good {
-        assert_eq!(
-            parse_addr(text),
-            Some(*addr),
-            "{}",
-            String::from_utf8_lossy(text)
-        );
+        assert_eq!(parse_addr(text), Some(*addr), "{}", String::from_utf8_lossy(text));
     }
     let bad: &[&[u8]] = &[
         b"",
@@ -569,11 +529,7 @@ fn ipv6_clients_parse_in_every_format() {
     let text = b"::ffff:198.51.100.7 - - [17/May/2015:10:05:03 +0000] \"GET / HTTP/1.1\" 200 1 \"-\" \"ua\"";
     let six = b"2001:db8::7 - - [17/May/2015:10:05:03 +0000] \"GET / HTTP/1.1\" 200 1 \"-\" \"ua\"";
     for (name, parser) in all_parsers() {
-        assert_eq!(
-            parser.parse(text).map(|r| r.addr),
-            Some(v4("198.51.100.7")),
-            "{name}"
-        );
+        assert_eq!(parser.parse(text).map(|r| r.addr), Some(v4("198.51.100.7")), "{name}");
         assert_eq!(
             parser.parse(six).map(|r| r.addr),
             Some("2001:db8::7".parse().expect("v6")),
@@ -607,9 +563,9 @@ fn log_format_reads_the_variables_it_knows() {
     );
 
     // $msec, $request_method and $request_uri, $http_host, opaque variables.
-    let parser = log_format("${remote_addr}|$msec|$request_method|$request_uri|$status|$http_host|$upstream_addr|$ssl_protocol");
-    let text =
-        b"2001:db8::2|1431857103.123|GET|/a?b=c|200|example.org|10.0.0.1:80, 10.0.0.2:80|TLSv1.3";
+    let parser =
+        log_format("${remote_addr}|$msec|$request_method|$request_uri|$status|$http_host|$upstream_addr|$ssl_protocol");
+    let text = b"2001:db8::2|1431857103.123|GET|/a?b=c|200|example.org|10.0.0.1:80, 10.0.0.2:80|TLSv1.3";
     let parsed = parser.parse(text).expect("pipe format");
     assert_eq!(parsed.addr, "2001:db8::2".parse::<IpAddr>().expect("v6"));
     assert_eq!(parsed.time_ms, Some(1_431_857_103_123));
@@ -645,10 +601,7 @@ fn log_format_errors_say_what_and_where() {
         ),
         ("$remote_addr $ x", "position 13"),
         ("$remote_addr ${}", "position 13"),
-        (
-            "$remote_addr ${status",
-            "`${` at position 13 is never closed",
-        ),
+        ("$remote_addr ${status", "`${` at position 13 is never closed"),
         (
             "$remote_addr ${sta-tus}",
             "unknown character '-' in variable name at position 18",
@@ -657,10 +610,7 @@ fn log_format_errors_say_what_and_where() {
     ];
     for (format, message) in cases {
         let e = error(Format::LogFormat(format.to_string()));
-        assert!(
-            e.to_string().contains(message),
-            "{format:?}: got {e:?} / {e}"
-        );
+        assert!(e.to_string().contains(message), "{format:?}: got {e:?} / {e}");
     }
 }
 
@@ -675,9 +625,7 @@ fn regex_formats() {
 
     let no_time = regex(r"^(?P<addr>\S+) (?P<host>\S+)");
     assert!(!no_time.has_time());
-    let parsed = no_time
-        .parse(b"1.2.3.4 example.org")
-        .expect("addr and host");
+    let parsed = no_time.parse(b"1.2.3.4 example.org").expect("addr and host");
     assert_eq!(
         (parsed.host, parsed.time_ms, parsed.status),
         (&b"example.org"[..], None, 0)
@@ -703,10 +651,7 @@ fn regex_formats() {
     }
     assert_eq!(timed.parse(b"1.2.3.4 yesterday"), None);
     // A group that matched an invalid status makes the line unparsed.
-    assert_eq!(
-        regex(r"^(?P<addr>\S+) (?P<status>\S+)").parse(b"1.2.3.4 20x"),
-        None
-    );
+    assert_eq!(regex(r"^(?P<addr>\S+) (?P<status>\S+)").parse(b"1.2.3.4 20x"), None);
 }
 
 // ---------------------------------------------------------------- time
@@ -715,10 +660,7 @@ fn regex_formats() {
 fn times_convert_to_known_epoch_values() {
     let local: &[(&[u8], i64)] = &[
         (b"17/May/2015:10:05:03 +0000", 1_431_857_103_000),
-        (
-            b"17/May/2015:10:05:03 +0200",
-            1_431_857_103_000 - 2 * 3_600_000,
-        ),
+        (b"17/May/2015:10:05:03 +0200", 1_431_857_103_000 - 2 * 3_600_000),
         (b"17/May/2015:10:05:03 -0530", 1_431_876_903_000),
         (b"29/Feb/2016:23:59:59 +0000", 1_456_790_399_000),
         (b"01/Jan/1970:00:00:00 +0100", -3_600_000),
@@ -727,12 +669,7 @@ fn times_convert_to_known_epoch_values() {
         (b"30/Jun/2015:23:59:60 +0000", 1_435_708_800_000),
     ];
     for (text, ms) in local {
-        assert_eq!(
-            parse_time_local(text),
-            Some(*ms),
-            "{}",
-            String::from_utf8_lossy(text)
-        );
+        assert_eq!(parse_time_local(text), Some(*ms), "{}", String::from_utf8_lossy(text));
         assert_eq!(parse_time_any(text), Some(*ms));
     }
     for bad in [
@@ -747,12 +684,7 @@ fn times_convert_to_known_epoch_values() {
         b"17/May/2015 10:05:03 +0000",
         b"7/May/2015:10:05:03 +00000",
     ] {
-        assert_eq!(
-            parse_time_local(bad),
-            None,
-            "{}",
-            String::from_utf8_lossy(bad)
-        );
+        assert_eq!(parse_time_local(bad), None, "{}", String::from_utf8_lossy(bad));
     }
 
     let iso: &[(&[u8], i64)] = &[
@@ -765,12 +697,7 @@ fn times_convert_to_known_epoch_values() {
         (b"1969-12-31T23:59:59Z", -1_000),
     ];
     for (text, ms) in iso {
-        assert_eq!(
-            parse_iso8601(text),
-            Some(*ms),
-            "{}",
-            String::from_utf8_lossy(text)
-        );
+        assert_eq!(parse_iso8601(text), Some(*ms), "{}", String::from_utf8_lossy(text));
     }
     for bad in [
         &b"2015-05-17T10:05:03"[..],
@@ -850,10 +777,7 @@ fn mutate(text: &[u8], mutations: &[Mutation]) -> Vec<u8> {
 
 fn mutation() -> impl Strategy<Value = Mutation> {
     // Bytes that matter to the scanners are chosen more often than others.
-    let byte = prop_oneof![
-        any::<u8>(),
-        prop::sample::select(&b" \"[]\\-:/.0123456789\r\0"[..]),
-    ];
+    let byte = prop_oneof![any::<u8>(), prop::sample::select(&b" \"[]\\-:/.0123456789\r\0"[..]),];
     prop_oneof![
         (any::<usize>(), 1..=255u8).prop_map(|(at, bits)| Mutation::Flip(at, bits)),
         (any::<usize>(), byte).prop_map(|(at, b)| Mutation::Insert(at, b)),

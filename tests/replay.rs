@@ -52,24 +52,46 @@ fn json_decisions_equal_the_brute_force_model_on_the_corpus() {
     let text = std::fs::read(corpus_path()).unwrap();
     let parser = Parser::new(&Format::Combined).unwrap();
     let rules = [
-        ModelRule { limit: 20, window: 60_000, ban_ms: 600_000 },
-        ModelRule { limit: 3, window: 300_000, ban_ms: 3_600_000 },
+        ModelRule {
+            limit: 20,
+            window: 60_000,
+            ban_ms: 600_000,
+        },
+        ModelRule {
+            limit: 3,
+            window: 300_000,
+            ban_ms: 3_600_000,
+        },
     ];
     let mut hits = Vec::new();
     for (n, line) in text.split(|&b| b == b'\n').filter(|l| !l.is_empty()).enumerate() {
         let r = parser.parse(line).expect("the corpus parses");
         let key = AddrText(&client_key(r.addr, 64)).to_string();
         let time = r.time_ms.unwrap();
-        hits.push(ModelHit { rule: 0, key: key.clone(), time, member: n as u64 });
+        hits.push(ModelHit {
+            rule: 0,
+            key: key.clone(),
+            time,
+            member: n as u64,
+        });
         if r.status == 404 {
-            hits.push(ModelHit { rule: 1, key, time, member: n as u64 });
+            hits.push(ModelHit {
+                rule: 1,
+                key,
+                time,
+                member: n as u64,
+            });
         }
     }
     let expected: Vec<(String, String, String)> = model(&hits, &rules)
         .into_iter()
         .map(|b| (b.key, ["any", "notfound"][b.rule].to_owned(), fleetban::rfc3339(b.at)))
         .collect();
-    assert!(expected.len() >= 5, "the corpus should produce several bans, got {}", expected.len());
+    assert!(
+        expected.len() >= 5,
+        "the corpus should produce several bans, got {}",
+        expected.len()
+    );
 
     let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let (summary, bans) = lines.split_last().unwrap();
@@ -77,7 +99,11 @@ fn json_decisions_equal_the_brute_force_model_on_the_corpus() {
         .iter()
         .map(|b| {
             assert_eq!(b["event"], "ban");
-            (b["addr"].as_str().unwrap().into(), b["rule"].as_str().unwrap().into(), b["at"].as_str().unwrap().into())
+            (
+                b["addr"].as_str().unwrap().into(),
+                b["rule"].as_str().unwrap().into(),
+                b["at"].as_str().unwrap().into(),
+            )
         })
         .collect();
     assert_eq!(got, expected);
@@ -120,10 +146,19 @@ fn an_injected_address_is_never_banned() {
         );
     }
     std::fs::write(&log, text).unwrap();
-    std::fs::write(dir.path().join("rules.yaml"), "rules:\n  - name: any\n    logs: [/unused]\n    limit: { hits: 5, window: 60s }\n").unwrap();
+    std::fs::write(
+        dir.path().join("rules.yaml"),
+        "rules:\n  - name: any\n    logs: [/unused]\n    limit: { hits: 5, window: 60s }\n",
+    )
+    .unwrap();
     let cfg = dir.path().join("fleetban.yaml");
     std::fs::write(&cfg, "rules: [rules.yaml]\n").unwrap();
-    let out = Command::new(fleetban_bin()).args(["test", "--json", "-c"]).arg(&cfg).arg(&log).output().unwrap();
+    let out = Command::new(fleetban_bin())
+        .args(["test", "--json", "-c"])
+        .arg(&cfg)
+        .arg(&log)
+        .output()
+        .unwrap();
     let out = String::from_utf8_lossy(&out.stdout);
     assert!(out.contains("\"addr\":\"198.51.100.9\""), "{out}");
     assert!(!out.contains("6.6.6.6") && !out.contains("7.7.7.7"), "{out}");

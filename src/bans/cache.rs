@@ -69,7 +69,11 @@ impl BanCache {
     }
 
     pub fn entries(&self) -> Vec<(IpNet, Until)> {
-        self.exact.iter().map(|(n, u)| (*n, *u)).chain(self.wide.iter().copied()).collect()
+        self.exact
+            .iter()
+            .map(|(n, u)| (*n, *u))
+            .chain(self.wide.iter().copied())
+            .collect()
     }
 }
 

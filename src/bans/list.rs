@@ -204,7 +204,11 @@ impl RecordJson {
 pub fn parse_until(s: &str) -> Option<Until> {
     match s {
         "inf" | "+inf" => Some(Until::Permanent),
-        _ => s.parse::<f64>().ok().filter(|f| f.is_finite()).map(|f| Until::At(f as i64)),
+        _ => s
+            .parse::<f64>()
+            .ok()
+            .filter(|f| f.is_finite())
+            .map(|f| Until::At(f as i64)),
     }
 }
 
@@ -248,7 +252,11 @@ impl MemoryBans {
             .into_iter()
             .map(|r| (r.addr, r))
             .collect();
-        MemoryBans { bans, offences: HashMap::new(), file }
+        MemoryBans {
+            bans,
+            offences: HashMap::new(),
+            file,
+        }
     }
 
     fn save(&self) -> std::io::Result<()> {

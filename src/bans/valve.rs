@@ -14,7 +14,11 @@ pub struct SafetyValve {
 
 impl SafetyValve {
     pub fn new(max_per_minute: u32) -> SafetyValve {
-        SafetyValve { max_per_minute, recent: VecDeque::new(), refused: 0 }
+        SafetyValve {
+            max_per_minute,
+            recent: VecDeque::new(),
+            refused: 0,
+        }
     }
 
     /// Whether one more ban may be applied at `now_ms`; counts it if so.

@@ -19,12 +19,26 @@ pub struct ConfigError {
 
 impl ConfigError {
     pub fn at(file: &Path, loc: Location, message: impl Into<String>) -> ConfigError {
-        let (line, column) = if loc == Location::UNKNOWN { (0, 0) } else { (loc.line(), loc.column()) };
-        ConfigError { file: file.to_path_buf(), line, column, message: message.into() }
+        let (line, column) = if loc == Location::UNKNOWN {
+            (0, 0)
+        } else {
+            (loc.line(), loc.column())
+        };
+        ConfigError {
+            file: file.to_path_buf(),
+            line,
+            column,
+            message: message.into(),
+        }
     }
 
     pub fn whole_file(file: &Path, message: impl Into<String>) -> ConfigError {
-        ConfigError { file: file.to_path_buf(), line: 0, column: 0, message: message.into() }
+        ConfigError {
+            file: file.to_path_buf(),
+            line: 0,
+            column: 0,
+            message: message.into(),
+        }
     }
 
     /// Turns a YAML/serde error into our form, keeping its position and
@@ -56,7 +70,14 @@ impl fmt::Display for ConfigError {
         if self.line == 0 {
             write!(f, "{}: {}", self.file.display(), self.message)
         } else {
-            write!(f, "{}:{}:{}: {}", self.file.display(), self.line, self.column, self.message)
+            write!(
+                f,
+                "{}:{}:{}: {}",
+                self.file.display(),
+                self.line,
+                self.column,
+                self.message
+            )
         }
     }
 }

@@ -127,11 +127,10 @@ impl Config {
     /// Loads and validates the main file and every rule file it names.
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
         let mut errors = Vec::new();
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            ConfigErrors(vec![ConfigError::whole_file(path, format!("cannot read: {e}"))])
-        })?;
-        let main: schema::MainFile = serde_saphyr::from_str(&text)
-            .map_err(|e| ConfigErrors(vec![ConfigError::from_yaml(path, &e)]))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigErrors(vec![ConfigError::whole_file(path, format!("cannot read: {e}"))]))?;
+        let main: schema::MainFile =
+            serde_saphyr::from_str(&text).map_err(|e| ConfigErrors(vec![ConfigError::from_yaml(path, &e)]))?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
 
         let redis = main.redis.as_ref().and_then(|r| redis_config(path, r, &mut errors));
@@ -140,7 +139,11 @@ impl Config {
             None => 64,
             Some(p) if (1..=128).contains(&p.value) => p.value,
             Some(p) => {
-                errors.push(ConfigError::at(path, p.referenced, "ipv6_prefix must be between 1 and 128"));
+                errors.push(ConfigError::at(
+                    path,
+                    p.referenced,
+                    "ipv6_prefix must be between 1 and 128",
+                ));
                 64
             }
         };
@@ -150,7 +153,10 @@ impl Config {
                 errors.push(ConfigError::at(
                     path,
                     m.referenced,
-                    format!("invalid metrics address `{}`: expected ADDRESS:PORT such as 127.0.0.1:9464", m.value),
+                    format!(
+                        "invalid metrics address `{}`: expected ADDRESS:PORT such as 127.0.0.1:9464",
+                        m.value
+                    ),
                 ));
                 None
             }
@@ -172,7 +178,11 @@ impl Config {
             }
         }
         if rules.is_empty() && errors.is_empty() {
-            errors.push(ConfigError::at(path, main.rules.referenced, "no rules defined: expected at least one rule"));
+            errors.push(ConfigError::at(
+                path,
+                main.rules.referenced,
+                "no rules defined: expected at least one rule",
+            ));
         }
         if !errors.is_empty() {
             return Err(ConfigErrors(errors));
@@ -181,13 +191,19 @@ impl Config {
         Ok(Config {
             file: path.to_path_buf(),
             host_id: main.host_id.clone().unwrap_or_else(hostname),
-            state_dir: main.state_dir.clone().unwrap_or_else(|| PathBuf::from("/var/lib/fleetban")),
+            state_dir: main
+                .state_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("/var/lib/fleetban")),
             redis,
             firewall,
             allow: main.allow.0.iter().map(|n| n.0).collect(),
             ipv6_prefix,
             max_bans_per_minute: main.safety.max_bans_per_minute,
-            control: main.control.clone().unwrap_or_else(|| PathBuf::from("/run/fleetban/control.sock")),
+            control: main
+                .control
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("/run/fleetban/control.sock")),
             metrics,
             rules,
         })
@@ -209,11 +225,16 @@ impl Config {
 
 fn redis_config(file: &Path, r: &schema::RedisSection, errors: &mut Vec<ConfigError>) -> Option<RedisConfig> {
     let url = r.url.value.trim();
-    if !["redis://", "rediss://", "unix://", "redis+unix://"].iter().any(|s| url.starts_with(s)) {
+    if !["redis://", "rediss://", "unix://", "redis+unix://"]
+        .iter()
+        .any(|s| url.starts_with(s))
+    {
         errors.push(ConfigError::at(
             file,
             r.url.referenced,
-            format!("invalid Redis url `{url}`: expected redis://HOST:PORT/DB, rediss://... or unix:///path/to/redis.sock"),
+            format!(
+                "invalid Redis url `{url}`: expected redis://HOST:PORT/DB, rediss://... or unix:///path/to/redis.sock"
+            ),
         ));
         return None;
     }
@@ -291,25 +312,56 @@ fn load_rule_file(
             errors.push(ConfigError::at(
                 file,
                 spec.name.referenced,
-                format!("duplicate rule name `{name}` (first defined at {}:{}:{})", other.display(), first.line, first.column),
+                format!(
+                    "duplicate rule name `{name}` (first defined at {}:{}:{})",
+                    other.display(),
+                    first.line,
+                    first.column
+                ),
             ));
             continue;
         }
         seen.insert(name.clone(), (file.to_path_buf(), spec.name.referenced));
         if spec.logs.value.0.is_empty() {
-            errors.push(ConfigError::at(file, spec.logs.referenced, "`logs` is empty: expected at least one path"));
+            errors.push(ConfigError::at(
+                file,
+                spec.logs.referenced,
+                "`logs` is empty: expected at least one path",
+            ));
+            continue;
+        }
+        if let Some(bad) = spec
+            .logs
+            .value
+            .0
+            .iter()
+            .find_map(|l| glob::Pattern::new(l).err().map(|e| (l, e)))
+        {
+            errors.push(ConfigError::at(
+                file,
+                spec.logs.referenced,
+                format!("invalid log path or glob `{}`: {}", bad.0, bad.1),
+            ));
             continue;
         }
         let l = &spec.limit.value;
         if l.window.as_ms() < 1 {
-            errors.push(ConfigError::at(file, spec.limit.referenced, "`window` must be at least 1ms"));
+            errors.push(ConfigError::at(
+                file,
+                spec.limit.referenced,
+                "`window` must be at least 1ms",
+            ));
             continue;
         }
         let esc = spec.ban.escalate.as_ref();
         let duration_ms = spec.ban.duration.as_ms().max(1000);
         let factor = esc.map_or(1.0, |e| e.factor);
         if !(factor.is_finite() && (1.0..=1000.0).contains(&factor)) {
-            errors.push(ConfigError::at(file, spec.limit.referenced, "`escalate.factor` must be between 1 and 1000"));
+            errors.push(ConfigError::at(
+                file,
+                spec.limit.referenced,
+                "`escalate.factor` must be between 1 and 1000",
+            ));
             continue;
         }
         let week = 7 * 86_400_000;
@@ -330,7 +382,10 @@ fn load_rule_file(
             ban: BanPolicy {
                 duration_ms,
                 factor,
-                max_ms: esc.and_then(|e| e.max).map_or(if esc.is_some() { week } else { duration_ms }, Dur::as_ms).max(duration_ms),
+                max_ms: esc
+                    .and_then(|e| e.max)
+                    .map_or(if esc.is_some() { week } else { duration_ms }, Dur::as_ms)
+                    .max(duration_ms),
                 forget_after_ms: esc.and_then(|e| e.forget_after).map_or(week, Dur::as_ms),
             },
         });

@@ -113,7 +113,9 @@ pub struct SafetySection {
 
 impl Default for SafetySection {
     fn default() -> Self {
-        SafetySection { max_bans_per_minute: default_max_bans() }
+        SafetySection {
+            max_bans_per_minute: default_max_bans(),
+        }
     }
 }
 
@@ -203,7 +205,10 @@ pub struct BanSpec {
 
 impl Default for BanSpec {
     fn default() -> Self {
-        BanSpec { duration: default_ban_duration(), escalate: None }
+        BanSpec {
+            duration: default_ban_duration(),
+            escalate: None,
+        }
     }
 }
 
@@ -267,7 +272,9 @@ impl<'de> Deserialize<'de> for FormatSpec {
                     }
                 };
                 if map.next_key::<String>()?.is_some() {
-                    return Err(de::Error::custom("a format has exactly one key: `log_format` or `regex`"));
+                    return Err(de::Error::custom(
+                        "a format has exactly one key: `log_format` or `regex`",
+                    ));
                 }
                 Parser::new(&format).map_err(|e| de::Error::custom(format!("bad {key}: {e}")))?;
                 Ok(FormatSpec(format))

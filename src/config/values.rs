@@ -52,7 +52,10 @@ struct FromStrVisitor<T> {
 
 impl<T> FromStrVisitor<T> {
     fn new(expected: &'static str) -> Self {
-        FromStrVisitor { expected, _t: PhantomData }
+        FromStrVisitor {
+            expected,
+            _t: PhantomData,
+        }
     }
 }
 

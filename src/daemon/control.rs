@@ -98,7 +98,10 @@ impl Control {
                 };
                 match self.bans.lock().await.ban(&r, now).await {
                     Ok(Outcome::Banned(rec)) => {
-                        self.send(Change::Add(vec![Element { net, until: rec.until() }]));
+                        self.send(Change::Add(vec![Element {
+                            net,
+                            until: rec.until(),
+                        }]));
                         json!({"banned": true, "until": rec.until})
                     }
                     Ok(Outcome::AlreadyBanned(_)) => json!({"banned": false}),
@@ -125,7 +128,8 @@ impl Control {
 /// The client side, for the CLI: one request, one answer, 5 s at most.
 pub fn request(path: &Path, req: &Value) -> Result<Value, String> {
     let mut s = std::os::unix::net::UnixStream::connect(path).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
     writeln!(s, "{req}").map_err(|e| e.to_string())?;
     let mut line = String::new();
     BufReader::new(s).read_line(&mut line).map_err(|e| e.to_string())?;
@@ -151,7 +155,11 @@ pub fn render_status(v: &Value) -> String {
     let mut out = String::new();
     out += &format!(
         "redis: {}   bans active: {}   lag: {} ms   lines: {}   unparsed: {}   stale: {}\n",
-        if v["redis"]["connected"].as_bool() == Some(true) { "connected" } else { "not connected / embedded" },
+        if v["redis"]["connected"].as_bool() == Some(true) {
+            "connected"
+        } else {
+            "not connected / embedded"
+        },
         v["bans_active"],
         v["lag_ms"],
         v["lines"],
@@ -160,11 +168,21 @@ pub fn render_status(v: &Value) -> String {
     );
     out += "sources:\n";
     for s in v["sources"].as_array().into_iter().flatten() {
-        out += &format!("  {}  offset {}  lines {}\n", s["path"].as_str().unwrap_or("?"), s["offset"], s["lines"]);
+        out += &format!(
+            "  {}  offset {}  lines {}\n",
+            s["path"].as_str().unwrap_or("?"),
+            s["offset"],
+            s["lines"]
+        );
     }
     out += "rules:\n";
     for r in v["rules"].as_array().into_iter().flatten() {
-        out += &format!("  {}  hits {}  bans {}\n", r["name"].as_str().unwrap_or("?"), r["hits"], r["bans"]);
+        out += &format!(
+            "  {}  hits {}  bans {}\n",
+            r["name"].as_str().unwrap_or("?"),
+            r["hits"],
+            r["bans"]
+        );
     }
     out
 }

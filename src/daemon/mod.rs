@@ -154,7 +154,9 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     }
     let mut cache = BanCache::default();
     cache.replace(initial.iter().map(|e| (e.net, e.until)));
-    stats.bans_active.store(cache.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    stats
+        .bans_active
+        .store(cache.len() as u64, std::sync::atomic::Ordering::Relaxed);
     tracing::info!(bans = initial.len(), rules = config.rules.len(), "Ban list applied.");
 
     tracker.spawn(enforcer::run(enforcer, enf_rx, allow.clone(), token.clone()));
@@ -173,17 +175,29 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     tracker.spawn(ctl.serve(listener, token.clone()));
 
     let patterns = config.log_patterns();
-    let plan = Plan::new(&config.rules, &patterns)?;
+    let plan = Plan::new(&config.rules)?;
     let (chunk_tx, chunk_rx) = tokio::sync::mpsc::channel(64);
-    let follower = crate::source::spawn(patterns, offsets.clone(), FollowOptions::default(), chunk_tx, token.clone());
+    let follower = crate::source::spawn(
+        patterns,
+        offsets.clone(),
+        FollowOptions::default(),
+        chunk_tx,
+        token.clone(),
+    );
     let pipeline = pipeline::Pipeline {
         host: config.host_id.clone(),
         rules: config
             .rules
             .iter()
-            .map(|r| pipeline::RuleInfo { name: r.name.clone(), window_ms: r.limit.window_ms, clock: r.limit.clock, ban: r.ban })
+            .map(|r| pipeline::RuleInfo {
+                name: r.name.clone(),
+                window_ms: r.limit.window_ms,
+                clock: r.limit.clock,
+                ban: r.ban,
+            })
             .collect(),
         plan,
+        routes: Default::default(),
         allow,
         ipv6_prefix: config.ipv6_prefix,
         limiter,
@@ -207,7 +221,10 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     tracing::info!("Stopping.");
     notify("STOPPING=1");
     token.cancel();
-    if tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(5), tracker.wait())
+        .await
+        .is_err()
+    {
         tracing::warn!("Tasks did not stop within 5 s; exiting anyway.");
     }
     drop(follower);
@@ -216,7 +233,9 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
 
 /// Two connections (commands, and blocking event reads), retried with
 /// backoff until Redis answers: a Redis that is down at start is waited for.
-async fn connect_until_up(r: &crate::config::RedisConfig) -> (redis::aio::ConnectionManager, redis::aio::ConnectionManager) {
+async fn connect_until_up(
+    r: &crate::config::RedisConfig,
+) -> (redis::aio::ConnectionManager, redis::aio::ConnectionManager) {
     let mut backoff = Duration::from_millis(100);
     loop {
         let cmd = store::connect(r, Some(r.timeout)).await;

@@ -5,7 +5,9 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 
 pub fn notify(state: &str) {
-    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
     let Ok(sock) = UnixDatagram::unbound() else { return };
     let bytes = path.as_encoded_bytes();
     let addr = match bytes.strip_prefix(b"@") {

@@ -20,7 +20,7 @@ use super::enforcer::Change;
 use super::stats::Stats;
 use crate::bans::{BanCache, BanList, BanRequest, Mode, Outcome, SafetyValve, Until};
 use crate::config::{BanPolicy, Clock};
-use crate::detect::{self, AllowList, Hit, Pending, Plan};
+use crate::detect::{self, AllowList, Group, Hit, Pending, Plan};
 use crate::enforce::Element;
 use crate::limit::{Limiter, Verdict};
 use crate::source::{Chunk, FileId, OffsetStore};
@@ -40,6 +40,9 @@ pub struct Pipeline {
     pub host: String,
     pub rules: Vec<RuleInfo>,
     pub plan: Plan,
+    /// Which groups read each file seen so far (a file matched by several
+    /// rules' paths or globs is read once and fanned out to all of them).
+    pub routes: std::collections::HashMap<Arc<Path>, Vec<Group>>,
     pub allow: AllowList,
     pub ipv6_prefix: u8,
     pub limiter: Limiter,
@@ -127,7 +130,11 @@ impl Pipeline {
     fn ingest(&mut self, chunk: &Chunk) {
         let origin = detect::origin_seed(&self.host, &[chunk.file.dev, chunk.file.ino, chunk.file.fingerprint]);
         let wall = crate::now_ms();
-        let groups = &self.plan.groups[chunk.source.min(self.plan.groups.len().saturating_sub(1))];
+        let plan = &self.plan;
+        let groups = self
+            .routes
+            .entry(chunk.path.clone())
+            .or_insert_with(|| plan.groups_for(&chunk.path));
         let (mut lines, mut unparsed, mut stale) = (0u64, 0u64, 0u64);
         let mut last_time = None;
         for (offset, line) in chunk.lines() {
@@ -136,7 +143,7 @@ impl Pipeline {
             }
             lines += 1;
             let mut parsed = false;
-            for g in groups {
+            for g in groups.iter() {
                 let Some(req) = g.parser.parse(line) else { continue };
                 parsed = true;
                 if self.allow.contains(req.addr) {
@@ -161,7 +168,14 @@ impl Pipeline {
                         continue;
                     }
                     self.stats.rules[ri].hits.fetch_add(1, Relaxed);
-                    self.pending.push(ri, key, Hit { time_ms: time, member: detect::member(origin, offset) });
+                    self.pending.push(
+                        ri,
+                        key,
+                        Hit {
+                            time_ms: time,
+                            member: detect::member(origin, offset),
+                        },
+                    );
                 }
             }
             if !parsed {
@@ -244,7 +258,10 @@ impl Pipeline {
         let req = BanRequest {
             addr: key,
             rule: info.name.clone(),
-            reason: format!("{hits} hits within {}", humantime::format_duration(Duration::from_millis(info.window_ms as u64))),
+            reason: format!(
+                "{hits} hits within {}",
+                humantime::format_duration(Duration::from_millis(info.window_ms as u64))
+            ),
             host: self.host.clone(),
             hits,
             mode: Mode::Auto(info.ban),

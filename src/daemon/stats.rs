@@ -41,7 +41,13 @@ pub struct Stats {
 impl Stats {
     pub fn new(rule_names: &[String]) -> Stats {
         Stats {
-            rules: rule_names.iter().map(|n| RuleCounters { name: n.clone(), ..Default::default() }).collect(),
+            rules: rule_names
+                .iter()
+                .map(|n| RuleCounters {
+                    name: n.clone(),
+                    ..Default::default()
+                })
+                .collect(),
             ..Default::default()
         }
     }
@@ -53,7 +59,11 @@ impl Stats {
                 c.offset = offset;
                 c.lines += lines;
             }
-            None => s.push(SourceCounters { path: path.to_owned(), offset, lines }),
+            None => s.push(SourceCounters {
+                path: path.to_owned(),
+                offset,
+                lines,
+            }),
         }
     }
 

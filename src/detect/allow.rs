@@ -13,7 +13,10 @@ pub struct AllowList {
 impl AllowList {
     /// Loopback, the host's interface addresses and `configured`.
     pub fn new(configured: &[IpNet]) -> AllowList {
-        let mut nets: Vec<IpNet> = vec!["127.0.0.0/8".parse().expect("literal"), "::1/128".parse().expect("literal")];
+        let mut nets: Vec<IpNet> = vec![
+            "127.0.0.0/8".parse().expect("literal"),
+            "::1/128".parse().expect("literal"),
+        ];
         nets.extend(local_addresses().into_iter().map(IpNet::from));
         nets.extend_from_slice(configured);
         AllowList { nets }

@@ -35,7 +35,11 @@ impl Pending {
         let next = self.batches.len();
         let i = *self.index.entry((rule, key)).or_insert(next);
         if i == next {
-            self.batches.push(Batch { rule, key, hits: Vec::with_capacity(4) });
+            self.batches.push(Batch {
+                rule,
+                key,
+                hits: Vec::with_capacity(4),
+            });
         }
         self.batches[i].hits.push(hit);
         self.hits += 1;
@@ -67,7 +71,14 @@ mod tests {
         let a: IpNet = "192.0.2.1/32".parse().unwrap();
         let b: IpNet = "192.0.2.2/32".parse().unwrap();
         for (i, (rule, key)) in [(0, a), (0, b), (1, a), (0, a)].into_iter().enumerate() {
-            p.push(rule, key, Hit { time_ms: i as i64, member: i as u64 });
+            p.push(
+                rule,
+                key,
+                Hit {
+                    time_ms: i as i64,
+                    member: i as u64,
+                },
+            );
         }
         assert_eq!(p.hits(), 4);
         let bs = p.take();

@@ -21,7 +21,10 @@ struct Conditions {
 impl Conditions {
     fn new(spec: &MatchSpec) -> Conditions {
         Conditions {
-            methods: spec.method.as_ref().map(|l| l.0.iter().map(|m| m.0.as_bytes().to_vec()).collect()),
+            methods: spec
+                .method
+                .as_ref()
+                .map(|l| l.0.iter().map(|m| m.0.as_bytes().to_vec()).collect()),
             statuses: spec.status.as_ref().map(|l| l.0.clone()),
             path: spec.path.as_ref().map(|r| r.0.clone()),
             user_agent: spec.user_agent.as_ref().map(|r| r.0.clone()),
@@ -87,7 +90,10 @@ pub struct RuleFilter {
 impl RuleFilter {
     pub fn new(matches: &MatchSpec, ignore: &MatchSpec) -> RuleFilter {
         let ignore = Conditions::new(ignore);
-        RuleFilter { matches: Conditions::new(matches), ignore: (!ignore.is_empty()).then_some(ignore) }
+        RuleFilter {
+            matches: Conditions::new(matches),
+            ignore: (!ignore.is_empty()).then_some(ignore),
+        }
     }
 
     pub fn accepts(&self, r: &Request<'_>) -> bool {

@@ -77,9 +77,18 @@ mod tests {
 
     #[test]
     fn keys() {
-        assert_eq!(client_key("::ffff:1.2.3.4".parse().unwrap(), 64).to_string(), "1.2.3.4/32");
-        assert_eq!(client_key("2001:db8:1:2:3::9".parse().unwrap(), 64).to_string(), "2001:db8:1:2::/64");
-        assert_eq!(client_key("2001:db8::9".parse().unwrap(), 128).to_string(), "2001:db8::9/128");
+        assert_eq!(
+            client_key("::ffff:1.2.3.4".parse().unwrap(), 64).to_string(),
+            "1.2.3.4/32"
+        );
+        assert_eq!(
+            client_key("2001:db8:1:2:3::9".parse().unwrap(), 64).to_string(),
+            "2001:db8:1:2::/64"
+        );
+        assert_eq!(
+            client_key("2001:db8::9".parse().unwrap(), 128).to_string(),
+            "2001:db8::9/128"
+        );
     }
 
     #[test]

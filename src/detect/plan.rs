@@ -1,53 +1,80 @@
-//! Which rules read which log. Rules that name the same log share one read
-//! of it; rules that also share a format share one parse of each line.
+//! Which rules read which log. A file is read once, whatever the number of
+//! rules naming it (by path or by glob); rules that also share a format
+//! share one parse of each line.
+
+use std::path::Path;
 
 use crate::config::Rule;
-use crate::parse::{FormatError, Parser};
+use crate::parse::{Format, FormatError, Parser};
 
 use super::RuleFilter;
 
 /// Rules reading one log with one format.
+#[derive(Clone)]
 pub struct Group {
     pub parser: Parser,
     /// Indexes into the rule list.
     pub rules: Vec<usize>,
 }
 
-/// For each log pattern, the groups that read it; for each rule, its filter.
+/// The rules' formats, filters and log patterns; [`Plan::groups_for`] says
+/// which groups read a given file.
 pub struct Plan {
-    pub patterns: Vec<String>,
-    pub groups: Vec<Vec<Group>>,
     pub filters: Vec<RuleFilter>,
+    formats: Vec<Format>,
+    /// Per rule: its `logs:` entries as glob patterns (a plain path matches itself).
+    globs: Vec<Vec<(String, Option<glob::Pattern>)>>,
 }
+
+const MATCH: glob::MatchOptions = glob::MatchOptions {
+    case_sensitive: true,
+    require_literal_separator: true,
+    require_literal_leading_dot: false,
+};
 
 impl Plan {
-    /// The plan of the daemon: each rule reads the logs it names.
-    pub fn new(rules: &[Rule], patterns: &[String]) -> Result<Plan, FormatError> {
-        let groups = patterns
-            .iter()
-            .map(|p| group(rules, |r| r.logs.iter().any(|l| l == p)))
-            .collect::<Result<_, _>>()?;
-        Ok(Plan { patterns: patterns.to_vec(), groups, filters: filters(rules) })
-    }
-
-    /// The plan of `fleetban test`: every selected rule reads every given file.
-    pub fn replay(rules: &[Rule], files: &[String]) -> Result<Plan, FormatError> {
-        let groups = files.iter().map(|_| group(rules, |_| true)).collect::<Result<_, _>>()?;
-        Ok(Plan { patterns: files.to_vec(), groups, filters: filters(rules) })
-    }
-}
-
-fn filters(rules: &[Rule]) -> Vec<RuleFilter> {
-    rules.iter().map(|r| RuleFilter::new(&r.matches, &r.ignore)).collect()
-}
-
-fn group(rules: &[Rule], reads: impl Fn(&Rule) -> bool) -> Result<Vec<Group>, FormatError> {
-    let mut out: Vec<(crate::parse::Format, Group)> = Vec::new();
-    for (i, r) in rules.iter().enumerate().filter(|(_, r)| reads(r)) {
-        match out.iter_mut().find(|(f, _)| *f == r.format) {
-            Some((_, g)) => g.rules.push(i),
-            None => out.push((r.format.clone(), Group { parser: Parser::new(&r.format)?, rules: vec![i] })),
+    pub fn new(rules: &[Rule]) -> Result<Plan, FormatError> {
+        for r in rules {
+            Parser::new(&r.format)?;
         }
+        Ok(Plan {
+            filters: rules.iter().map(|r| RuleFilter::new(&r.matches, &r.ignore)).collect(),
+            formats: rules.iter().map(|r| r.format.clone()).collect(),
+            globs: rules
+                .iter()
+                .map(|r| r.logs.iter().map(|l| (l.clone(), glob::Pattern::new(l).ok())).collect())
+                .collect(),
+        })
     }
-    Ok(out.into_iter().map(|(_, g)| g).collect())
+
+    /// The groups of the rules that name `path` (by path or glob).
+    pub fn groups_for(&self, path: &Path) -> Vec<Group> {
+        let text = path.to_string_lossy();
+        self.group((0..self.formats.len()).filter(|&i| {
+            self.globs[i]
+                .iter()
+                .any(|(lit, pat)| *lit == text || pat.as_ref().is_some_and(|p| p.matches_path_with(path, MATCH)))
+        }))
+    }
+
+    /// Every rule in groups: `fleetban test` reads every file with every rule.
+    pub fn all(&self) -> Vec<Group> {
+        self.group(0..self.formats.len())
+    }
+
+    fn group(&self, rules: impl Iterator<Item = usize>) -> Vec<Group> {
+        let mut out: Vec<(&Format, Group)> = Vec::new();
+        for i in rules {
+            let f = &self.formats[i];
+            match out.iter_mut().find(|(g, _)| *g == f) {
+                Some((_, g)) => g.rules.push(i),
+                // Compiled once in `new`, so this cannot fail here.
+                None => match Parser::new(f) {
+                    Ok(parser) => out.push((f, Group { parser, rules: vec![i] })),
+                    Err(_) => continue,
+                },
+            }
+        }
+        out.into_iter().map(|(_, g)| g).collect()
+    }
 }

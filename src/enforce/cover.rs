@@ -188,7 +188,10 @@ impl Book {
 
     /// Replaces the applied state with the kernel's elements.
     pub fn load_applied(&mut self, elems: &[(Span, Until)]) {
-        self.applied = elems.iter().map(|(s, u)| (s.lo, Slot { hi: s.hi, until: *u })).collect();
+        self.applied = elems
+            .iter()
+            .map(|(s, u)| (s.lo, Slot { hi: s.hi, until: *u }))
+            .collect();
     }
 
     /// Wants exactly what is applied (a restarted daemon keeps the kernel's
@@ -308,15 +311,15 @@ impl Book {
 
     #[cfg(test)]
     fn applied_spans(&self) -> Vec<String> {
-        self.applied.iter().map(|(&lo, s)| Span { lo, hi: s.hi }.to_string()).collect()
+        self.applied
+            .iter()
+            .map(|(&lo, s)| Span { lo, hi: s.hi }.to_string())
+            .collect()
     }
 }
 
 /// Applied slots whose span overlaps `span`.
-fn overlapping(
-    applied: &BTreeMap<IpAddr, Slot>,
-    span: Span,
-) -> impl Iterator<Item = (IpAddr, Slot)> + '_ {
+fn overlapping(applied: &BTreeMap<IpAddr, Slot>, span: Span) -> impl Iterator<Item = (IpAddr, Slot)> + '_ {
     let before = applied
         .range(..span.lo)
         .next_back()
@@ -342,9 +345,7 @@ fn span_nets(span: Span) -> Vec<IpNet> {
 /// A span from two textual addresses of one family, as in a listing.
 pub(crate) fn span_from(lo: IpAddr, hi: IpAddr) -> Option<Span> {
     match (lo, hi) {
-        (IpAddr::V4(_), IpAddr::V4(_)) | (IpAddr::V6(_), IpAddr::V6(_)) if lo <= hi => {
-            Some(Span { lo, hi })
-        }
+        (IpAddr::V4(_), IpAddr::V4(_)) | (IpAddr::V6(_), IpAddr::V6(_)) if lo <= hi => Some(Span { lo, hi }),
         _ => None,
     }
 }
@@ -386,11 +387,16 @@ pub(crate) mod tests {
         assert_eq!(s("1.2.3.4", "1.2.3.4").to_string(), "1.2.3.4");
         assert_eq!(s("10.0.0.0", "10.0.0.255").to_string(), "10.0.0.0/24");
         assert_eq!(s("10.0.0.1", "10.0.0.5").to_string(), "10.0.0.1-10.0.0.5");
-        assert_eq!(s("2001:db8::", "2001:db8::ffff:ffff:ffff:ffff").to_string(), "2001:db8::/64");
+        assert_eq!(
+            s("2001:db8::", "2001:db8::ffff:ffff:ffff:ffff").to_string(),
+            "2001:db8::/64"
+        );
         assert_eq!(s("0.0.0.0", "255.255.255.255").to_string(), "0.0.0.0/0");
         assert_eq!(s("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff").to_string(), "::/0");
-        let nets: Vec<String> =
-            span_nets(s("10.0.0.1", "10.0.0.5")).iter().map(|n| n.to_string()).collect();
+        let nets: Vec<String> = span_nets(s("10.0.0.1", "10.0.0.5"))
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
         assert_eq!(nets, ["10.0.0.1/32", "10.0.0.2/31", "10.0.0.4/31"]);
         assert!(span_from("1.2.3.4".parse().unwrap(), "::1".parse().unwrap()).is_none());
     }
@@ -498,10 +504,7 @@ pub(crate) mod tests {
     fn replace_all_removes_stale_and_foreign_ranges() {
         let mut b = Book::default();
         let range = span_from("10.9.0.1".parse().unwrap(), "10.9.0.5".parse().unwrap()).unwrap();
-        b.load_applied(&[
-            (Span::of(&net("10.1.0.0/16")), at(H)),
-            (range, at(H)),
-        ]);
+        b.load_applied(&[(Span::of(&net("10.1.0.0/16")), at(H)), (range, at(H))]);
         b.desire_applied();
         assert_eq!(b.desired_len(), 4, "the /16 and the range's 3 prefixes");
         // Keeping the kernel's bans replaces the range by its prefixes.
@@ -536,14 +539,17 @@ pub(crate) mod tests {
                     b.undesire(&[n]);
                 }
                 _ => {
-                    let until = if rnd(5) == 0 { Until::Permanent } else { Until::At(now + rnd(60_000) as i64) };
+                    let until = if rnd(5) == 0 {
+                        Until::Permanent
+                    } else {
+                        Until::At(now + rnd(60_000) as i64)
+                    };
                     b.desire(&[Element { net: n, until }], now);
                 }
             }
             now += rnd(20_000) as i64;
             step(&mut b, now);
-            let spans: Vec<Span> =
-                b.applied.iter().map(|(&lo, s)| Span { lo, hi: s.hi }).collect();
+            let spans: Vec<Span> = b.applied.iter().map(|(&lo, s)| Span { lo, hi: s.hi }).collect();
             for w in spans.windows(2) {
                 assert!(w[0].hi < w[1].lo, "overlap {} {}", w[0], w[1]);
             }

@@ -35,6 +35,12 @@ impl LogEnforcer {
         self.apply(now_ms);
     }
 
+    pub fn update(&mut self, add: &[Element], remove: &[ipnet::IpNet], now_ms: i64) {
+        self.book.desire(add, now_ms);
+        self.book.undesire(remove);
+        self.apply(now_ms);
+    }
+
     pub fn replace_all(&mut self, desired: &[Element], now_ms: i64) -> ReconcileStats {
         let expired = self.book.set_desired(desired, now_ms);
         let mut stats = self.apply(now_ms);
@@ -52,7 +58,10 @@ impl LogEnforcer {
     }
 
     pub fn flush(&mut self) {
-        info!(elements = self.book.applied_len(), "dry run: would delete the nftables table");
+        info!(
+            elements = self.book.applied_len(),
+            "dry run: would delete the nftables table"
+        );
         self.book.clear();
     }
 
@@ -107,7 +116,16 @@ mod tests {
         assert_eq!((e.len(), e.desired_len()), (2, 3));
         e.remove(&[crate::enforce::cover::tests::net("10.0.0.0/24")], 1);
         assert_eq!(e.len(), 2);
-        let stats = e.replace_all(&[el("192.0.2.1"), Element { until: Until::At(5), ..el("192.0.2.2") }], 10);
+        let stats = e.replace_all(
+            &[
+                el("192.0.2.1"),
+                Element {
+                    until: Until::At(5),
+                    ..el("192.0.2.2")
+                },
+            ],
+            10,
+        );
         assert_eq!((stats.added, stats.removed, stats.expired), (1, 2, 1));
         e.flush();
         assert!(e.is_empty());

@@ -208,14 +208,23 @@ impl Enforcer {
         }
     }
 
+    /// Adds and lifts bans in one transaction (at 100k elements each nft
+    /// transaction costs seconds, so fold queued changes into one call). A
+    /// net in both lists ends up lifted.
+    pub async fn update(&mut self, add: &[Element], remove: &[ipnet::IpNet], now_ms: i64) -> Result<(), EnforceError> {
+        match self {
+            Enforcer::Nft(e) => e.update(add, remove, now_ms).await,
+            Enforcer::Log(e) => {
+                e.update(add, remove, now_ms);
+                Ok(())
+            }
+        }
+    }
+
     /// Makes the kernel's sets equal to `desired`: re-reads the kernel,
     /// re-creates the table if it vanished, adds missing, removes stale,
     /// refreshes changed timeouts.
-    pub async fn replace_all(
-        &mut self,
-        desired: &[Element],
-        now_ms: i64,
-    ) -> Result<ReconcileStats, EnforceError> {
+    pub async fn replace_all(&mut self, desired: &[Element], now_ms: i64) -> Result<ReconcileStats, EnforceError> {
         match self {
             Enforcer::Nft(e) => e.replace_all(desired, now_ms).await,
             Enforcer::Log(e) => Ok(e.replace_all(desired, now_ms)),

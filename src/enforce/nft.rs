@@ -91,11 +91,13 @@ impl NftEnforcer {
         self.apply(now_ms).await.map(drop)
     }
 
-    pub async fn replace_all(
-        &mut self,
-        desired: &[Element],
-        now_ms: i64,
-    ) -> Result<ReconcileStats, EnforceError> {
+    pub async fn update(&mut self, add: &[Element], remove: &[ipnet::IpNet], now_ms: i64) -> Result<(), EnforceError> {
+        self.book.desire(add, now_ms);
+        self.book.undesire(remove);
+        self.apply(now_ms).await.map(drop)
+    }
+
+    pub async fn replace_all(&mut self, desired: &[Element], now_ms: i64) -> Result<ReconcileStats, EnforceError> {
         let expired = self.book.set_desired(desired, now_ms);
         // A reconcile trusts the kernel, not the bookkeeping.
         self.stale = true;
@@ -201,11 +203,10 @@ impl NftEnforcer {
         self.stale = true;
         let t = self.opts.table.clone();
         let view = match self.run("list table", &["-j", "list", "table", "inet", &t], None).await {
-            Ok(out) => listing::parse(&out, &self.opts, now)
-                .map_err(|detail| EnforceError::Listing {
-                    table: self.opts.table.clone(),
-                    detail,
-                })?,
+            Ok(out) => listing::parse(&out, &self.opts, now).map_err(|detail| EnforceError::Listing {
+                table: self.opts.table.clone(),
+                detail,
+            })?,
             Err(EnforceError::Nft { stderr, .. }) if is_enoent(&stderr) => KernelView::absent(),
             Err(e) => return Err(e),
         };
@@ -219,12 +220,7 @@ impl NftEnforcer {
     }
 
     /// Runs `<command...> <args...>`, feeding `stdin`; returns stdout.
-    async fn run(
-        &self,
-        what: &'static str,
-        args: &[&str],
-        stdin: Option<String>,
-    ) -> Result<Vec<u8>, EnforceError> {
+    async fn run(&self, what: &'static str, args: &[&str], stdin: Option<String>) -> Result<Vec<u8>, EnforceError> {
         let (program, prefix) = self.opts.command.split_first().ok_or(EnforceError::EmptyCommand)?;
         let spawn_err = |source| EnforceError::Spawn {
             program: program.clone(),

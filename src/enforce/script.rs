@@ -113,8 +113,14 @@ fn write_preamble(out: &mut String, opts: &NftOptions, p: Preamble) -> std::fmt:
     if p.delete_v6 {
         writeln!(out, "delete set inet {t} v6")?;
     }
-    writeln!(out, "add set inet {t} v4 {{ type ipv4_addr; flags interval, timeout; }}")?;
-    writeln!(out, "add set inet {t} v6 {{ type ipv6_addr; flags interval, timeout; }}")?;
+    writeln!(
+        out,
+        "add set inet {t} v4 {{ type ipv4_addr; flags interval, timeout; }}"
+    )?;
+    writeln!(
+        out,
+        "add set inet {t} v6 {{ type ipv6_addr; flags interval, timeout; }}"
+    )?;
     writeln!(
         out,
         "add chain inet {t} {CHAIN} {{ type {CHAIN_TYPE} hook {CHAIN_HOOK} priority {CHAIN_PRIO}; policy {CHAIN_POLICY}; }}"
@@ -244,13 +250,23 @@ mod tests {
 
     #[test]
     fn renders_rules_for_action_and_ports() {
-        let text = render(&opts(Action::Reject, vec![80, 443]), Some(Preamble::create()), &Plan::default(), 0);
+        let text = render(
+            &opts(Action::Reject, vec![80, 443]),
+            Some(Preamble::create()),
+            &Plan::default(),
+            0,
+        );
         assert!(text.starts_with("add table inet fleetban\n"), "{text}");
         assert!(text.contains(
             "add rule inet fleetban input tcp dport { 80, 443 } ip saddr @v4 counter reject comment \"fleetban v4 reject tcp 80,443\"\n"
         ));
         assert!(text.contains("ip6 saddr @v6 counter reject comment \"fleetban v6 reject tcp 80,443\""));
-        let text = render(&opts(Action::Drop, vec![]), Some(Preamble::create()), &Plan::default(), 0);
+        let text = render(
+            &opts(Action::Drop, vec![]),
+            Some(Preamble::create()),
+            &Plan::default(),
+            0,
+        );
         assert!(text.contains("add rule inet fleetban input ip saddr @v4 counter drop comment \"fleetban v4 drop\"\n"));
     }
 

@@ -49,7 +49,10 @@ impl FleetSync {
             crate::bans::BanListError::Redis(r) => r,
             other => redis::RedisError::from(std::io::Error::other(other.to_string())),
         })?;
-        Ok((id, entries.into_iter().map(|(net, until)| Element { net, until }).collect()))
+        Ok((
+            id,
+            entries.into_iter().map(|(net, until)| Element { net, until }).collect(),
+        ))
     }
 
     fn send(&self, c: Change) {

@@ -26,13 +26,20 @@ pub struct MemoryLimiter {
 
 impl MemoryLimiter {
     pub fn new(rules: Vec<RuleLimit>) -> MemoryLimiter {
-        MemoryLimiter { rules, windows: HashMap::default(), last_sweep: 0 }
+        MemoryLimiter {
+            rules,
+            windows: HashMap::default(),
+            last_sweep: 0,
+        }
     }
 
     /// Keeps the windows of rules that keep their name; drops the others.
     pub fn set_rules(&mut self, rules: Vec<RuleLimit>) {
-        let moved: Vec<Option<usize>> =
-            self.rules.iter().map(|old| rules.iter().position(|r| r.name == old.name)).collect();
+        let moved: Vec<Option<usize>> = self
+            .rules
+            .iter()
+            .map(|old| rules.iter().position(|r| r.name == old.name))
+            .collect();
         let windows = std::mem::take(&mut self.windows);
         self.windows = windows
             .into_iter()
@@ -53,7 +60,10 @@ impl MemoryLimiter {
             return Verdict::Under { count: 0 };
         };
         let (window_ms, limit, server_clock) = (rule.window_ms, rule.hits as usize, rule.clock == Clock::Redis);
-        let w = self.windows.entry((rule_index, key)).or_insert(Window { members: Vec::new(), expires_at: 0 });
+        let w = self.windows.entry((rule_index, key)).or_insert(Window {
+            members: Vec::new(),
+            expires_at: 0,
+        });
         if w.expires_at <= wall_now {
             w.members.clear();
         }
@@ -74,7 +84,10 @@ impl MemoryLimiter {
                 if added {
                     w.expires_at = wall_now + window_ms + 1000;
                 }
-                return Verdict::Over { index: i, count: count as u32 };
+                return Verdict::Over {
+                    index: i,
+                    count: count as u32,
+                };
             }
             w.members.push((now, hit.member));
             added = true;
@@ -82,7 +95,9 @@ impl MemoryLimiter {
         if added {
             w.expires_at = wall_now + window_ms + 1000;
         }
-        Verdict::Under { count: w.members.len() as u32 }
+        Verdict::Under {
+            count: w.members.len() as u32,
+        }
     }
 
     /// Drops expired keys, at most once a second.

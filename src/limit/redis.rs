@@ -23,7 +23,13 @@ pub struct RedisLimiter {
 
 impl RedisLimiter {
     pub fn new(con: ConnectionManager, keys: Keys, host: &str, rules: Vec<RuleLimit>) -> RedisLimiter {
-        RedisLimiter { con, keys, host: host.to_owned(), rules, round_trips: 0 }
+        RedisLimiter {
+            con,
+            keys,
+            host: host.to_owned(),
+            rules,
+            round_trips: 0,
+        }
     }
 
     pub fn set_rules(&mut self, rules: Vec<RuleLimit>) {
@@ -35,7 +41,9 @@ impl RedisLimiter {
         let host = (rule.scope == Scope::Host).then_some(self.host.as_str());
         let key = self.keys.window(&b.key, &rule.name, host);
         let mut c = SLIDING_WINDOW.cmd(&[&key]);
-        c.arg(rule.window_ms).arg(rule.hits).arg(u8::from(rule.clock == Clock::Redis));
+        c.arg(rule.window_ms)
+            .arg(rule.hits)
+            .arg(u8::from(rule.clock == Clock::Redis));
         for h in &b.hits {
             c.arg(h.time_ms).arg(h.member);
         }
@@ -44,7 +52,9 @@ impl RedisLimiter {
 
     pub async fn check(&mut self, batches: &[Batch]) -> Result<Vec<Verdict>, LimitError> {
         let mut out: Vec<Option<Verdict>> = vec![None; batches.len()];
-        let mut todo: Vec<usize> = (0..batches.len()).filter(|&i| batches[i].rule < self.rules.len()).collect();
+        let mut todo: Vec<usize> = (0..batches.len())
+            .filter(|&i| batches[i].rule < self.rules.len())
+            .collect();
         for i in (0..batches.len()).filter(|&i| batches[i].rule >= self.rules.len()) {
             out[i] = Some(Verdict::Under { count: 0 });
         }
@@ -87,7 +97,10 @@ fn verdict(v: Value) -> Result<Verdict, LimitError> {
         ::redis::FromRedisValue::from_redis_value(v.clone()).map_err(|_| LimitError::Reply(format!("{v:?}")))?;
     let count = u32::try_from(count).unwrap_or(u32::MAX);
     Ok(if index > 0 {
-        Verdict::Over { index: (index - 1) as usize, count }
+        Verdict::Over {
+            index: (index - 1) as usize,
+            count,
+        }
     } else {
         Verdict::Under { count }
     })

@@ -28,7 +28,8 @@ const TIME_LOCAL_LEN: usize = 26;
 
 /// Parses a `combined` line, or only its `common` prefix when `combined` is false.
 pub(crate) fn parse(line: &[u8], combined: bool) -> Option<Request<'_>> {
-    let space = memchr(b' ', line)?;
+    // An address is at most 47 bytes: no need to look further for its end.
+    let space = memchr(b' ', &line[..line.len().min(48)])?;
     let mut request = Request::with_addr(parse_addr(&line[..space])?);
 
     let open = time_open(line, space)?;
@@ -50,7 +51,11 @@ pub(crate) fn parse(line: &[u8], combined: bool) -> Option<Request<'_>> {
         _ => return None,
     }
     at += 5;
-    let bytes_end = memchr(b' ', &line[at..]).map_or(line.len(), |n| at + n);
+    // A few bytes long: a plain loop beats memchr's call here.
+    let bytes_end = line[at..]
+        .iter()
+        .position(|&b| b == b' ')
+        .map_or(line.len(), |n| at + n);
     if !is_byte_count(&line[at..bytes_end]) {
         return None;
     }
@@ -74,6 +79,10 @@ pub(crate) fn parse(line: &[u8], combined: bool) -> Option<Request<'_>> {
 /// Position of the `[` opening the time: the first `[` after a space,
 /// searching from the space that ends the address.
 fn time_open(line: &[u8], from: usize) -> Option<usize> {
+    // nginx always writes `- - [` or `- user [`; check the common one first.
+    if line.get(from..from + 6) == Some(b" - - [") {
+        return Some(from + 5);
+    }
     let mut at = from;
     loop {
         let open = at + memchr(b'[', line.get(at..)?)?;

@@ -35,7 +35,8 @@ pub(crate) fn is_escaped(line: &[u8], from: usize, at: usize) -> bool {
 /// start with a method token (`-`, a TLS hello as `\x16\x03...`, garbage)
 /// gives an empty method and target; the line itself still counts.
 pub(crate) fn split_request(request: &[u8]) -> (&[u8], &[u8]) {
-    let Some(space) = memchr(b' ', request) else {
+    // Methods are short: a plain loop beats memchr's call here.
+    let Some(space) = request.iter().take(33).position(|&b| b == b' ') else {
         return (b"", b"");
     };
     let (method, rest) = (&request[..space], &request[space + 1..]);
@@ -43,7 +44,7 @@ pub(crate) fn split_request(request: &[u8]) -> (&[u8], &[u8]) {
         return (b"", b"");
     }
     // The protocol is the last word; a target may itself contain spaces.
-    let target = match memchr::memrchr(b' ', rest) {
+    let target = match rest.iter().rposition(|&b| b == b' ') {
         Some(space) if rest[space + 1..].starts_with(b"HTTP/") => &rest[..space],
         _ => rest,
     };
@@ -52,10 +53,7 @@ pub(crate) fn split_request(request: &[u8]) -> (&[u8], &[u8]) {
 
 /// An HTTP method as nginx accepts one: 1 to 32 of `A-Z`, `_`, `-`.
 fn is_method(token: &[u8]) -> bool {
-    (1..=32).contains(&token.len())
-        && token
-            .iter()
-            .all(|&b| b.is_ascii_uppercase() || b == b'_' || b == b'-')
+    (1..=32).contains(&token.len()) && token.iter().all(|&b| b.is_ascii_uppercase() || b == b'_' || b == b'-')
 }
 
 /// An HTTP status: exactly three digits.

@@ -127,9 +127,7 @@ impl Program {
                     let stop = match end {
                         End::Fixed(width) => Some(at + width).filter(|&stop| stop <= line.len())?,
                         End::Eol => line.len(),
-                        End::Word => {
-                            memchr2(b' ', b'\t', &line[at..]).map_or(line.len(), |n| at + n)
-                        }
+                        End::Word => memchr2(b' ', b'\t', &line[at..]).map_or(line.len(), |n| at + n),
                         End::Before {
                             literal,
                             quoted,
@@ -177,18 +175,12 @@ fn tokenize(format: &str) -> Result<Vec<Token<'_>>, FormatError> {
             if let Some(bad) = (start..close).find(|&j| !is_name_byte(bytes[j])) {
                 // Everything before `bad` is ASCII, so it is a char boundary.
                 let found = format[bad..].chars().next().unwrap_or('?');
-                return Err(FormatError::BadVariableChar {
-                    found,
-                    position: bad,
-                });
+                return Err(FormatError::BadVariableChar { found, position: bad });
             }
             (start, close, close + 1)
         } else {
             let start = i + 1;
-            let len = bytes[start..]
-                .iter()
-                .take_while(|&&b| is_name_byte(b))
-                .count();
+            let len = bytes[start..].iter().take_while(|&&b| is_name_byte(b)).count();
             (start, start + len, start + len)
         };
         if start == end {
@@ -213,11 +205,7 @@ fn tokenize(format: &str) -> Result<Vec<Token<'_>>, FormatError> {
 /// ambiguous in front of the address.
 fn check(tokens: &[Token<'_>]) -> Result<(), FormatError> {
     for pair in tokens.windows(2) {
-        if let [Token::Var { name: first, .. }, Token::Var {
-            name: second,
-            position,
-        }] = pair
-        {
+        if let [Token::Var { name: first, .. }, Token::Var { name: second, position }] = pair {
             return Err(FormatError::AdjacentVariables {
                 first: first.to_string(),
                 second: second.to_string(),

@@ -59,9 +59,7 @@ impl RegexFormat {
         if captures.get(0)?.start() != 0 {
             return None;
         }
-        let text = |index: Option<usize>| -> Option<&'a [u8]> {
-            captures.get(index?).map(|m| m.as_bytes())
-        };
+        let text = |index: Option<usize>| -> Option<&'a [u8]> { captures.get(index?).map(|m| m.as_bytes()) };
         let mut request = Request::with_addr(parse_addr(text(Some(self.addr))?)?);
         if let Some(time) = text(self.time) {
             request.time_ms = Some(parse_time_any(time)?);

@@ -62,9 +62,7 @@ pub fn parse_iso8601(s: &[u8]) -> Option<i64> {
     }
     let offset = match rest {
         [b'Z' | b'z'] => 0,
-        [sign, h1, h2, b':', m1, m2] | [sign, h1, h2, m1, m2] => {
-            offset_seconds(*sign, two(*h1, *h2)?, two(*m1, *m2)?)?
-        }
+        [sign, h1, h2, b':', m1, m2] | [sign, h1, h2, m1, m2] => offset_seconds(*sign, two(*h1, *h2)?, two(*m1, *m2)?)?,
         _ => return None,
     };
     to_ms(year, month, day, hms, millis, offset)

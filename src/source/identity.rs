@@ -50,9 +50,7 @@ impl FileId {
     /// fingerprints unless one of them is still unknown (0).
     pub fn same_file(&self, other: &FileId) -> bool {
         self.same_inode(other.dev, other.ino)
-            && (self.fingerprint == 0
-                || other.fingerprint == 0
-                || self.fingerprint == other.fingerprint)
+            && (self.fingerprint == 0 || other.fingerprint == 0 || self.fingerprint == other.fingerprint)
     }
 
     pub(crate) fn same_inode(&self, dev: u64, ino: u64) -> bool {
@@ -133,10 +131,7 @@ mod tests {
     #[test]
     fn fingerprint_is_stable_and_nonzero() {
         // Persisted: this value must never change.
-        assert_eq!(
-            fingerprint_of(&[b'a'; FINGERPRINT_BYTES]),
-            0xfd29_1620_0943_d825
-        );
+        assert_eq!(fingerprint_of(&[b'a'; FINGERPRINT_BYTES]), 0xfd29_1620_0943_d825);
         assert_ne!(fingerprint_of(&[0u8; FINGERPRINT_BYTES]), 0);
         assert_eq!(fingerprint_of(b"short"), 0);
     }

@@ -9,17 +9,26 @@
 //! [`Chunk::end`] after handling a chunk, and [`OffsetStore::save`] now and then.
 //!
 //! Semantics, in short (details in `tracker.rs` and `reader.rs`):
-//! - A file is known by device + inode + fingerprint of its first bytes
-//!   ([`FileId`]). At start, a path whose saved identity matches resumes at the
-//!   saved offset (0 if the file is now shorter); a different identity means it
-//!   rotated while we were down: read from 0; no entry: first seen, start at its
-//!   end. Files that appear while running are read from 0.
+//! - A file is known by device + inode + fingerprint of its first 256 bytes
+//!   ([`FileId`]; fingerprint 0 = file still shorter than that, matches any
+//!   fingerprint of the same inode). At start, a path whose saved identity
+//!   matches resumes at the saved offset (0 if the file is now shorter); a
+//!   different identity means it rotated while we were down: read from 0; no
+//!   entry: first seen, start at its end (at the start of its last, maybe
+//!   unfinished, line). Files that appear while running are read from 0.
 //! - Rename+create and delete+recreate: the old descriptor is drained until it
 //!   has been quiet for `drain_quiet`, while the new file is read from 0.
-//!   Copytruncate (same inode, shorter or different first bytes): restart at 0.
+//!   Copytruncate (same inode, shorter, or other first bytes): restart at 0.
+//!   Lines written between logrotate's copy and its truncation are lost by
+//!   copytruncate itself; nothing else is lost as long as a file stays at its
+//!   path longer than a poll interval.
 //! - Only complete lines are sent; lines longer than `max_line` are counted
 //!   and skipped. An unterminated tail of a drained-and-closed file is sent as
-//!   a line (with a `\n` added).
+//!   a line (with a `\n` added); at shutdown it is not (it is read on restart).
+//! - A path matched by several patterns, or a file reachable by several paths
+//!   (symlink), is followed once, under the first. A rotated file that a glob
+//!   also matches (`access.log*`) is followed on under its new name, not
+//!   re-read.
 //!
 //! Layout: `identity.rs` (FileId, fingerprint), `split.rs` (bytes -> lines),
 //! `reader.rs` (one open file), `patterns.rs` (paths and globs),

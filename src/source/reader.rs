@@ -74,9 +74,7 @@ impl Reader {
             Some((saved, offset)) if saved.same_file(&id) && offset <= size => {
                 (LineSplitter::new(max_line, offset), Start::Resumed, false)
             }
-            Some((saved, _)) if saved.same_file(&id) => {
-                (LineSplitter::new(max_line, 0), Start::Beginning, true)
-            }
+            Some((saved, _)) if saved.same_file(&id) => (LineSplitter::new(max_line, 0), Start::Beginning, true),
             None if initial => (at_end(&file, size, max_line)?, Start::End, false),
             _ => (LineSplitter::new(max_line, 0), Start::Beginning, false),
         };

@@ -22,7 +22,7 @@ use tracing::{debug, info, warn};
 
 use super::follow::Shared;
 use super::patterns::Pattern;
-use super::reader::{Reader, Start};
+use super::reader::Reader;
 use super::{Chunk, FollowOptions, OffsetStore};
 
 /// Repeat an unchanged error for a path at most this often.
@@ -148,10 +148,7 @@ impl Tracker {
         let Some(meta) = self.stat_path(i, now) else {
             return false;
         };
-        let same = self.paths[i]
-            .current
-            .as_ref()
-            .is_some_and(|r| r.id.matches_meta(&meta));
+        let same = self.paths[i].current.as_ref().is_some_and(|r| r.id.matches_meta(&meta));
         if !same && !self.switch_file(i, &meta, now) {
             return false;
         }
@@ -214,11 +211,7 @@ impl Tracker {
         }
         let (dev, ino) = (meta.dev(), meta.ino());
         let held = |r: &Reader| r.id.same_inode(dev, ino);
-        if self
-            .paths
-            .iter()
-            .any(|o| o.current.as_ref().is_some_and(held))
-        {
+        if self.paths.iter().any(|o| o.current.as_ref().is_some_and(held)) {
             // Another path (symlink, hard link) already follows this file.
             return false;
         }
@@ -242,9 +235,6 @@ impl Tracker {
         match opened {
             Ok((r, start)) => {
                 info!(path = %t.path.display(), offset = r.position(), start = ?start, "Following file.");
-                if start == Start::Beginning && t.initial {
-                    debug!(path = %t.path.display(), "Rotated or truncated while we were down.");
-                }
                 t.initial = false;
                 t.errors.clear(&t.path);
                 t.current = Some(r);
@@ -307,18 +297,16 @@ impl Tracker {
         let mut live: HashSet<&Path> = HashSet::default();
         for t in &self.paths {
             live.insert(&t.path);
-            let s = stats
-                .entry(Arc::clone(&t.path))
-                .or_insert_with(|| super::SourceStat {
-                    source: t.source,
-                    path: t.path.to_path_buf(),
-                    file: None,
-                    offset: 0,
-                    lines: 0,
-                    bytes: 0,
-                    skipped_long: 0,
-                    draining: 0,
-                });
+            let s = stats.entry(Arc::clone(&t.path)).or_insert_with(|| super::SourceStat {
+                source: t.source,
+                path: t.path.to_path_buf(),
+                file: None,
+                offset: 0,
+                lines: 0,
+                bytes: 0,
+                skipped_long: 0,
+                draining: 0,
+            });
             s.source = t.source;
             s.file = t.current.as_ref().map(|r| r.id);
             s.offset = t.current.as_ref().map_or(0, Reader::position);

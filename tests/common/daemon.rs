@@ -29,10 +29,19 @@ impl Daemon {
             }
             None => Command::new(fleetban_bin()),
         };
-        cmd.args(["run", "-c"]).arg(config).stdin(Stdio::null()).stdout(Stdio::null()).stderr(err);
+        cmd.args(["run", "-c"])
+            .arg(config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err);
         cmd.env("RUST_LOG", "fleetban=debug,info");
         let child = cmd.spawn().expect("spawn fleetban run");
-        let mut d = Daemon { child: Some(child), config: config.to_path_buf(), log, control: control.to_path_buf() };
+        let mut d = Daemon {
+            child: Some(child),
+            config: config.to_path_buf(),
+            log,
+            control: control.to_path_buf(),
+        };
         let start = Instant::now();
         loop {
             if d.status_opt().is_some() {
@@ -41,7 +50,11 @@ impl Daemon {
             if let Some(st) = d.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("fleetban exited early ({st}):\n{}", d.log_text());
             }
-            assert!(start.elapsed() < Duration::from_secs(20), "fleetban did not come up:\n{}", d.log_text());
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "fleetban did not come up:\n{}",
+                d.log_text()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         d
@@ -56,7 +69,8 @@ impl Daemon {
     }
 
     pub fn status(&self) -> serde_json::Value {
-        self.status_opt().unwrap_or_else(|| panic!("no status from the daemon:\n{}", self.log_text()))
+        self.status_opt()
+            .unwrap_or_else(|| panic!("no status from the daemon:\n{}", self.log_text()))
     }
 
     /// Waits until the daemon has read `lines` lines in all.
@@ -120,7 +134,9 @@ pub fn combined_line(addr: &str, ms: i64, path: &str, status: u16) -> String {
     let rem = secs.rem_euclid(86_400);
     let rfc = fleetban::rfc3339(days * 86_400_000);
     let (y, m, d) = (&rfc[0..4], rfc[5..7].parse::<usize>().unwrap(), &rfc[8..10]);
-    const MON: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+    const MON: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
     format!(
         "{addr} - - [{d}/{}/{y}:{:02}:{:02}:{:02} +0000] \"GET {path} HTTP/1.1\" {status} 12 \"-\" \"curl/7.88\"\n",
         MON[m - 1],

@@ -12,12 +12,12 @@
 //! Test files use it with `mod common;`; not every test uses every helper.
 #![allow(dead_code, unused_imports)]
 
+mod daemon;
+pub mod model;
 mod netns;
 mod nft;
 mod nginx;
 mod redis;
-pub mod model;
-mod daemon;
 pub use daemon::{combined_line, Daemon};
 
 pub use netns::{http_get, http_get_with, veth_pair, NetNs};
@@ -95,9 +95,7 @@ pub fn fleetban_bin() -> PathBuf {
 pub fn corpus_path() -> PathBuf {
     const FILE: &str = "corpus/elastic-examples-access.log";
     let candidates = [
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../shared")
-            .join(FILE),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared").join(FILE),
         Path::new("/work/shared").join(FILE),
     ];
     for c in &candidates {

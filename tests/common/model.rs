@@ -49,7 +49,13 @@ pub fn model(hits: &[ModelHit], rules: &[ModelRule]) -> Vec<ModelBan> {
         if w.len() >= r.limit {
             let until = h.time + r.ban_ms;
             banned_until.insert(h.key.clone(), until);
-            out.push(ModelBan { hit: i, key: h.key.clone(), rule: h.rule, at: h.time, until });
+            out.push(ModelBan {
+                hit: i,
+                key: h.key.clone(),
+                rule: h.rule,
+                at: h.time,
+                until,
+            });
             continue;
         }
         w.push((h.time, h.member));

@@ -88,8 +88,7 @@ pub fn veth_pair(a: &NetNs, a_addr: &str, b: &NetNs, b_addr: &str) -> (String, S
     let n = VETH_COUNTER.fetch_add(1, Ordering::Relaxed);
     let (if_a, if_b) = (format!("fbv{n}a"), format!("fbv{n}b"));
     ip(&[
-        "-n", &a.name, "link", "add", &if_a, "type", "veth", "peer", "name", &if_b, "netns",
-        &b.name,
+        "-n", &a.name, "link", "add", &if_a, "type", "veth", "peer", "name", &if_b, "netns", &b.name,
     ]);
     for (ns, ifname, addr) in [(a, &if_a, a_addr), (b, &if_b, b_addr)] {
         assert!(
@@ -115,12 +114,7 @@ pub fn http_get(ns: &NetNs, url: &str, timeout: Duration) -> Result<u16, String>
 
 /// As [`http_get`], with extra curl arguments (e.g. `["-A", "agent"]`,
 /// `["-X", "POST"]`, `["--path-as-is"]`) placed before the URL.
-pub fn http_get_with(
-    ns: &NetNs,
-    url: &str,
-    extra: &[&str],
-    timeout: Duration,
-) -> Result<u16, String> {
+pub fn http_get_with(ns: &NetNs, url: &str, extra: &[&str], timeout: Duration) -> Result<u16, String> {
     let max_time = format!("{:.3}", timeout.as_secs_f64());
     let mut argv = vec![
         "curl",
@@ -137,10 +131,7 @@ pub fn http_get_with(
     argv.extend_from_slice(extra);
     argv.push("--");
     argv.push(url);
-    let out = ns
-        .exec(&argv)
-        .output()
-        .map_err(|e| format!("spawn curl: {e}"))?;
+    let out = ns.exec(&argv).output().map_err(|e| format!("spawn curl: {e}"))?;
     let code = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if !out.status.success() {
         return Err(format!(
@@ -206,10 +197,7 @@ fn remove_ns(name: &str) {
         .output();
     match out {
         Ok(o) if o.status.success() => {}
-        Ok(o) => eprintln!(
-            "warning: ip netns del {name}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        ),
+        Ok(o) => eprintln!("warning: ip netns del {name}: {}", String::from_utf8_lossy(&o.stderr)),
         Err(e) => eprintln!("warning: ip netns del {name}: {e}"),
     }
 }

@@ -39,18 +39,12 @@ pub fn nft_set_elements_detailed(ns: &NetNs, table: &str, set: &str) -> Vec<NftE
 pub fn parse_set_json(text: &str) -> Result<Vec<NftElem>, String> {
     let doc: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
     let items = doc["nftables"].as_array().ok_or("no \"nftables\" array")?;
-    let set = items
-        .iter()
-        .find_map(|i| i.get("set"))
-        .ok_or("no set object")?;
+    let set = items.iter().find_map(|i| i.get("set")).ok_or("no set object")?;
     let Some(elems) = set.get("elem") else {
         return Ok(Vec::new());
     };
     let elems = elems.as_array().ok_or("\"elem\" is not an array")?;
-    let mut out = elems
-        .iter()
-        .map(parse_elem)
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut out = elems.iter().map(parse_elem).collect::<Result<Vec<_>, _>>()?;
     out.sort_by(|a, b| a.elem.cmp(&b.elem));
     Ok(out)
 }
@@ -79,9 +73,7 @@ fn value_text(v: &Value) -> Result<String, String> {
         return Ok(n.to_string());
     }
     if let Some(p) = v.get("prefix") {
-        let addr = p["addr"]
-            .as_str()
-            .ok_or_else(|| format!("bad prefix {p}"))?;
+        let addr = p["addr"].as_str().ok_or_else(|| format!("bad prefix {p}"))?;
         let len = p["len"].as_u64().ok_or_else(|| format!("bad prefix {p}"))?;
         return Ok(format!("{addr}/{len}"));
     }

@@ -111,14 +111,7 @@ impl Redis {
         let child = Command::new(require("redis-server"))
             .args(["--port", "0", "--unixsocket"])
             .arg(&self.socket)
-            .args([
-                "--unixsocketperm",
-                "777",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
+            .args(["--unixsocketperm", "777", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(self.dir.path())
             .arg("--logfile")
@@ -139,10 +132,7 @@ impl Redis {
             let child = self.child.as_mut().expect("just spawned");
             if let Ok(Some(status)) = child.try_wait() {
                 self.child = None;
-                panic!(
-                    "redis-server exited at start ({status}); log:\n{}",
-                    read_lossy(&log)
-                );
+                panic!("redis-server exited at start ({status}); log:\n{}", read_lossy(&log));
             }
             if Instant::now() >= deadline {
                 break;
