@@ -1,1 +1,41 @@
-fn main() {}
+//! Parse + match + decide, the `fleetban test` path, over the shared corpus
+//! (10,000 real lines) with the shipped scraper rule and the memory store.
+//! Whole-process figures (1M generated lines, `run` against Redis) come from
+//! `scripts/bench.sh`.
+
+use std::path::{Path, PathBuf};
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use fleetban::config::Config;
+use fleetban::detect::AllowList;
+
+fn corpus() -> PathBuf {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    [
+        here.join("../shared/corpus/elastic-examples-access.log"),
+        PathBuf::from("/work/shared/corpus/elastic-examples-access.log"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .expect("the shared corpus (../shared/corpus/elastic-examples-access.log)")
+}
+
+fn bench(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("fleetban.yaml");
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("rules/nginx-scraper.yaml");
+    std::fs::write(&cfg, format!("rules: ['{}']\n", rules.display())).unwrap();
+    let config = Config::load(&cfg).expect("config");
+    let log = corpus();
+    let lines = std::fs::read(&log).unwrap().iter().filter(|&&b| b == b'\n').count() as u64;
+    let allow = AllowList::only(&[]);
+    let mut g = c.benchmark_group("replay");
+    g.throughput(Throughput::Elements(lines));
+    g.bench_function("corpus_scraper_rule", |b| {
+        b.iter(|| fleetban::replay::replay(&config.rules, &[log.as_path()], &allow, 64).unwrap())
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -32,6 +32,12 @@ fn rule_limits(rules: &[ModelRule]) -> Vec<RuleLimit> {
         .collect()
 }
 
+fn check(rt: &tokio::runtime::Runtime, lim: &mut RedisLimiter, batches: &[Batch]) -> Vec<Verdict> {
+    let mut out = Vec::new();
+    rt.block_on(lim.check(batches, &mut out)).expect("redis check");
+    out
+}
+
 fn key_net(k: &str) -> IpNet {
     format!("{k}/32").parse().unwrap()
 }
@@ -177,9 +183,7 @@ fn redis_script_agrees_with_model_and_memory() {
             // Each case in its own prefix: no state shared between cases.
             let keys = Keys::new(&format!("fbtest{n}"));
             let mut lim = RedisLimiter::new(con.clone(), keys, "h1", rule_limits(&rules));
-            let got = drive(&hits, &rules, &batches, |bs| {
-                rt.block_on(lim.check(bs)).expect("redis check")
-            });
+            let got = drive(&hits, &rules, &batches, |bs| check(&rt, &mut lim, bs));
             prop_assert_eq!(&got, &model_bans(&hits, &rules));
             let mut m = MemoryLimiter::new(rule_limits(&rules));
             let wall = fleetban::now_ms();
@@ -227,7 +231,7 @@ fn redis_window_is_the_seeds_zset_with_pexpire() {
             .collect(),
     };
     assert_eq!(
-        rt.block_on(lim.check(std::slice::from_ref(&b))).unwrap(),
+        check(&rt, &mut lim, std::slice::from_ref(&b)),
         vec![Verdict::Under { count: 3 }]
     );
     let zkey = "fleetban:win:{203.0.113.7}:r0";
@@ -236,7 +240,7 @@ fn redis_window_is_the_seeds_zset_with_pexpire() {
     assert!(ttl > 59_000 && ttl <= 61_000, "PEXPIRE window+1000, got {ttl}");
     // The same lines again (a restart re-reading them): not counted twice, no ban.
     assert_eq!(
-        rt.block_on(lim.check(std::slice::from_ref(&b))).unwrap(),
+        check(&rt, &mut lim, std::slice::from_ref(&b)),
         vec![Verdict::Under { count: 3 }]
     );
     // The fourth distinct hit is over: `>=` test.
@@ -249,7 +253,7 @@ fn redis_window_is_the_seeds_zset_with_pexpire() {
         }],
     };
     assert_eq!(
-        rt.block_on(lim.check(std::slice::from_ref(&b4))).unwrap(),
+        check(&rt, &mut lim, std::slice::from_ref(&b4)),
         vec![Verdict::Over { index: 0, count: 3 }]
     );
     // 60 s after the first three, they have left the window (score <= now - window).
@@ -261,10 +265,7 @@ fn redis_window_is_the_seeds_zset_with_pexpire() {
             member: 5,
         }],
     };
-    assert_eq!(
-        rt.block_on(lim.check(&[later])).unwrap(),
-        vec![Verdict::Under { count: 1 }]
-    );
+    assert_eq!(check(&rt, &mut lim, &[later]), vec![Verdict::Under { count: 1 }]);
 
     // NOSCRIPT after SCRIPT FLUSH is recovered inside the pipeline.
     assert_eq!(redis.cli(&["SCRIPT", "FLUSH"]), "OK");
@@ -284,7 +285,56 @@ fn redis_window_is_the_seeds_zset_with_pexpire() {
         },
     ];
     assert_eq!(
-        rt.block_on(lim.check(&many)).unwrap(),
+        check(&rt, &mut lim, &many),
         vec![Verdict::Under { count: 1 }, Verdict::Under { count: 1 }]
+    );
+}
+
+#[test]
+fn a_large_flush_is_split_into_bounded_round_trips() {
+    let redis = Redis::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let cfg = RedisConfig {
+        url: redis.url(),
+        prefix: "fleetban".into(),
+        timeout: Duration::from_millis(250),
+        on_down: OnDown::Local,
+        fleet_size: 1,
+        reconcile_every: Duration::from_secs(60),
+    };
+    let con = rt.block_on(store::connect(&cfg, Some(cfg.timeout))).unwrap();
+    let rules = vec![ModelRule {
+        limit: 2,
+        window: 60_000,
+        ban_ms: 1000,
+    }];
+    let mut lim = RedisLimiter::new(con, Keys::new("fleetban"), "h1", rule_limits(&rules));
+    // 5,000 clients with 3 hits each: every one goes over on its third hit.
+    let batches: Vec<Batch> = (0..5000u32)
+        .map(|i| Batch {
+            rule: 0,
+            key: IpNet::from(std::net::IpAddr::from((0x0a00_0000u32 + i).to_be_bytes())),
+            hits: (0..3)
+                .map(|k| Hit {
+                    time_ms: 1_000_000 + k,
+                    member: u64::from(i) * 10 + k as u64,
+                })
+                .collect(),
+        })
+        .collect();
+    let verdicts = check(&rt, &mut lim, &batches);
+    assert_eq!(verdicts.len(), 5000);
+    assert!(verdicts.iter().all(|v| *v == Verdict::Over { index: 2, count: 2 }));
+    let trips = lim.round_trips;
+    assert!(
+        trips >= 5000 / fleetban::limit::MAX_CALLS_PER_TRIP as u64,
+        "{trips} round trips"
+    );
+    assert!(
+        trips <= 2 * (15_000 / fleetban::limit::MAX_HITS_PER_TRIP as u64 + 5),
+        "{trips} round trips"
     );
 }

@@ -176,7 +176,9 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
 
     let patterns = config.log_patterns();
     let plan = Plan::new(&config.rules)?;
-    let (chunk_tx, chunk_rx) = tokio::sync::mpsc::channel(64);
+    // A few chunks of up to 1 MiB: enough to overlap reading with a flush, small
+    // enough that a large backlog costs no memory.
+    let (chunk_tx, chunk_rx) = tokio::sync::mpsc::channel(4);
     let follower = crate::source::spawn(
         patterns,
         offsets.clone(),

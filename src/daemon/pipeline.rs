@@ -26,7 +26,7 @@ use crate::limit::{Limiter, Verdict};
 use crate::source::{Chunk, FileId, OffsetStore};
 
 /// Hits gathered before a flush is forced even if more chunks are waiting.
-const MAX_PENDING_HITS: usize = 200_000;
+const MAX_PENDING_HITS: usize = 65_536;
 
 /// What the pipeline needs of one rule.
 pub struct RuleInfo {
@@ -203,11 +203,13 @@ impl Pipeline {
         }
         let batches = self.pending.take();
         let mut backoff = Duration::from_millis(50);
-        let verdicts = loop {
-            match self.limiter.check(&batches).await {
-                Ok(v) => {
+        let mut verdicts = Vec::with_capacity(batches.len());
+        loop {
+            let done = verdicts.len();
+            match self.limiter.check(&batches[done..], &mut verdicts).await {
+                Ok(()) => {
                     self.stats.redis_connected.store(true, Relaxed);
-                    break v;
+                    break;
                 }
                 Err(e) => {
                     let n = self.stats.redis_errors.fetch_add(1, Relaxed);
@@ -222,7 +224,7 @@ impl Pipeline {
                     backoff = (backoff * 2).min(Duration::from_secs(2));
                 }
             }
-        };
+        }
         if let Limiter::Redis(r) = &self.limiter {
             self.stats.round_trips.store(r.round_trips, Relaxed);
         }

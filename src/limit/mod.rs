@@ -8,7 +8,7 @@ mod memory;
 mod redis;
 
 pub use self::memory::MemoryLimiter;
-pub use self::redis::RedisLimiter;
+pub use self::redis::{RedisLimiter, MAX_CALLS_PER_TRIP, MAX_HITS_PER_TRIP};
 
 use crate::config::{Clock, Rule, Scope};
 use crate::detect::Batch;
@@ -62,14 +62,17 @@ pub enum Limiter {
 }
 
 impl Limiter {
-    /// One verdict per batch, in order. For Redis, one pipelined round trip.
-    pub async fn check(&mut self, batches: &[Batch]) -> Result<Vec<Verdict>, LimitError> {
+    /// Appends one verdict per batch to `out`, in order (for Redis, few
+    /// pipelined round trips). On error, `out` holds the verdicts of the
+    /// batches already decided: retry with the rest.
+    pub async fn check(&mut self, batches: &[Batch], out: &mut Vec<Verdict>) -> Result<(), LimitError> {
         match self {
             Limiter::Memory(m) => {
                 let now = crate::now_ms();
-                Ok(batches.iter().map(|b| m.check(b.rule, b.key, &b.hits, now)).collect())
+                out.extend(batches.iter().map(|b| m.check(b.rule, b.key, &b.hits, now)));
+                Ok(())
             }
-            Limiter::Redis(r) => r.check(batches).await,
+            Limiter::Redis(r) => r.check(batches, out).await,
         }
     }
 

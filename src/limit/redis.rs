@@ -12,6 +12,11 @@ use crate::config::{Clock, Scope};
 use crate::detect::Batch;
 use crate::store::{self, Keys, SLIDING_WINDOW};
 
+/// Script calls per round trip at most.
+pub const MAX_CALLS_PER_TRIP: usize = 1024;
+/// Hits per round trip at most (a call with more still goes alone).
+pub const MAX_HITS_PER_TRIP: usize = 8192;
+
 pub struct RedisLimiter {
     con: ConnectionManager,
     keys: Keys,
@@ -50,13 +55,37 @@ impl RedisLimiter {
         c
     }
 
-    pub async fn check(&mut self, batches: &[Batch]) -> Result<Vec<Verdict>, LimitError> {
-        let mut out: Vec<Option<Verdict>> = vec![None; batches.len()];
-        let mut todo: Vec<usize> = (0..batches.len())
-            .filter(|&i| batches[i].rule < self.rules.len())
-            .collect();
-        for i in (0..batches.len()).filter(|&i| batches[i].rule >= self.rules.len()) {
-            out[i] = Some(Verdict::Under { count: 0 });
+    /// Appends one verdict per batch to `out`, in order, one pipelined
+    /// round trip per slice of at most [`MAX_CALLS_PER_TRIP`] calls /
+    /// [`MAX_HITS_PER_TRIP`] hits (a bounded request never outlives the
+    /// timeout however large the backlog). On error `out` holds the verdicts
+    /// of the slices that completed; the caller retries from there.
+    pub async fn check(&mut self, batches: &[Batch], out: &mut Vec<Verdict>) -> Result<(), LimitError> {
+        let mut rest = batches;
+        while !rest.is_empty() {
+            let mut n = 0;
+            let mut hits = 0;
+            while n < rest.len() && n < MAX_CALLS_PER_TRIP && (n == 0 || hits + rest[n].hits.len() <= MAX_HITS_PER_TRIP)
+            {
+                hits += rest[n].hits.len();
+                n += 1;
+            }
+            let (slice, tail) = rest.split_at(n);
+            self.slice(slice, out).await?;
+            rest = tail;
+        }
+        Ok(())
+    }
+
+    async fn slice(&mut self, batches: &[Batch], out: &mut Vec<Verdict>) -> Result<(), LimitError> {
+        let mut got: Vec<Option<Verdict>> = vec![None; batches.len()];
+        let mut todo: Vec<usize> = Vec::with_capacity(batches.len());
+        for (i, b) in batches.iter().enumerate() {
+            if b.rule < self.rules.len() {
+                todo.push(i);
+            } else {
+                got[i] = Some(Verdict::Under { count: 0 });
+            }
         }
         // At most two passes: the second only after a NOSCRIPT and a reload.
         for pass in 0..2 {
@@ -76,16 +105,17 @@ impl RedisLimiter {
                     again.push(i);
                     continue;
                 }
-                out[i] = Some(verdict(v)?);
+                got[i] = Some(verdict(v)?);
             }
             if !again.is_empty() {
                 SLIDING_WINDOW.load(&mut self.con).await?;
             }
             todo = again;
         }
-        out.into_iter()
-            .map(|v| v.ok_or_else(|| LimitError::Reply("NOSCRIPT after reloading the script".into())))
-            .collect()
+        for v in got {
+            out.push(v.ok_or_else(|| LimitError::Reply("NOSCRIPT after reloading the script".into()))?);
+        }
+        Ok(())
     }
 }
 
