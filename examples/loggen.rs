@@ -30,9 +30,6 @@ fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-const MON: [&str; 12] = [
-    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-];
 const PAGES: [&str; 8] = [
     "/",
     "/products",
@@ -74,7 +71,7 @@ fn main() {
         let ms = start_ms + (n * 1000 / per_second.max(1)) as i64;
         let secs = ms.div_euclid(1000);
         if secs != date_cache.0 {
-            date_cache = (secs, time_local(secs));
+            date_cache = (secs, fleetban::time_local(secs * 1000));
         }
         // One line in 20 from a scraper, the rest from ordinary clients.
         let (addr, path, ua) = if scrapers > 0 && rng.below(20) == 0 {
@@ -106,25 +103,4 @@ fn main() {
             200 + rng.below(50_000)
         );
     }
-}
-
-fn time_local(secs: i64) -> String {
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{d:02}/{}/{y}:{:02}:{:02}:{:02} +0000",
-        MON[(m - 1) as usize],
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
 }

@@ -34,26 +34,43 @@ pub fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-/// Unix ms as RFC 3339 UTC with second precision: `2015-05-17T10:05:03Z`.
-pub fn rfc3339(ms: i64) -> String {
+/// Unix ms as a UTC civil date and time: (year, month 1-12, day 1-31, hour, minute, second).
+pub fn civil(ms: i64) -> (i64, u32, u32, u32, u32, u32) {
     let secs = ms.div_euclid(1000);
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    // Howard Hinnant's civil_from_days.
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
     let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
     let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
     let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
+    (
+        y,
+        m,
+        d,
+        (rem / 3600) as u32,
+        (rem % 3600 / 60) as u32,
+        (rem % 60) as u32,
     )
+}
+
+/// Unix ms as RFC 3339 UTC with second precision: `2015-05-17T10:05:03Z`.
+pub fn rfc3339(ms: i64) -> String {
+    let (y, m, d, h, mi, s) = civil(ms);
+    format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
+}
+
+/// Unix ms as nginx writes `$time_local` in UTC: `17/May/2015:10:05:03 +0000`.
+pub fn time_local(ms: i64) -> String {
+    const MON: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let (y, m, d, h, mi, s) = civil(ms);
+    format!("{d:02}/{}/{y}:{h:02}:{mi:02}:{s:02} +0000", MON[(m - 1) as usize])
 }
 
 #[cfg(test)]
@@ -63,5 +80,6 @@ mod tests {
         assert_eq!(super::rfc3339(1_431_857_103_000), "2015-05-17T10:05:03Z");
         assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00Z");
         assert_eq!(super::rfc3339(951_782_400_000), "2000-02-29T00:00:00Z");
+        assert_eq!(super::time_local(1_431_857_103_000), "17/May/2015:10:05:03 +0000");
     }
 }

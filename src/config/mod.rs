@@ -108,21 +108,6 @@ pub struct BanPolicy {
     pub forget_after_ms: i64,
 }
 
-impl BanPolicy {
-    /// Duration of the `n`th ban (1-based) of one address.
-    pub fn duration_for(&self, n: u32) -> i64 {
-        if n <= 1 || self.factor <= 1.0 {
-            return self.duration_ms.min(self.max_ms.max(self.duration_ms));
-        }
-        let scaled = self.duration_ms as f64 * self.factor.powi(n.saturating_sub(1).min(64) as i32);
-        if scaled >= self.max_ms as f64 {
-            self.max_ms
-        } else {
-            scaled as i64
-        }
-    }
-}
-
 impl Config {
     /// Loads and validates the main file and every rule file it names.
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {

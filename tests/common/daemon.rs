@@ -129,19 +129,8 @@ impl Drop for Daemon {
 
 /// One nginx `combined` line for `addr` at unix ms `ms`.
 pub fn combined_line(addr: &str, ms: i64, path: &str, status: u16) -> String {
-    let secs = ms.div_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let rfc = fleetban::rfc3339(days * 86_400_000);
-    let (y, m, d) = (&rfc[0..4], rfc[5..7].parse::<usize>().unwrap(), &rfc[8..10]);
-    const MON: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
     format!(
-        "{addr} - - [{d}/{}/{y}:{:02}:{:02}:{:02} +0000] \"GET {path} HTTP/1.1\" {status} 12 \"-\" \"curl/7.88\"\n",
-        MON[m - 1],
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
+        "{addr} - - [{}] \"GET {path} HTTP/1.1\" {status} 12 \"-\" \"curl/7.88\"\n",
+        fleetban::time_local(ms)
     )
 }
