@@ -122,6 +122,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
                 keys: keys.clone(),
                 reconcile_every: r.reconcile_every,
                 sinks: vec![enf_tx.clone(), cache_tx.clone()],
+                gaps: 0,
             };
             let (last_id, initial) = match fleet.snapshot().await {
                 Ok(s) => s,

@@ -118,7 +118,16 @@ impl Pipeline {
                     self.cache.insert(e.net, e.until);
                 }
             }
-            Change::Remove(nets) => nets.iter().for_each(|n| self.cache.remove(n)),
+            Change::Remove(nets) => {
+                for n in &nets {
+                    self.cache.remove(n);
+                    // An unban: the address starts a fresh window (in Redis
+                    // `fleetban unban` deleted the windows before the event).
+                    if let Limiter::Memory(m) = &mut self.limiter {
+                        m.forget(n);
+                    }
+                }
+            }
             Change::Replace(elems) => self.cache.replace(elems.into_iter().map(|e| (e.net, e.until))),
         }
         self.cache.expire(crate::now_ms());
