@@ -38,6 +38,22 @@ fn start_host(
     redis: &Redis,
     reconcile: &str,
 ) -> Host {
+    start_host_with(ns, addr, id, log, nginx, redis, reconcile, 10, "")
+}
+
+/// As `start_host`, with the rule's `hits` and extra `redis:` settings.
+#[allow(clippy::too_many_arguments)]
+fn start_host_with(
+    ns: NetNs,
+    addr: String,
+    id: &str,
+    log: &Path,
+    nginx: Option<Nginx>,
+    redis: &Redis,
+    reconcile: &str,
+    hits: u32,
+    extra: &str,
+) -> Host {
     let dir = tempfile::tempdir().unwrap();
     let control = dir.path().join("control.sock");
     std::fs::write(
@@ -47,7 +63,7 @@ fn start_host(
   - name: scraper
     logs: [{}]
     match: {{ method: [GET] }}
-    limit: {{ hits: 10, window: 60s, scope: fleet }}
+    limit: {{ hits: {hits}, window: 60s, scope: fleet }}
     ban: {{ duration: 10m }}
 ",
             log.display()
@@ -58,7 +74,7 @@ fn start_host(
     std::fs::write(
         &cfg,
         format!(
-            "host_id: {id}\nstate_dir: {}\ncontrol: {}\nredis: {{ url: '{}', reconcile_every: {reconcile} }}\nrules: [rules.yaml]\n",
+            "host_id: {id}\nstate_dir: {}\ncontrol: {}\nredis: {{ url: '{}', reconcile_every: {reconcile}{extra} }}\nrules: [rules.yaml]\n",
             dir.path().join("state").display(),
             control.display(),
             redis.url()
@@ -259,4 +275,194 @@ fn a_host_whose_events_were_trimmed_reconciles() {
     });
     let text = h.daemon.log_text();
     assert!(text.contains("not an address"), "garbage warned about:\n{text}");
+}
+
+fn append(log: &Path, text: &str) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new().append(true).open(log).unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+}
+
+fn lines(addr: &str, n: i64) -> String {
+    let now = fleetban::now_ms();
+    (0..n)
+        .map(|i| common::combined_line(addr, now + i, "/page", 200))
+        .collect()
+}
+
+fn list(redis: &Redis) -> Vec<String> {
+    let mut v: Vec<String> = redis
+        .cli(&["ZRANGE", "{fleetban}:bans", "0", "-1"])
+        .lines()
+        .map(str::to_owned)
+        .filter(|l| !l.is_empty())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn redis_killed_during_traffic_the_fleet_keeps_banning_and_converges_after() {
+    let mut redis = Redis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut hosts = Vec::new();
+    let mut logs = Vec::new();
+    for i in 1..=3 {
+        let log = dir.path().join(format!("access{i}.log"));
+        std::fs::write(&log, "").unwrap();
+        // Fleet limit 9 over 3 hosts: 3 per host while Redis is down. No
+        // periodic reconcile: convergence must come from the reconnect.
+        hosts.push(start_host_with(
+            NetNs::new(&format!("out{i}")),
+            String::new(),
+            &format!("out-{i}"),
+            &log,
+            None,
+            &redis,
+            "1h",
+            9,
+            ", fleet_size: 3, timeout: 100ms",
+        ));
+        logs.push(log);
+    }
+    let all: Vec<&Host> = hosts.iter().collect();
+    let (code, out) = cli(&hosts[0].cfg, &["ban", "203.0.113.10", "--for", "1h"]);
+    assert_eq!(code, 0, "{out}");
+    for h in &hosts {
+        wait_until(Duration::from_secs(5), "the first ban everywhere", || {
+            v4_set(&h.ns) == ["203.0.113.10"]
+        });
+    }
+    let pids: Vec<u32> = hosts.iter().map(|h| h.daemon.pid()).collect();
+
+    // Traffic, then Redis dies in the middle of it.
+    for log in &logs {
+        append(log, &lines("198.51.100.1", 1));
+    }
+    redis.kill();
+    for log in &logs {
+        append(log, &lines("198.51.100.1", 1));
+    }
+    // The attacker on host 1 only: 5 hits > 9 / 3.
+    append(&logs[0], &lines("203.0.113.20", 5));
+    wait_for(
+        &all,
+        Duration::from_secs(10),
+        "a local ban on host 1 while Redis is down",
+        || v4_set(&hosts[0].ns).contains(&"203.0.113.20".to_owned()),
+    );
+    let st = hosts[0].daemon.status();
+    assert_eq!(st["redis"]["connected"], false, "{st}");
+    assert_eq!(st["redis"]["queued_bans"], 1, "{st}");
+    assert!(st["redis"]["local_decisions"].as_u64().unwrap() > 0, "{st}");
+    // The client under the share on every host is not banned.
+    for h in &hosts {
+        assert!(!v4_set(&h.ns).contains(&"198.51.100.1".to_owned()));
+        h.daemon.status();
+    }
+
+    // Redis comes back empty (no persistence): the queued ban is written,
+    // every host reconciles, and every set equals the list.
+    redis.restart();
+    wait_for(&all, Duration::from_secs(20), "the queued ban in the list", || {
+        list(&redis) == ["203.0.113.20"]
+    });
+    for h in &hosts {
+        wait_for(
+            &all,
+            Duration::from_secs(20),
+            "every host's set equal to the list",
+            || v4_set(&h.ns) == list(&redis),
+        );
+    }
+    let rec: serde_json::Value =
+        serde_json::from_str(&redis.cli(&["HGET", "{fleetban}:banrec", "203.0.113.20"])).unwrap();
+    assert_eq!(rec["host"], "out-1", "{rec}");
+    // And the fleet follows events again, on the new stream.
+    let (code, out) = cli(&hosts[2].cfg, &["ban", "203.0.113.30", "--for", "1h"]);
+    assert_eq!(code, 0, "{out}");
+    for h in &hosts {
+        wait_for(
+            &all,
+            Duration::from_secs(10),
+            "a ban after the outage everywhere",
+            || v4_set(&h.ns) == ["203.0.113.20", "203.0.113.30"],
+        );
+        let st = h.daemon.status();
+        assert_eq!(st["redis"]["connected"], true, "{st}");
+    }
+    // Nobody restarted.
+    assert_eq!(hosts.iter().map(|h| h.daemon.pid()).collect::<Vec<_>>(), pids);
+}
+
+#[test]
+fn a_slow_redis_is_treated_as_down_local_decides_and_pause_waits() {
+    let redis = Redis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (log_a, log_b) = (dir.path().join("a.log"), dir.path().join("b.log"));
+    std::fs::write(&log_a, "").unwrap();
+    std::fs::write(&log_b, "").unwrap();
+    let a = start_host_with(
+        NetNs::new("pause"),
+        String::new(),
+        "pause-a",
+        &log_a,
+        None,
+        &redis,
+        "1h",
+        9,
+        ", on_down: pause, timeout: 100ms",
+    );
+    let b = start_host_with(
+        NetNs::new("local"),
+        String::new(),
+        "local-b",
+        &log_b,
+        None,
+        &redis,
+        "1h",
+        9,
+        ", on_down: local, fleet_size: 3, timeout: 100ms",
+    );
+    // Redis busy for 3 s (a script spinning on TIME): every call times out.
+    let mut busy = Command::new(common::require("redis-cli"))
+        .arg("-s")
+        .arg(&redis.socket)
+        .args([
+            "EVAL",
+            "local s = tonumber(redis.call('TIME')[1]) while tonumber(redis.call('TIME')[1]) - s < 3 do end return 1",
+            "0",
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    append(&log_a, &lines("203.0.113.41", 10));
+    append(&log_b, &lines("203.0.113.40", 5));
+    wait_for(
+        &[&a, &b],
+        Duration::from_secs(2),
+        "a local ban while Redis is busy",
+        || v4_set(&b.ns).contains(&"203.0.113.40".to_owned()),
+    );
+    // Still busy: `pause` has decided nothing, and both keep answering.
+    assert!(
+        busy.try_wait().unwrap().is_none(),
+        "the busy script ended too early for this check"
+    );
+    assert!(v4_set(&a.ns).is_empty());
+    assert_eq!(a.daemon.status()["rules"][0]["bans"], 0);
+    assert_eq!(b.daemon.status()["redis"]["queued_bans"], 1);
+    busy.wait().unwrap();
+
+    // Redis answers again: `pause` decides the held hits with the fleet's
+    // window (10 > 9), `local` writes its queued ban; both sets = the list.
+    wait_for(&[&a, &b], Duration::from_secs(15), "both bans in the list", || {
+        list(&redis) == ["203.0.113.40", "203.0.113.41"]
+    });
+    for h in [&a, &b] {
+        wait_for(&[&a, &b], Duration::from_secs(10), "each set equal to the list", || {
+            v4_set(&h.ns) == list(&redis)
+        });
+    }
 }

@@ -109,6 +109,14 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
 
     // The store: Redis when configured (waiting for it rather than exiting),
     // the embedded one otherwise.
+    let outage = crate::fleet::outage::Outage::new(
+        config
+            .redis
+            .as_ref()
+            .map_or(crate::config::OnDown::Local, |r| r.on_down),
+        rules.clone(),
+        config.redis.as_ref().map_or(1, |r| r.fleet_size),
+    );
     let (limiter, bans, fleet, initial) = match &config.redis {
         Some(r) => {
             let (con, events) = tokio::select! {
@@ -123,6 +131,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
                 reconcile_every: r.reconcile_every,
                 sinks: vec![enf_tx.clone(), cache_tx.clone()],
                 gaps: 0,
+                held: outage.held.clone(),
             };
             let (last_id, initial) = match fleet.snapshot().await {
                 Ok(s) => s,
@@ -213,6 +222,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         cache,
         pending: Pending::default(),
         uncommitted: Vec::new(),
+        outage: config.redis.is_some().then_some(outage),
     };
     drop(cache_tx);
     tracker.spawn(pipeline.run(chunk_rx, token.clone()));

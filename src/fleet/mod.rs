@@ -10,6 +10,8 @@
 //! is younger than our last id (Redis restarted empty, key deleted); either
 //! way the host reconciles at once.
 
+pub mod outage;
+
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
@@ -38,6 +40,9 @@ pub struct FleetSync {
     pub sinks: Vec<UnboundedSender<Change>>,
     /// Gaps detected in the stream (each one caused a reconcile).
     pub gaps: u64,
+    /// Bans this host decided while Redis was down and has not yet written
+    /// to the list: a reconcile keeps them rather than lifting them.
+    pub held: outage::Held,
 }
 
 impl FleetSync {
@@ -80,7 +85,11 @@ impl FleetSync {
                 match self.snapshot().await {
                     Ok((id, elems)) => {
                         last_id = id;
-                        self.send(Change::Replace(elems));
+                        if backoff > Duration::from_millis(100) {
+                            tracing::info!("Ban list read again after an error; reconciled.");
+                        }
+                        backoff = Duration::from_millis(100);
+                        self.send(Change::Replace(outage::with_held(elems, &self.held, crate::now_ms())));
                         next_reconcile = tokio::time::Instant::now() + self.reconcile_every;
                     }
                     Err(e) => {
@@ -88,7 +97,7 @@ impl FleetSync {
                         if sleep_or_stop(backoff, &shutdown).await {
                             return;
                         }
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                        backoff = (backoff * 2).min(Duration::from_secs(2));
                         continue;
                     }
                 }
@@ -134,7 +143,7 @@ impl FleetSync {
                     if sleep_or_stop(backoff, &shutdown).await {
                         return;
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
                 }
             }
         }
