@@ -466,3 +466,54 @@ fn a_slow_redis_is_treated_as_down_local_decides_and_pause_waits() {
         });
     }
 }
+
+#[test]
+fn a_daemon_started_while_redis_is_down_keeps_the_set_follows_logs_and_catches_up() {
+    let mut redis = Redis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    std::fs::write(&log, "").unwrap();
+    let mut h = start_host_with(
+        NetNs::new("cold"),
+        String::new(),
+        "cold-1",
+        &log,
+        None,
+        &redis,
+        "1h",
+        9,
+        ", fleet_size: 3, timeout: 100ms",
+    );
+    let (code, out) = cli(&h.cfg, &["ban", "203.0.113.10", "--for", "1h"]);
+    assert_eq!(code, 0, "{out}");
+    wait_until(Duration::from_secs(5), "the ban in the set", || {
+        v4_set(&h.ns) == ["203.0.113.10"]
+    });
+    h.daemon.stop(Duration::from_secs(10));
+    redis.kill();
+
+    // Restarted while Redis is down: up at once, the kernel's set untouched.
+    h.daemon = Daemon::start(Some(&h.ns), &h.cfg, &h.daemon.control.clone());
+    assert_eq!(v4_set(&h.ns), ["203.0.113.10"]);
+    append(&log, &lines("203.0.113.20", 5));
+    wait_for(&[&h], Duration::from_secs(10), "a local ban without Redis", || {
+        v4_set(&h.ns).contains(&"203.0.113.20".to_owned())
+    });
+    assert_eq!(h.daemon.status()["redis"]["connected"], false);
+
+    redis.restart();
+    wait_for(&[&h], Duration::from_secs(20), "the queued ban in the list", || {
+        list(&redis) == ["203.0.113.20"]
+    });
+    wait_for(&[&h], Duration::from_secs(20), "the set equal to the list", || {
+        v4_set(&h.ns) == ["203.0.113.20"]
+    });
+    let (code, out) = cli(&h.cfg, &["ban", "203.0.113.30", "--for", "1h"]);
+    assert_eq!(code, 0, "{out}");
+    wait_for(
+        &[&h],
+        Duration::from_secs(10),
+        "events followed after the outage",
+        || v4_set(&h.ns) == ["203.0.113.20", "203.0.113.30"],
+    );
+}
