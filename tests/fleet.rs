@@ -517,3 +517,85 @@ fn a_daemon_started_while_redis_is_down_keeps_the_set_follows_logs_and_catches_u
         || v4_set(&h.ns) == ["203.0.113.20", "203.0.113.30"],
     );
 }
+
+#[test]
+fn an_acl_user_with_the_documented_minimal_rights_runs_the_fleet() {
+    let redis = Redis::start();
+    let acl = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/redis-acl.conf")).unwrap();
+    let line = acl
+        .lines()
+        .find(|l| l.starts_with("user fleetban "))
+        .expect("the user line");
+    let mut args = vec!["ACL", "SETUSER", "fleetban"];
+    args.extend(
+        line["user fleetban ".len()..]
+            .split_whitespace()
+            .map(|w| if w == ">PASSWORD" { ">s3cret-pw" } else { w }),
+    );
+    assert_eq!(redis.cli(&args), "OK");
+    // The daemon and the CLI reach Redis only as that user.
+    let user_url = format!("{}?user=fleetban&pass=s3cret-pw", redis.url());
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    std::fs::write(&log, "").unwrap();
+    let h = start_host_with(
+        NetNs::new("acl"),
+        String::new(),
+        "acl-1",
+        &log,
+        None,
+        &redis,
+        "1s",
+        3,
+        "",
+    );
+    // Rewrite the URL in the config and restart with it.
+    let cfg_text = std::fs::read_to_string(&h.cfg).unwrap();
+    std::fs::write(&h.cfg, cfg_text.replace(&redis.url(), &user_url)).unwrap();
+    let control = h.daemon.control.clone();
+    let Host {
+        ns, cfg, daemon, _dir, ..
+    } = h;
+    drop(daemon);
+    let d = Daemon::start(Some(&ns), &cfg, &control);
+
+    append(&log, &lines("203.0.113.60", 4));
+    wait_until(Duration::from_secs(10), "a ban through the ACL user", || {
+        v4_set(&ns).contains(&"203.0.113.60".to_owned())
+    });
+    assert!(list(&redis).contains(&"203.0.113.60".to_owned()));
+    let (code, out) = cli(&cfg, &["ban", "203.0.113.61", "--for", "1h"]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = cli(&cfg, &["unban", "203.0.113.60"]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = cli(&cfg, &["bans"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("203.0.113.61"), "{out}");
+    wait_until(Duration::from_secs(10), "ban and unban by events", || {
+        v4_set(&ns) == ["203.0.113.61"]
+    });
+    // A few reconciles (every 1 s) and gap checks ran as that user.
+    std::thread::sleep(Duration::from_millis(2500));
+    let st = d.status();
+    assert_eq!(st["redis"]["connected"], true, "{st}");
+    assert_eq!(st["redis"]["local_decisions"], 0, "{st}");
+    let text = d.log_text();
+    assert!(!text.contains("NOPERM") && !text.contains("failed"), "{text}");
+    // And the user really is confined: another key is refused.
+    let denied = Command::new(common::require("redis-cli"))
+        .arg("-s")
+        .arg(&redis.socket)
+        .args([
+            "--user",
+            "fleetban",
+            "--pass",
+            "s3cret-pw",
+            "--no-auth-warning",
+            "SET",
+            "other",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&denied.stdout).contains("NOPERM"), "{denied:?}");
+}
