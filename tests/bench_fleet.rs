@@ -20,7 +20,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{combined_line, nft_set_elements, Daemon, NetNs, Redis};
+use common::{combined_line, nft_bans, Daemon, NetNs, Redis};
 
 fn now_us() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as i64
@@ -179,8 +179,8 @@ fn start_with_100k_bans() {
     // The log's own timestamp (RFC 3339, UTC, µs) of that line.
     let plain = strip_ansi(line);
     let applied = parse_rfc3339_us(plain.split_whitespace().next().unwrap());
-    let v4 = nft_set_elements(&ns, "fleetban", "v4").len();
-    let v6 = nft_set_elements(&ns, "fleetban", "v6").len();
+    let v4 = nft_bans(&ns, "fleetban", "v4").len();
+    let v6 = nft_bans(&ns, "fleetban", "v6").len();
     println!("start with {n} active bans: spawn -> ban list applied {:.0} ms (control socket up after {up:.0} ms); kernel sets v4={v4} v6={v6}",
         (applied - t0) as f64 / 1000.0);
     for l in text

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{fleetban_bin, http_get_with, nft_set_elements, veth_pair, wait_until, Daemon, NetNs, Nginx, Redis};
+use common::{fleetban_bin, http_get_with, nft_bans, veth_pair, wait_until, Daemon, NetNs, Nginx, Redis};
 
 /// The client's one address, on its loopback, reached by every host through
 /// its own link.
@@ -126,10 +126,7 @@ fn cli(cfg: &Path, args: &[&str]) -> (i32, String) {
 }
 
 fn v4_set(ns: &NetNs) -> Vec<String> {
-    nft_set_elements(ns, "fleetban", "v4")
-        .into_iter()
-        .map(|(e, _)| e)
-        .collect()
+    nft_bans(ns, "fleetban", "v4").into_iter().map(|(e, _)| e).collect()
 }
 
 fn get(client: &NetNs, host: &Host, timeout: Duration) -> Result<u16, String> {
