@@ -363,7 +363,23 @@ pub fn unban(path: &Path, t: &str) -> u8 {
     let rt = runtime();
     let result = match redis_list(&config, &rt) {
         Some(Ok(mut list)) => rt
-            .block_on(list.unban(&net, &config.host_id))
+            .block_on(async {
+                // Windows first: once the unban event is out, a host counting
+                // the next request must find them empty.
+                let keys = crate::store::Keys::new(config.redis.as_ref().map_or("fleetban", |r| r.prefix.as_str()));
+                let windows: Vec<String> = config
+                    .rules
+                    .iter()
+                    .flat_map(|r| {
+                        [
+                            keys.window(&net, &r.name, None),
+                            keys.window(&net, &r.name, Some(&config.host_id)),
+                        ]
+                    })
+                    .collect();
+                list.forget_windows(&windows).await?;
+                list.unban(&net, &config.host_id).await
+            })
             .map_err(|e| e.to_string()),
         Some(Err(e)) => Err(e),
         None => control::request(

@@ -85,12 +85,23 @@ pub fn parse_member(s: &str) -> Option<IpNet> {
 /// `response_timeout` so a slow Redis is treated as a down one.
 pub async fn connect(cfg: &RedisConfig, response_timeout: Option<Duration>) -> redis::RedisResult<ConnectionManager> {
     let client = redis::Client::open(cfg.url.as_str())?;
-    let mgr = ConnectionManagerConfig::new()
+    ConnectionManager::new_with_config(client, manager_config(cfg, response_timeout)).await
+}
+
+/// As [`connect`], without waiting for the first connection: a Redis that is
+/// down at start costs the daemon nothing but errors (handled by
+/// `redis.on_down`) until it answers. Fails only on a bad URL.
+pub fn connect_lazy(cfg: &RedisConfig, response_timeout: Option<Duration>) -> redis::RedisResult<ConnectionManager> {
+    let client = redis::Client::open(cfg.url.as_str())?;
+    ConnectionManager::new_lazy_with_config(client, manager_config(cfg, response_timeout))
+}
+
+fn manager_config(cfg: &RedisConfig, response_timeout: Option<Duration>) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
         .set_connection_timeout(Some(cfg.timeout.max(Duration::from_millis(100)) * 4))
         .set_response_timeout(response_timeout)
         .set_number_of_retries(2)
-        .set_max_delay(Duration::from_secs(2));
-    ConnectionManager::new_with_config(client, mgr).await
+        .set_max_delay(Duration::from_secs(2))
 }
 
 /// A Lua script of `lua/`, called by SHA (EVALSHA) and loaded again when the

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{combined_line, fleetban_bin, nft_set_elements, wait_until, Daemon, NetNs, Redis};
+use common::{combined_line, fleetban_bin, nft_bans, wait_until, Daemon, NetNs, Redis};
 
 fn append(log: &Path, text: &str) {
     let mut f = std::fs::OpenOptions::new().append(true).open(log).unwrap();
@@ -34,7 +34,7 @@ fn cli(cfg: &Path, args: &[&str]) -> (i32, String, String) {
 }
 
 fn set_has(ns: &NetNs, elem: &str) -> bool {
-    nft_set_elements(ns, "fleetban", if elem.contains(':') { "v6" } else { "v4" })
+    nft_bans(ns, "fleetban", if elem.contains(':') { "v6" } else { "v4" })
         .iter()
         .any(|(e, _)| e == elem)
 }
@@ -115,7 +115,7 @@ fn a_scraper_is_banned_in_redis_and_nft_and_the_allowed_never() {
     assert_eq!(rec["rule"], "scraper");
     assert_eq!(rec["host"], "test-host");
     assert_eq!(rec["hits"], 6);
-    let elems = nft_set_elements(&ns, "fleetban", "v4");
+    let elems = nft_bans(&ns, "fleetban", "v4");
     let timeout = elems
         .iter()
         .find(|(e, _)| e == "203.0.113.7")
@@ -193,7 +193,7 @@ fn without_redis_the_embedded_store_bans_and_keeps_bans_across_restart() {
     wait_until(Duration::from_secs(5), "manual v6 ban", || {
         set_has(&ns, "2001:db8:5::/48")
     });
-    let permanent = nft_set_elements(&ns, "fleetban", "v6");
+    let permanent = nft_bans(&ns, "fleetban", "v6");
     assert_eq!(
         permanent.iter().find(|(e, _)| e == "2001:db8:5::/48").unwrap().1,
         None,

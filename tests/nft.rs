@@ -100,16 +100,29 @@ impl Netns {
     }
 
     /// The elements of set `v4` or `v6`, sorted.
-    fn elements(&self, set: &str) -> Vec<Listed> {
-        let v = self.nft_json(&["list", "set", "inet", "fleetban", set]);
-        let mut out: Vec<Listed> = v["nftables"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|i| i.get("set"))
-            .flat_map(|s| s["elem"].as_array().cloned().unwrap_or_default())
-            .map(|e| Listed::from_json(&e))
-            .collect();
+    /// The bans of one family ("v4" or "v6"): the plain set of that name
+    /// and its interval set (`v4net`/`v6net`); the plain `v6` set's
+    /// addresses are /64 prefixes and shown as such.
+    fn elements(&self, family: &str) -> Vec<Listed> {
+        let mut out = Vec::new();
+        for set in [family.to_owned(), format!("{family}net")] {
+            let v = self.nft_json(&["list", "set", "inet", "fleetban", &set]);
+            out.extend(
+                v["nftables"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter_map(|i| i.get("set"))
+                    .flat_map(|s| s["elem"].as_array().cloned().unwrap_or_default())
+                    .map(|e| Listed::from_json(&e))
+                    .map(|mut l| {
+                        if set == "v6" {
+                            l.elem = format!("{}/64", l.elem);
+                        }
+                        l
+                    }),
+            );
+        }
         out.sort_by(|a, b| a.elem.cmp(&b.elem));
         out
     }
@@ -198,7 +211,7 @@ async fn init_is_idempotent_and_keeps_the_kernels_elements() {
     let mut e = ns.enforcer();
     e.init(now).await.unwrap();
     e.init(now).await.unwrap();
-    assert_eq!(ns.rules().len(), 2);
+    assert_eq!(ns.rules().len(), 4);
     e.add(
         &[
             ban("192.0.2.1", Until::At(now + HOUR)),
@@ -216,7 +229,7 @@ async fn init_is_idempotent_and_keeps_the_kernels_elements() {
     assert_eq!((again.len(), again.desired_len()), (2, 2));
     assert_eq!(ns.elem_names("v4"), ["192.0.2.1"]);
     assert_eq!(ns.elem_names("v6"), ["2001:db8::/64"]);
-    assert_eq!(ns.rules().len(), 2, "rules not duplicated");
+    assert_eq!(ns.rules().len(), 4, "rules not duplicated");
     // It knows them: a broader ban replaces the kept one.
     again
         .add(&[ban("192.0.2.0/24", Until::At(now + HOUR))], now_ms())
@@ -337,7 +350,7 @@ async fn replace_all_adds_missing_removes_stale_refreshes_changed() {
     let stats = e.replace_all(&want, now_ms()).await.unwrap();
     assert_eq!(stats.added, 3);
     assert_eq!(ns.elem_names("v4"), ["10.1.0.2", "10.1.0.3", "10.1.0.4"]);
-    assert_eq!(ns.rules().len(), 2);
+    assert_eq!(ns.rules().len(), 4);
 }
 
 #[tokio::test]
@@ -440,18 +453,23 @@ async fn recovers_when_the_kernel_changed_behind_its_back() {
     e.init(now).await.unwrap();
     e.add(&[ban("10.3.0.1", h), ban("10.3.0.2", h)], now).await.unwrap();
     // Someone deletes one of ours and adds another by hand.
-    let out =
-        ns.nft_script("delete element inet fleetban v4 { 10.3.0.1 }\nadd element inet fleetban v4 { 10.3.1.0/24 }\n");
+    let out = ns
+        .nft_script("delete element inet fleetban v4 { 10.3.0.1 }\nadd element inet fleetban v4net { 10.3.1.0/24 }\n");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // Our delete of 10.3.0.1 fails ("element does not exist"); the retry
     // re-reads the kernel, and its plan also drops the unwanted /24.
     e.remove(&[net("10.3.0.1")], now).await.unwrap();
     assert_eq!(ns.elem_names("v4"), ["10.3.0.2"]);
-    // An overlapping element added by hand makes our add fail ("interval
-    // overlaps"); the retry deletes it and adds ours.
-    let out = ns.nft_script("add element inet fleetban v4 { 10.3.2.0/24 }\n");
+    // A covering element added by hand (in the interval set) is not ours:
+    // our add (to the plain set) no longer collides with it, and the next
+    // reconcile deletes it.
+    let out = ns.nft_script("add element inet fleetban v4net { 10.3.2.0/24 }\n");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     e.add(&[ban("10.3.2.9", h)], now).await.unwrap();
+    assert_eq!(ns.elem_names("v4"), ["10.3.0.2", "10.3.2.0/24", "10.3.2.9"]);
+    e.replace_all(&[ban("10.3.0.2", h), ban("10.3.2.9", h)], now_ms())
+        .await
+        .unwrap();
     assert_eq!(ns.elem_names("v4"), ["10.3.0.2", "10.3.2.9"]);
 }
 
@@ -505,11 +523,21 @@ async fn flush_deletes_the_table() {
                               // The next ban re-creates the table.
     e.add(&[ban("10.5.0.2", Until::At(now + HOUR))], now).await.unwrap();
     assert_eq!(ns.elem_names("v4"), ["10.5.0.2"]);
-    assert_eq!(ns.rules().len(), 2);
+    assert_eq!(ns.rules().len(), 4);
+}
+
+/// The protocol of a rule's match: `ip saddr`, or `ip6 saddr & MASK` for
+/// the /64 set.
+fn proto_of(left: &Value) -> &str {
+    let payload = match left.get("&") {
+        Some(and) => &and[0]["payload"],
+        None => &left["payload"],
+    };
+    payload["protocol"].as_str().unwrap_or("?")
 }
 
 #[tokio::test]
-async fn action_and_ports_shape_the_two_rules() {
+async fn action_and_ports_shape_the_four_rules() {
     let ns = netns_or_skip!();
     let now = now_ms();
     let mut e = ns.enforcer();
@@ -523,10 +551,12 @@ async fn action_and_ports_shape_the_two_rules() {
     );
     assert_eq!((c["prio"].as_i64(), c["policy"].as_str()), (Some(-10), Some("accept")));
     let rules = ns.rules();
-    for (rule, proto, set) in [(&rules[0], "ip", "@v4"), (&rules[1], "ip6", "@v6")] {
+    assert_eq!(rules.len(), 4);
+    let sets = [("ip", "@v4"), ("ip6", "@v6"), ("ip", "@v4net"), ("ip6", "@v6net")];
+    for (rule, (proto, set)) in rules.iter().zip(sets) {
         let expr = rule["expr"].as_array().unwrap();
         assert_eq!(expr.len(), 3, "{rule}");
-        assert_eq!(expr[0]["match"]["left"]["payload"]["protocol"], proto);
+        assert_eq!(proto_of(&expr[0]["match"]["left"]), proto, "{rule}");
         assert_eq!(expr[0]["match"]["right"], set);
         assert!(expr[1].get("counter").is_some());
         assert!(expr[2].get("drop").is_some());
@@ -541,13 +571,13 @@ async fn action_and_ports_shape_the_two_rules() {
     let mut e = Enforcer::nft(opts).unwrap();
     e.init(now_ms()).await.unwrap();
     let rules = ns.rules();
-    assert_eq!(rules.len(), 2);
-    for (rule, proto) in [(&rules[0], "ip"), (&rules[1], "ip6")] {
+    assert_eq!(rules.len(), 4);
+    for (rule, proto) in rules.iter().zip(["ip", "ip6", "ip", "ip6"]) {
         let expr = rule["expr"].as_array().unwrap();
         assert_eq!(expr[0]["match"]["left"]["payload"]["protocol"], "tcp");
         assert_eq!(expr[0]["match"]["left"]["payload"]["field"], "dport");
         assert_eq!(expr[0]["match"]["right"]["set"], serde_json::json!([80, 443]));
-        assert_eq!(expr[1]["match"]["left"]["payload"]["protocol"], proto);
+        assert_eq!(proto_of(&expr[1]["match"]["left"]), proto);
         assert!(expr[2].get("counter").is_some());
         assert!(expr[3].get("reject").is_some(), "{rule}");
     }
@@ -671,4 +701,38 @@ async fn loads_100k_elements_in_one_transaction() {
         "100k v4 elements: load {load:?} (one nft -f -; bookkeeping alone {plan:?}), \
          list {list:?}, one more element {one:?}, reconcile (re-read + delete 1) {reconcile:?}"
     );
+}
+
+#[tokio::test]
+async fn a_table_in_the_old_two_interval_sets_layout_is_recreated() {
+    let ns = netns_or_skip!();
+    // DESIGN §4's layout, as a previous version left it.
+    let out = ns.nft_script(
+        "add table inet fleetban\n\
+         add set inet fleetban v4 { type ipv4_addr; flags interval, timeout; }\n\
+         add set inet fleetban v6 { type ipv6_addr; flags interval, timeout; }\n\
+         add chain inet fleetban input { type filter hook input priority -10; policy accept; }\n\
+         add rule inet fleetban input ip saddr @v4 counter drop comment \"fleetban v4 drop\"\n\
+         add rule inet fleetban input ip6 saddr @v6 counter drop comment \"fleetban v6 drop\"\n\
+         add element inet fleetban v4 { 10.8.0.0/24 timeout 1h }\n",
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let now = now_ms();
+    let mut e = ns.enforcer();
+    e.init(now).await.unwrap();
+    e.replace_all(
+        &[
+            ban("10.8.0.0/24", Until::At(now + HOUR)),
+            ban("10.8.1.1", Until::At(now + HOUR)),
+            ban("2001:db8:8::/64", Until::At(now + HOUR)),
+        ],
+        now,
+    )
+    .await
+    .unwrap();
+    assert_eq!(ns.rules().len(), 4);
+    let set = ns.nft_json(&["list", "set", "inet", "fleetban", "v4"]);
+    assert_eq!(set["nftables"][1]["set"]["flags"], serde_json::json!(["timeout"]));
+    assert_eq!(ns.elem_names("v4"), ["10.8.0.0/24", "10.8.1.1"]);
+    assert_eq!(ns.elem_names("v6"), ["2001:db8:8::/64"]);
 }

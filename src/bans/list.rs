@@ -105,6 +105,24 @@ impl BanList {
         }
     }
 
+    /// Deletes the hit windows of an unbanned address (`keys`: every window
+    /// key of that address, one hash tag, so one slot), so its next request
+    /// starts a fresh window instead of banning it again at once. Nothing to
+    /// do for the embedded list: the daemon's memory limiter forgets on the
+    /// unban itself.
+    pub async fn forget_windows(&mut self, window_keys: &[String]) -> Result<(), BanListError> {
+        match self {
+            BanList::Memory(_) => Ok(()),
+            BanList::Redis { con, .. } => {
+                if window_keys.is_empty() {
+                    return Ok(());
+                }
+                let _: i64 = redis::cmd("DEL").arg(window_keys).query_async(con).await?;
+                Ok(())
+            }
+        }
+    }
+
     /// The active entries: (network, expiry). Members that are not an
     /// address or network are skipped with a warning, never returned.
     pub async fn active(&mut self, now_ms: i64) -> Result<Vec<(IpNet, Until)>, BanListError> {

@@ -109,6 +109,14 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
 
     // The store: Redis when configured (waiting for it rather than exiting),
     // the embedded one otherwise.
+    let outage = crate::fleet::outage::Outage::new(
+        config
+            .redis
+            .as_ref()
+            .map_or(crate::config::OnDown::Local, |r| r.on_down),
+        rules.clone(),
+        config.redis.as_ref().map_or(1, |r| r.fleet_size),
+    );
     let (limiter, bans, fleet, initial) = match &config.redis {
         Some(r) => {
             let (con, events) = tokio::select! {
@@ -122,36 +130,49 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
                 keys: keys.clone(),
                 reconcile_every: r.reconcile_every,
                 sinks: vec![enf_tx.clone(), cache_tx.clone()],
+                gaps: 0,
+                held: outage.held.clone(),
             };
             let (last_id, initial) = match fleet.snapshot().await {
-                Ok(s) => s,
+                Ok((id, list)) => {
+                    stats.redis_connected.store(true, std::sync::atomic::Ordering::Relaxed);
+                    (id, Some(list))
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "Reading the ban list at start failed; the first reconcile retries.");
-                    ("$".to_owned(), Vec::new())
+                    tracing::warn!(error = %e, "Reading the ban list at start failed; keeping the kernel's set until Redis answers.");
+                    ("$".to_owned(), None)
                 }
             };
-            stats.redis_connected.store(true, std::sync::atomic::Ordering::Relaxed);
             let limiter = Limiter::Redis(RedisLimiter::new(con.clone(), keys.clone(), &config.host_id, rules));
             (limiter, BanList::redis(con, keys), Some((fleet, last_id)), initial)
         }
         None => {
             let mut list = BanList::memory(Some(config.state_dir.join("bans.json")));
-            let initial = list
-                .active(crate::now_ms())
-                .await
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(net, until)| Element { net, until })
-                .collect();
+            let initial = Some(
+                list.active(crate::now_ms())
+                    .await
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(net, until)| Element { net, until })
+                    .collect(),
+            );
             (Limiter::Memory(MemoryLimiter::new(rules)), list, None, initial)
         }
     };
 
-    // First sync: the kernel set equals the list before anything else runs.
-    let initial: Vec<Element> = initial.into_iter().filter(|e| !allow.overlaps(&e.net)).collect();
-    if let Err(e) = enforcer.replace_all(&initial, crate::now_ms()).await {
-        tracing::warn!(error = %e, "Applying the ban list at start failed; the next reconcile retries.");
-    }
+    // First sync: the kernel set equals the list before anything else runs
+    // (when the list could be read: otherwise the kernel's set stays as the
+    // last run left it until the first reconcile).
+    let initial: Vec<Element> = match initial {
+        Some(list) => {
+            let initial: Vec<Element> = list.into_iter().filter(|e| !allow.overlaps(&e.net)).collect();
+            if let Err(e) = enforcer.replace_all(&initial, crate::now_ms()).await {
+                tracing::warn!(error = %e, "Applying the ban list at start failed; the next reconcile retries.");
+            }
+            initial
+        }
+        None => Vec::new(),
+    };
     let mut cache = BanCache::default();
     cache.replace(initial.iter().map(|e| (e.net, e.until)));
     stats
@@ -212,6 +233,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         cache,
         pending: Pending::default(),
         uncommitted: Vec::new(),
+        outage: config.redis.is_some().then_some(outage),
     };
     drop(cache_tx);
     tracker.spawn(pipeline.run(chunk_rx, token.clone()));
@@ -233,19 +255,21 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     Ok(())
 }
 
-/// Two connections (commands, and blocking event reads), retried with
-/// backoff until Redis answers: a Redis that is down at start is waited for.
+/// Two connections (commands, and blocking event reads), connected lazily:
+/// a Redis that is down at start is handled like one that goes down later
+/// (`redis.on_down`), so the daemon follows its logs from the first second.
+/// Only a URL the client refuses is retried here (logged, never an exit).
 async fn connect_until_up(
     r: &crate::config::RedisConfig,
 ) -> (redis::aio::ConnectionManager, redis::aio::ConnectionManager) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        let cmd = store::connect(r, Some(r.timeout)).await;
-        let ev = store::connect(r, Some(Duration::from_secs(5))).await;
+        let cmd = store::connect_lazy(r, Some(r.timeout));
+        let ev = store::connect_lazy(r, Some(Duration::from_secs(5)));
         match (cmd, ev) {
             (Ok(c), Ok(e)) => return (c, e),
             (Err(e), _) | (_, Err(e)) => {
-                tracing::warn!(url = %r.url, error = %e, "Redis unreachable; retrying.");
+                tracing::warn!(url = %r.url, error = %e, "Redis client refused the URL; retrying.");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }

@@ -19,9 +19,11 @@ use tokio_util::sync::CancellationToken;
 use super::enforcer::Change;
 use super::stats::Stats;
 use crate::bans::{BanCache, BanList, BanRequest, Mode, Outcome, SafetyValve, Until};
+use crate::config::OnDown;
 use crate::config::{BanPolicy, Clock};
 use crate::detect::{self, AllowList, Group, Hit, Pending, Plan};
 use crate::enforce::Element;
+use crate::fleet::outage::Outage;
 use crate::limit::{Limiter, Verdict};
 use crate::source::{Chunk, FileId, OffsetStore};
 
@@ -59,15 +61,19 @@ pub struct Pipeline {
     pub pending: Pending,
     /// Chunks whose hits are pending: (path, file, end offset) to commit after the flush.
     pub uncommitted: Vec<(Arc<Path>, FileId, u64)>,
+    /// With Redis: what to do while it is down (`redis.on_down`).
+    pub outage: Option<Outage>,
 }
 
 impl Pipeline {
     pub async fn run(mut self, mut chunks: Receiver<Chunk>, shutdown: CancellationToken) {
         let mut last_save = tokio::time::Instant::now();
         loop {
+            let retry = self.outage.as_ref().and_then(Outage::next_attempt);
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
+                _ = sleep_until_opt(retry) => {}
                 u = self.updates.recv() => match u {
                     Some(u) => self.update(u),
                     None => continue,
@@ -88,6 +94,7 @@ impl Pipeline {
             while let Ok(u) = self.updates.try_recv() {
                 self.update(u);
             }
+            self.recover().await;
             if !self.flush(&shutdown).await {
                 break;
             }
@@ -105,6 +112,58 @@ impl Pipeline {
         self.save_offsets();
     }
 
+    /// While down, or with bans waiting: when due, tries Redis again and
+    /// writes the queued bans (each with the time it was decided).
+    async fn recover(&mut self) {
+        let Some(o) = &mut self.outage else { return };
+        if !o.due() || (!o.is_down() && o.queued() == 0) {
+            return;
+        }
+        let mut list = self.bans.lock().await;
+        if o.is_down() {
+            let ping: Result<String, _> = match &mut *list {
+                BanList::Redis { con, .. } => redis::cmd("PING").query_async(con).await,
+                BanList::Memory(_) => return,
+            };
+            if ping.is_err() {
+                o.failed();
+                return;
+            }
+            o.succeeded();
+            self.stats.redis_connected.store(true, Relaxed);
+            tracing::info!(
+                queued = o.queued(),
+                "Redis answers again; deciding with the fleet's windows."
+            );
+        }
+        let now = crate::now_ms();
+        while let Some((req, at, until)) = o.front() {
+            if matches!(until, Until::At(t) if *t <= now) {
+                o.pop();
+                continue;
+            }
+            match list.ban(req, *at).await {
+                Ok(out) => {
+                    let until = match out {
+                        Outcome::Banned(rec) => rec.until(),
+                        Outcome::AlreadyBanned(u) => u,
+                    };
+                    let net = req.addr;
+                    o.pop();
+                    self.cache.insert(net, until);
+                    let _ = self.changes.send(Change::Add(vec![Element { net, until }]));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, queued = o.queued(), "Writing queued bans failed; retrying.");
+                    o.failed();
+                    self.stats.redis_connected.store(false, Relaxed);
+                    break;
+                }
+            }
+        }
+        self.stats.ban_queue.store(o.queued() as u64, Relaxed);
+    }
+
     fn save_offsets(&self) {
         if let Err(e) = self.offsets.save() {
             tracing::warn!(error = %e, "Saving log offsets failed.");
@@ -118,7 +177,19 @@ impl Pipeline {
                     self.cache.insert(e.net, e.until);
                 }
             }
-            Change::Remove(nets) => nets.iter().for_each(|n| self.cache.remove(n)),
+            Change::Remove(nets) => {
+                for n in &nets {
+                    self.cache.remove(n);
+                    // An unban: the address starts a fresh window (in Redis
+                    // `fleetban unban` deleted the windows before the event).
+                    if let Limiter::Memory(m) = &mut self.limiter {
+                        m.forget(n);
+                    }
+                    if let Some(o) = &mut self.outage {
+                        o.local.forget(n);
+                    }
+                }
+            }
             Change::Replace(elems) => self.cache.replace(elems.into_iter().map(|e| (e.net, e.until))),
         }
         self.cache.expire(crate::now_ms());
@@ -206,14 +277,38 @@ impl Pipeline {
         let mut verdicts = Vec::with_capacity(batches.len());
         loop {
             let done = verdicts.len();
+            // Known down in `local` mode: decide here until the retry is due.
+            if let Some(o) = self.outage.as_mut().filter(|o| o.mode == OnDown::Local && !o.due()) {
+                decide_locally(o, &batches[done..], &mut verdicts, &self.stats);
+                break;
+            }
             match self.limiter.check(&batches[done..], &mut verdicts).await {
                 Ok(()) => {
                     self.stats.redis_connected.store(true, Relaxed);
+                    if let Some(o) = &mut self.outage {
+                        if o.succeeded() {
+                            tracing::info!(
+                                queued = o.queued(),
+                                "Redis answers again; deciding with the fleet's windows."
+                            );
+                        }
+                    }
                     break;
                 }
                 Err(e) => {
                     let n = self.stats.redis_errors.fetch_add(1, Relaxed);
                     self.stats.redis_connected.store(false, Relaxed);
+                    if let Some(o) = self.outage.as_mut().filter(|o| o.mode == OnDown::Local) {
+                        if o.failed() {
+                            tracing::warn!(error = %e, "Redis unreachable; limiting locally (limits / fleet_size) until it answers.");
+                        }
+                        let done = verdicts.len();
+                        decide_locally(o, &batches[done..], &mut verdicts, &self.stats);
+                        break;
+                    }
+                    if let Some(o) = &mut self.outage {
+                        o.failed();
+                    }
                     if n < 5 || n.is_power_of_two() {
                         tracing::warn!(error = %e, errors = n + 1, "Limiter unreachable; hits kept, retrying.");
                     }
@@ -268,7 +363,11 @@ impl Pipeline {
             hits,
             mode: Mode::Auto(info.ban),
         };
-        let outcome = self.bans.lock().await.ban(&req, now).await;
+        // Known down: straight to the local ban and the queue, no timeout paid.
+        let outcome = match &self.outage {
+            Some(o) if o.is_down() && !o.due() => Err(crate::bans::BanListError::Reply("Redis is down".into())),
+            _ => self.bans.lock().await.ban(&req, now).await,
+        };
         let until = match outcome {
             Ok(Outcome::Banned(rec)) => {
                 self.stats.bans.fetch_add(1, Relaxed);
@@ -280,14 +379,41 @@ impl Pipeline {
             }
             Ok(Outcome::AlreadyBanned(u)) => u,
             Err(e) => {
-                // The list is unreachable: enforce here at once for the base duration.
+                // The list is unreachable: enforce here at once for the base
+                // duration; written to the list when Redis answers again.
                 self.stats.redis_errors.fetch_add(1, Relaxed);
+                self.stats.bans.fetch_add(1, Relaxed);
+                self.stats.rules[rule].bans.fetch_add(1, Relaxed);
                 tracing::warn!(rule = %info.name, addr = %key, error = %e, "Ban list unreachable; banning locally.");
-                Until::At(now + info.ban.duration_ms)
+                let until = Until::At(now + info.ban.duration_ms);
+                if let Some(o) = &mut self.outage {
+                    o.failed();
+                    let dropped = o.dropped;
+                    o.queue(req, now, until);
+                    if o.dropped > dropped {
+                        self.stats.ban_queue_dropped.fetch_add(1, Relaxed);
+                    }
+                    self.stats.ban_queue.store(o.queued() as u64, Relaxed);
+                }
+                until
             }
         };
         self.cache.insert(key, until);
         self.stats.bans_active.store(self.cache.len() as u64, Relaxed);
         let _ = self.changes.send(Change::Add(vec![Element { net: key, until }]));
+    }
+}
+
+/// Decides `batches` with the in-process fallback, appending to `out`.
+fn decide_locally(o: &mut Outage, batches: &[crate::detect::Batch], out: &mut Vec<Verdict>, stats: &Stats) {
+    let now = crate::now_ms();
+    out.extend(batches.iter().map(|b| o.local.check(b.rule, b.key, &b.hits, now)));
+    stats.local_decisions.fetch_add(batches.len() as u64, Relaxed);
+}
+
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
     }
 }

@@ -30,6 +30,12 @@ pub struct Stats {
     pub refused: AtomicU64,
     pub redis_errors: AtomicU64,
     pub redis_connected: AtomicBool,
+    /// Batches decided by the in-process fallback while Redis was down.
+    pub local_decisions: AtomicU64,
+    /// Bans decided while Redis was down, waiting to be written to the list.
+    pub ban_queue: AtomicU64,
+    /// Bans the full queue could not keep (enforced here, never written).
+    pub ban_queue_dropped: AtomicU64,
     pub round_trips: AtomicU64,
     pub bans_active: AtomicU64,
     /// Wall clock minus the log time of the last hit processed.
@@ -93,6 +99,9 @@ impl Stats {
                 "connected": self.redis_connected.load(Relaxed),
                 "errors": self.redis_errors.load(Relaxed),
                 "round_trips": self.round_trips.load(Relaxed),
+                "local_decisions": self.local_decisions.load(Relaxed),
+                "queued_bans": self.ban_queue.load(Relaxed),
+                "dropped_bans": self.ban_queue_dropped.load(Relaxed),
             },
             "bans_active": self.bans_active.load(Relaxed),
             "lag_ms": self.lag_ms.load(Relaxed),

@@ -1,5 +1,6 @@
 //! Reading the kernel back: `nft -j list table inet T` parsed into the
-//! elements of `v4`/`v6` and whether table, sets, chain and rules are as
+//! elements of the four sets (`script::SETS`; the plain `v6` set's addresses
+//! stand for /64s) and whether table, sets, chain and rules are as
 //! configured.
 //!
 //! nft 1.0.6 lists an element as `"1.2.3.4"`, `{"prefix":{"addr","len"}}`,
@@ -51,7 +52,8 @@ pub(crate) fn parse(json: &[u8], opts: &NftOptions, now: i64) -> Result<KernelVi
         .and_then(Value::as_array)
         .ok_or("no \"nftables\" array")?;
     let mut view = KernelView::default();
-    let (mut v4, mut v6, mut chain) = (State::Missing, State::Missing, State::Missing);
+    let mut sets = [State::Missing; 4];
+    let mut chain = State::Missing;
     let mut comments: Vec<Option<&str>> = Vec::new();
     let ours = |o: &Value| {
         o.get("table").and_then(Value::as_str) == Some(opts.table.as_str())
@@ -59,12 +61,13 @@ pub(crate) fn parse(json: &[u8], opts: &NftOptions, now: i64) -> Result<KernelVi
     };
     for item in items {
         if let Some(set) = item.get("set").filter(|s| ours(s)) {
-            let (state, want_type) = match set.get("name").and_then(Value::as_str) {
-                Some("v4") => (&mut v4, "ipv4_addr"),
-                Some("v6") => (&mut v6, "ipv6_addr"),
-                _ => continue,
+            let name = set.get("name").and_then(Value::as_str);
+            let Some(index) = script::SETS.iter().position(|s| Some(s.0) == name) else {
+                continue;
             };
-            *state = if set_is_right(set, want_type) {
+            let (_, want_type, interval, _) = script::SETS[index];
+            let state = &mut sets[index];
+            *state = if set_is_right(set, want_type, interval) {
                 State::Right
             } else {
                 State::Wrong
@@ -72,6 +75,11 @@ pub(crate) fn parse(json: &[u8], opts: &NftOptions, now: i64) -> Result<KernelVi
             if *state == State::Right {
                 for e in set.get("elem").and_then(Value::as_array).into_iter().flatten() {
                     match element(e, now) {
+                        // The plain `v6` set holds /64s by their network address.
+                        Some((sp, u)) if index == 1 => match ipnet::IpNet::new(sp.lo, 64) {
+                            Ok(n) if sp.lo == sp.hi => view.elems.push((Span::of(&n.trunc()), u)),
+                            _ => view.unknown += 1,
+                        },
                         Some(el) => view.elems.push(el),
                         None => view.unknown += 1,
                     }
@@ -87,24 +95,23 @@ pub(crate) fn parse(json: &[u8], opts: &NftOptions, now: i64) -> Result<KernelVi
             }
         }
     }
-    let (c4, c6) = (script::rule_comment(true, opts), script::rule_comment(false, opts));
-    let rules_right = chain == State::Right && comments == [Some(c4.as_str()), Some(c6.as_str())];
+    let want: Vec<String> = script::SETS.iter().map(|s| script::rule_comment(s.0, opts)).collect();
+    let rules_right = chain == State::Right && comments.iter().copied().eq(want.iter().map(|c| Some(c.as_str())));
     let mut p = Preamble {
-        delete_v4: v4 == State::Wrong,
-        delete_v6: v6 == State::Wrong,
+        delete_sets: sets.map(|s| s == State::Wrong),
         delete_chain: chain == State::Wrong,
         ..Preamble::default()
     };
-    p.flush_chain_first = chain != State::Missing && (p.delete_v4 || p.delete_v6 || p.delete_chain);
+    p.flush_chain_first = chain != State::Missing && (p.delete_sets.contains(&true) || p.delete_chain);
     p.rules = !rules_right || p.flush_chain_first;
-    let missing = [v4, v6, chain].contains(&State::Missing);
+    let missing = sets.contains(&State::Missing) || chain == State::Missing;
     if missing || p != Preamble::default() {
         view.preamble = Some(p);
     }
     Ok(view)
 }
 
-fn set_is_right(set: &Value, want_type: &str) -> bool {
+fn set_is_right(set: &Value, want_type: &str, interval: bool) -> bool {
     let mut flags: Vec<&str> = set
         .get("flags")
         .and_then(Value::as_array)
@@ -113,7 +120,12 @@ fn set_is_right(set: &Value, want_type: &str) -> bool {
         .filter_map(Value::as_str)
         .collect();
     flags.sort_unstable();
-    set.get("type").and_then(Value::as_str) == Some(want_type) && flags == ["interval", "timeout"]
+    let want: &[&str] = if interval {
+        &["interval", "timeout"]
+    } else {
+        &["timeout"]
+    };
+    set.get("type").and_then(Value::as_str) == Some(want_type) && flags == want
 }
 
 fn chain_is_right(c: &Value) -> bool {
@@ -165,16 +177,22 @@ mod tests {
     const LISTING: &str = r#"{"nftables": [{"metainfo": {"version": "1.0.6", "json_schema_version": 1}},
       {"table": {"family": "inet", "name": "fleetban", "handle": 1}},
       {"set": {"family": "inet", "name": "v4", "table": "fleetban", "type": "ipv4_addr", "handle": 2,
+        "flags": ["timeout"], "elem": [
+          {"elem": {"val": "1.2.3.4", "timeout": 5, "expires": 4}}, "5.5.5.5"]}},
+      {"set": {"family": "inet", "name": "v6", "table": "fleetban", "type": "ipv6_addr", "handle": 3,
+        "flags": ["timeout"], "elem": [{"elem": {"val": "2001:db8::", "timeout": 60, "expires": 59}}]}},
+      {"set": {"family": "inet", "name": "v4net", "table": "fleetban", "type": "ipv4_addr", "handle": 4,
         "flags": ["interval", "timeout"], "elem": [
-          {"elem": {"val": "1.2.3.4", "timeout": 5, "expires": 4}}, "5.5.5.5",
           {"elem": {"val": {"prefix": {"addr": "10.0.0.0", "len": 16}}, "timeout": 10, "expires": 9}},
           {"elem": {"val": {"range": ["20.0.0.1", "20.0.0.5"]}, "timeout": 100, "expires": 99}},
           {"prefix": {"addr": "30.0.0.0", "len": 31}}, {"concat": [1, 2]}]}},
-      {"set": {"family": "inet", "name": "v6", "table": "fleetban", "type": "ipv6_addr", "handle": 3,
-        "flags": ["interval", "timeout"], "elem": [{"elem": {"val": {"prefix": {"addr": "2001:db8::", "len": 64}}, "timeout": 60, "expires": 59}}]}},
+      {"set": {"family": "inet", "name": "v6net", "table": "fleetban", "type": "ipv6_addr", "handle": 5,
+        "flags": ["interval", "timeout"], "elem": [{"prefix": {"addr": "2001:db8:1::", "len": 48}}]}},
       {"chain": {"family": "inet", "table": "fleetban", "name": "input", "handle": 1, "type": "filter", "hook": "input", "prio": -10, "policy": "accept"}},
-      {"rule": {"family": "inet", "table": "fleetban", "chain": "input", "handle": 4, "comment": "fleetban v4 drop", "expr": []}},
-      {"rule": {"family": "inet", "table": "fleetban", "chain": "input", "handle": 5, "comment": "fleetban v6 drop", "expr": []}}]}"#;
+      {"rule": {"family": "inet", "table": "fleetban", "chain": "input", "handle": 6, "comment": "fleetban v4 drop", "expr": []}},
+      {"rule": {"family": "inet", "table": "fleetban", "chain": "input", "handle": 7, "comment": "fleetban v6 drop", "expr": []}},
+      {"rule": {"family": "inet", "table": "fleetban", "chain": "input", "handle": 8, "comment": "fleetban v4net drop", "expr": []}},
+      {"rule": {"family": "inet", "table": "fleetban", "chain": "input", "handle": 9, "comment": "fleetban v6net drop", "expr": []}}]}"#;
 
     #[test]
     fn parses_every_element_shape() {
@@ -187,10 +205,11 @@ mod tests {
             [
                 ("1.2.3.4".to_string(), Until::At(4_000)),
                 ("5.5.5.5".to_string(), Until::Permanent),
+                ("2001:db8::/64".to_string(), Until::At(59_000)),
                 ("10.0.0.0/16".to_string(), Until::At(9_000)),
                 ("20.0.0.1-20.0.0.5".to_string(), Until::At(99_000)),
                 ("30.0.0.0/31".to_string(), Until::Permanent),
-                ("2001:db8::/64".to_string(), Until::At(59_000)),
+                ("2001:db8:1::/48".to_string(), Until::Permanent),
             ]
         );
     }
@@ -209,10 +228,11 @@ mod tests {
                 ..Preamble::default()
             })
         );
-        let bad = LISTING.replacen(r#""flags": ["interval", "timeout"]"#, r#""flags": ["timeout"]"#, 1);
+        // The layout of DESIGN §4 (v4 an interval set) is re-created.
+        let bad = LISTING.replacen(r#""flags": ["timeout"]"#, r#""flags": ["interval", "timeout"]"#, 1);
         let view = parse(bad.as_bytes(), &NftOptions::default(), 0).unwrap();
         let p = view.preamble.unwrap();
-        assert!(p.delete_v4 && !p.delete_v6 && p.flush_chain_first && p.rules);
-        assert_eq!(view.elems.len(), 1, "only v6 elements are kept");
+        assert!(p.delete_sets == [true, false, false, false] && p.flush_chain_first && p.rules);
+        assert_eq!(view.elems.len(), 5, "the other sets' elements are kept");
     }
 }

@@ -1,7 +1,9 @@
 //! Enforcement: the last step of the flow, ban -> nft element.
 //!
-//! An [`Enforcer`] keeps the kernel's nftables sets (`table inet fleetban`, sets
-//! `v4`/`v6`, DESIGN §4) equal to the bans it is given. It is policy-free: it
+//! An [`Enforcer`] keeps the kernel's nftables sets (`table inet fleetban`:
+//! plain sets `v4`/`v6` for single IPv4 addresses and IPv6 /64s, interval
+//! sets `v4net`/`v6net` for other prefixes; `script::SETS` says why) equal
+//! to the bans it is given. It is policy-free: it
 //! bans exactly what it is told (allow lists, loopback and the safety valve
 //! live in `bans`). Two implementations share one bookkeeping:
 //!

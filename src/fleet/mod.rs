@@ -2,7 +2,15 @@
 //! any error it reconciles against the whole list; in between it follows the
 //! events stream (XREAD BLOCK) from the last id it applied, so a ban written
 //! by any host reaches this one within one round trip. A periodic reconcile
-//! repairs whatever drifted (trimmed stream, missed events, timeouts).
+//! repairs whatever drifted (missed events, timeouts).
+//!
+//! Gaps are detected, not assumed away: after every read the stream's
+//! `XINFO STREAM` says whether entries after our last id were deleted
+//! (`max-deleted-entry-id`, XADD MAXLEN / XTRIM / XDEL) or whether the stream
+//! is younger than our last id (Redis restarted empty, key deleted); either
+//! way the host reconciles at once.
+
+pub mod outage;
 
 use std::time::Duration;
 
@@ -30,6 +38,11 @@ pub struct FleetSync {
     pub reconcile_every: Duration,
     /// To the enforcer and to the pipeline's cache.
     pub sinks: Vec<UnboundedSender<Change>>,
+    /// Gaps detected in the stream (each one caused a reconcile).
+    pub gaps: u64,
+    /// Bans this host decided while Redis was down and has not yet written
+    /// to the list: a reconcile keeps them rather than lifting them.
+    pub held: outage::Held,
 }
 
 impl FleetSync {
@@ -72,7 +85,11 @@ impl FleetSync {
                 match self.snapshot().await {
                     Ok((id, elems)) => {
                         last_id = id;
-                        self.send(Change::Replace(elems));
+                        if backoff > Duration::from_millis(100) {
+                            tracing::info!("Ban list read again after an error; reconciled.");
+                        }
+                        backoff = Duration::from_millis(100);
+                        self.send(Change::Replace(outage::with_held(elems, &self.held, crate::now_ms())));
                         next_reconcile = tokio::time::Instant::now() + self.reconcile_every;
                     }
                     Err(e) => {
@@ -80,7 +97,7 @@ impl FleetSync {
                         if sleep_or_stop(backoff, &shutdown).await {
                             return;
                         }
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                        backoff = (backoff * 2).min(Duration::from_secs(2));
                         continue;
                     }
                 }
@@ -92,15 +109,30 @@ impl FleetSync {
                 r = self.events.xread_options::<_, _, StreamReadReply>(&stream, &from, &opts) => r,
                 _ = shutdown.cancelled() => return,
             };
+            let before = last_id.clone();
             match read {
                 Ok(reply) => {
                     backoff = Duration::from_millis(100);
+                    let got = reply.keys.iter().map(|k| k.ids.len()).sum::<usize>();
                     for key in reply.keys {
                         for entry in key.ids {
                             if let Some(c) = change_of(&entry) {
                                 self.send(c);
                             }
                             last_id = entry.id;
+                        }
+                    }
+                    match self.gap_after(&before).await {
+                        Ok(false) => {}
+                        Ok(true) => {
+                            self.gaps += 1;
+                            tracing::warn!(last_id = %before, read = got,
+                                "Ban events after our last id were trimmed or the stream was reset; reconciling.");
+                            next_reconcile = tokio::time::Instant::now();
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "Checking the events stream failed; will reconcile.");
+                            next_reconcile = tokio::time::Instant::now();
                         }
                     }
                 }
@@ -111,10 +143,86 @@ impl FleetSync {
                     if sleep_or_stop(backoff, &shutdown).await {
                         return;
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
                 }
             }
         }
+    }
+}
+
+impl FleetSync {
+    /// True if the stream may have lost events after `last`, the id we had
+    /// applied before the read that just returned. Trimming (XADD MAXLEN,
+    /// XTRIM) removes the oldest entries first, so an unread entry can only
+    /// be gone if every entry up to `last` is gone too: the first entry is
+    /// newer than `last`, or the stream is empty although ids after `last`
+    /// were generated. XDEL shows in `max-deleted-entry-id` (Redis 7); a
+    /// stream whose newest id is older than `last` was recreated. A false
+    /// alarm (a host ~100k events behind) costs one reconcile.
+    async fn gap_after(&mut self, last: &str) -> Result<bool, redis::RedisError> {
+        let Some(last) = StreamId::parse(last) else {
+            return Ok(true);
+        };
+        let info: redis::RedisResult<redis::Value> = redis::cmd("XINFO")
+            .arg("STREAM")
+            .arg(self.keys.events())
+            .query_async(&mut self.events)
+            .await;
+        let info = match info {
+            Ok(v) => v,
+            // No stream at all: a gap unless we never saw one either.
+            Err(e) if e.to_string().contains("no such key") => return Ok(last != StreamId::ZERO),
+            Err(e) => return Err(e),
+        };
+        let id = |name: &str| info_field(&info, name).and_then(id_of).unwrap_or(StreamId::ZERO);
+        let newest = id("last-generated-id");
+        if newest < last || id("max-deleted-entry-id") > last {
+            return Ok(true);
+        }
+        if last == StreamId::ZERO {
+            // The stream was empty at the snapshot: everything in it is new.
+            return Ok(false);
+        }
+        Ok(match info_field(&info, "first-entry") {
+            Some(redis::Value::Array(entry)) => entry.first().and_then(id_of).is_some_and(|first| first > last),
+            _ => newest > last,
+        })
+    }
+}
+
+/// A stream id `ms-seq`, ordered as Redis orders them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct StreamId(u64, u64);
+
+impl StreamId {
+    pub const ZERO: StreamId = StreamId(0, 0);
+
+    pub fn parse(s: &str) -> Option<StreamId> {
+        let (ms, seq) = s.split_once('-').unwrap_or((s, "0"));
+        Some(StreamId(ms.parse().ok()?, seq.parse().ok()?))
+    }
+}
+
+/// One field of an `XINFO STREAM` reply (a flat array in RESP2, a map in RESP3).
+fn info_field<'a>(info: &'a redis::Value, name: &str) -> Option<&'a redis::Value> {
+    use redis::Value;
+    let is = |v: &Value| match v {
+        Value::BulkString(b) => b == name.as_bytes(),
+        Value::SimpleString(s) => s == name,
+        _ => false,
+    };
+    match info {
+        Value::Array(items) => items.chunks_exact(2).find(|kv| is(&kv[0])).map(|kv| &kv[1]),
+        Value::Map(pairs) => pairs.iter().find(|(k, _)| is(k)).map(|(_, v)| v),
+        _ => None,
+    }
+}
+
+fn id_of(v: &redis::Value) -> Option<StreamId> {
+    match v {
+        redis::Value::BulkString(b) => StreamId::parse(std::str::from_utf8(b).ok()?),
+        redis::Value::SimpleString(s) => StreamId::parse(s),
+        _ => None,
     }
 }
 

@@ -48,6 +48,11 @@ impl MemoryLimiter {
         self.rules = rules;
     }
 
+    /// Forgets every window of `key` (an unbanned address starts afresh).
+    pub fn forget(&mut self, key: &IpNet) {
+        self.windows.retain(|(_, k), _| k != key);
+    }
+
     pub fn tracked_keys(&self) -> usize {
         self.windows.len()
     }

@@ -21,7 +21,7 @@ mod redis;
 pub use daemon::{combined_line, Daemon};
 
 pub use netns::{http_get, http_get_with, veth_pair, NetNs};
-pub use nft::{nft_set_elements, nft_set_elements_detailed, parse_set_json, NftElem};
+pub use nft::{nft_bans, nft_set_elements, nft_set_elements_detailed, parse_set_json, NftElem};
 pub use nginx::Nginx;
 pub use redis::Redis;
 

@@ -27,6 +27,20 @@ pub fn nft_set_elements(ns: &NetNs, table: &str, set: &str) -> Vec<(String, Opti
         .collect()
 }
 
+/// The bans of one family in fleetban's layout: `family` "v4" lists the
+/// plain set `v4` (single addresses) and the interval set `v4net`; "v6"
+/// lists `v6` (/64 prefixes by their network address, shown as `ADDR/64`)
+/// and `v6net`. Sorted by text.
+pub fn nft_bans(ns: &NetNs, table: &str, family: &str) -> Vec<(String, Option<u64>)> {
+    let mut out: Vec<(String, Option<u64>)> = nft_set_elements(ns, table, family)
+        .into_iter()
+        .map(|(e, t)| if family == "v6" { (format!("{e}/64"), t) } else { (e, t) })
+        .chain(nft_set_elements(ns, table, &format!("{family}net")))
+        .collect();
+    out.sort();
+    out
+}
+
 /// As [`nft_set_elements`], with the time left (`expires`) too.
 pub fn nft_set_elements_detailed(ns: &NetNs, table: &str, set: &str) -> Vec<NftElem> {
     let out = ns.run(&["nft", "-j", "list", "set", "inet", table, set]);

@@ -1,0 +1,256 @@
+//! Whole-process fleet benchmarks, ignored by default (no timed assertions
+//! in tests): run by `scripts/bench-fleet.sh`, which builds in release and
+//! passes `--ignored --nocapture`. They print figures; they assert only that
+//! the work happened.
+//!
+//! - `propagation_latency`: two hosts (namespaces), one Redis. A line pair
+//!   that bans a fresh address is appended to host A's log; `nft monitor` in
+//!   host B's namespace reports when the element is added there. Split at the
+//!   ban event's stream id (the Redis clock of `ban.lua`, same machine):
+//!   append -> ban written (A: follow poll, parse, window, ban.lua) and
+//!   ban written -> element in B's set (B: XREAD, enforcer, nft).
+//! - `start_with_100k_bans`: 100,000 active bans in the list, a daemon
+//!   starts; time from spawn to all of them in the kernel's sets.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::{combined_line, nft_bans, Daemon, NetNs, Redis};
+
+fn now_us() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as i64
+}
+
+fn write_config(dir: &Path, id: &str, log: &Path, redis: &Redis) -> (std::path::PathBuf, std::path::PathBuf) {
+    let control = dir.join("control.sock");
+    std::fs::write(
+        dir.join("rules.yaml"),
+        format!(
+            "rules:\n  - name: bench\n    logs: [{}]\n    limit: {{ hits: 1, window: 60s }}\n    ban: {{ duration: 1h }}\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    let cfg = dir.join("fleetban.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "host_id: {id}\nstate_dir: {}\ncontrol: {}\nredis: {{ url: '{}' }}\nsafety: {{ max_bans_per_minute: 100000 }}\nrules: [rules.yaml]\n",
+            dir.join("state").display(),
+            control.display(),
+            redis.url()
+        ),
+    )
+    .unwrap();
+    (cfg, control)
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn report(name: &str, v: &mut [f64]) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    println!(
+        "{name:<28} n={} p50={:.1} ms p90={:.1} ms p99={:.1} ms max={:.1} ms",
+        v.len(),
+        pct(v, 0.5),
+        pct(v, 0.9),
+        pct(v, 0.99),
+        v[v.len() - 1]
+    );
+}
+
+#[test]
+#[ignore = "benchmark: scripts/bench-fleet.sh"]
+fn propagation_latency() {
+    let n: usize = std::env::var("BANS").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
+    let redis = Redis::start();
+    let (a, b) = (NetNs::new("bencha"), NetNs::new("benchb"));
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (log_a, log_b) = (da.path().join("access.log"), db.path().join("access.log"));
+    std::fs::write(&log_a, "").unwrap();
+    std::fs::write(&log_b, "").unwrap();
+    let (cfg_a, ctl_a) = write_config(da.path(), "bench-a", &log_a, &redis);
+    let (cfg_b, ctl_b) = write_config(db.path(), "bench-b", &log_b, &redis);
+    let _ha = Daemon::start(Some(&a), &cfg_a, &ctl_a);
+    let _hb = Daemon::start(Some(&b), &cfg_b, &ctl_b);
+
+    let mut mon = b
+        .exec(&["nft", "monitor", "elements"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel::<(i64, String)>();
+    let out = mon.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send((now_us(), line)).is_err() {
+                break;
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+
+    let mut log = std::fs::OpenOptions::new().append(true).open(&log_a).unwrap();
+    let (mut total, mut to_list, mut to_set) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        let addr = format!("198.18.{}.{}", i / 250, i % 250 + 1);
+        let ms = fleetban::now_ms();
+        let text = combined_line(&addr, ms, "/", 200) + &combined_line(&addr, ms, "/", 200);
+        let t0 = now_us();
+        log.write_all(text.as_bytes()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut seen = None;
+        while let Ok((t, line)) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            if line.contains("add element") && line.contains(&format!("{{ {addr} ")) {
+                seen = Some(t);
+                break;
+            }
+        }
+        let t1 = seen.unwrap_or_else(|| panic!("ban of {addr} not seen in B within 5 s"));
+        // The ban event's id is the Redis clock (ms) when ban.lua ran.
+        let ev = redis.cli(&["XREVRANGE", "{fleetban}:events", "+", "-", "COUNT", "1"]);
+        let id_ms: i64 = ev
+            .lines()
+            .next()
+            .and_then(|l| l.split('-').next())
+            .and_then(|s| s.parse().ok())
+            .unwrap();
+        total.push((t1 - t0) as f64 / 1000.0);
+        to_list.push((id_ms * 1000 - t0) as f64 / 1000.0);
+        to_set.push((t1 - id_ms * 1000) as f64 / 1000.0);
+        // Spread the appends over the follower's poll period.
+        std::thread::sleep(Duration::from_millis(7 + (i as u64 * 13) % 40));
+    }
+    let _ = mon.kill();
+    let _ = mon.wait();
+    println!("propagation over {n} bans (append on A -> element in B's nft set):");
+    report("append -> element on B", &mut total);
+    report("append -> ban in Redis (A)", &mut to_list);
+    report("ban in Redis -> B (±1 ms)", &mut to_set);
+}
+
+#[test]
+#[ignore = "benchmark: scripts/bench-fleet.sh"]
+fn start_with_100k_bans() {
+    let n: usize = std::env::var("START_BANS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100_000);
+    let redis = Redis::start();
+    // 100k members: 3/4 single v4 addresses, 1/4 v6 /64s, one hour left.
+    let until = fleetban::now_ms() + 3_600_000;
+    let script = "local n = tonumber(ARGV[1]) local u = ARGV[2] \
+        for i = 0, n - 1 do \
+          local m \
+          if i % 4 == 3 then m = string.format('2001:db8:%x:%x::/64', math.floor(i / 65536), i % 65536) \
+          else m = string.format('%d.%d.%d.%d', 100 + math.floor(i / 16777216) % 50, math.floor(i / 65536) % 256, math.floor(i / 256) % 256, i % 256) end \
+          redis.call('ZADD', KEYS[1], u, m) end return n";
+    redis.cli(&[
+        "EVAL",
+        script,
+        "1",
+        "{fleetban}:bans",
+        &n.to_string(),
+        &until.to_string(),
+    ]);
+    assert_eq!(redis.cli(&["ZCARD", "{fleetban}:bans"]), n.to_string());
+    let ns = NetNs::new("bench100k");
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    std::fs::write(&log, "").unwrap();
+    let (cfg, control) = write_config(dir.path(), "bench-start", &log, &redis);
+    let t0 = now_us();
+    let d = Daemon::start(Some(&ns), &cfg, &control);
+    let up = (now_us() - t0) as f64 / 1000.0;
+    let text = d.log_text();
+    let line = text
+        .lines()
+        .find(|l| l.contains("Ban list applied"))
+        .expect("ban list applied");
+    // The log's own timestamp (RFC 3339, UTC, µs) of that line.
+    let plain = strip_ansi(line);
+    let applied = parse_rfc3339_us(plain.split_whitespace().next().unwrap());
+    let v4 = nft_bans(&ns, "fleetban", "v4").len();
+    let v6 = nft_bans(&ns, "fleetban", "v6").len();
+    println!("start with {n} active bans: spawn -> ban list applied {:.0} ms (control socket up after {up:.0} ms); kernel sets v4={v4} v6={v6}",
+        (applied - t0) as f64 / 1000.0);
+    for l in text
+        .lines()
+        .filter(|l| l.contains("nft transaction applied") || l.contains("reconciled"))
+    {
+        println!("  {}", strip_ansi(l.trim()));
+    }
+    assert_eq!(v4 + v6, n);
+    // One more ban on top of 100k: what every later transaction costs.
+    let before = text.matches("nft transaction applied").count();
+    let t = Instant::now();
+    Command::new(fleetban_bin_path())
+        .args(["ban", "198.18.0.1", "--for", "1h", "-c"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    common::wait_until(Duration::from_secs(30), "one more ban", || {
+        d.log_text().matches("nft transaction applied").count() > before
+    });
+    println!(
+        "one more ban on top of {n}: {:.0} ms from the CLI to the transaction logged",
+        t.elapsed().as_secs_f64() * 1000.0
+    );
+    for l in d
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("nft transaction applied"))
+        .skip(before)
+    {
+        println!("  {}", strip_ansi(l.trim()));
+    }
+}
+
+fn fleetban_bin_path() -> std::path::PathBuf {
+    common::fleetban_bin()
+}
+
+/// `2026-11-30T00:41:32.123456Z` -> µs since the epoch.
+fn parse_rfc3339_us(s: &str) -> i64 {
+    let (date, time) = s.split_once('T').unwrap();
+    let d: Vec<i64> = date.split('-').map(|x| x.parse().unwrap()).collect();
+    let time = time.trim_end_matches('Z');
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let t: Vec<i64> = hms.split(':').map(|x| x.parse().unwrap()).collect();
+    let us: i64 = format!("{frac:0<6}")[..6].parse().unwrap();
+    // Days from civil (Howard Hinnant).
+    let (y, m) = if d[1] <= 2 {
+        (d[0] - 1, d[1] + 9)
+    } else {
+        (d[0], d[1] - 3)
+    };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * m + 2) / 5 + d[2] - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    ((days * 86_400 + t[0] * 3600 + t[1] * 60 + t[2]) * 1_000_000) + us
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::new();
+    let mut esc = false;
+    for c in s.chars() {
+        match (esc, c) {
+            (false, '\x1b') => esc = true,
+            (true, 'm') => esc = false,
+            (true, _) => {}
+            (false, c) => out.push(c),
+        }
+    }
+    out
+}

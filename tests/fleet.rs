@@ -1,0 +1,598 @@
+//! One ban list for the whole fleet. Three hosts (network namespaces), each
+//! with its own nginx, its own `fleetban run` and its own nft table, share
+//! one Redis over its unix socket. A client with one address and a link to
+//! every host spreads its requests over them: under the limit on each host,
+//! over it in total, so the fleet-wide window bans it and every host drops
+//! it. `fleetban unban` on one host lets it back in everywhere. The events
+//! stream is trimmed past a host's last id: the host notices and reconciles.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::{fleetban_bin, http_get_with, nft_bans, veth_pair, wait_until, Daemon, NetNs, Nginx, Redis};
+
+/// The client's one address, on its loopback, reached by every host through
+/// its own link.
+const CLIENT: &str = "10.213.30.2";
+
+struct Host {
+    ns: NetNs,
+    /// The address the client uses to reach this host.
+    addr: String,
+    _nginx: Option<Nginx>,
+    daemon: Daemon,
+    cfg: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// Writes the config of host `id` (reading `log`) and starts its daemon.
+fn start_host(
+    ns: NetNs,
+    addr: String,
+    id: &str,
+    log: &Path,
+    nginx: Option<Nginx>,
+    redis: &Redis,
+    reconcile: &str,
+) -> Host {
+    start_host_with(ns, addr, id, log, nginx, redis, reconcile, 10, "")
+}
+
+/// As `start_host`, with the rule's `hits` and extra `redis:` settings.
+#[allow(clippy::too_many_arguments)]
+fn start_host_with(
+    ns: NetNs,
+    addr: String,
+    id: &str,
+    log: &Path,
+    nginx: Option<Nginx>,
+    redis: &Redis,
+    reconcile: &str,
+    hits: u32,
+    extra: &str,
+) -> Host {
+    let dir = tempfile::tempdir().unwrap();
+    let control = dir.path().join("control.sock");
+    std::fs::write(
+        dir.path().join("rules.yaml"),
+        format!(
+            "rules:
+  - name: scraper
+    logs: [{}]
+    match: {{ method: [GET] }}
+    limit: {{ hits: {hits}, window: 60s, scope: fleet }}
+    ban: {{ duration: 10m }}
+",
+            log.display()
+        ),
+    )
+    .unwrap();
+    let cfg = dir.path().join("fleetban.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "host_id: {id}\nstate_dir: {}\ncontrol: {}\nredis: {{ url: '{}', reconcile_every: {reconcile}{extra} }}\nrules: [rules.yaml]\n",
+            dir.path().join("state").display(),
+            control.display(),
+            redis.url()
+        ),
+    )
+    .unwrap();
+    let daemon = Daemon::start(Some(&ns), &cfg, &control);
+    Host {
+        ns,
+        addr,
+        _nginx: nginx,
+        daemon,
+        cfg,
+        _dir: dir,
+    }
+}
+
+/// As `wait_until`, with the daemons' logs in the failure message.
+fn wait_for(hosts: &[&Host], timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let t = std::time::Instant::now();
+    while t.elapsed() < timeout {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let logs: Vec<String> = hosts.iter().map(|h| h.daemon.log_text()).collect();
+    panic!(
+        "timed out after {timeout:?} waiting for {what}\n{}",
+        logs.join("\n-----\n")
+    );
+}
+
+fn cli(cfg: &Path, args: &[&str]) -> (i32, String) {
+    let out = Command::new(fleetban_bin())
+        .args(args)
+        .arg("-c")
+        .arg(cfg)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+fn v4_set(ns: &NetNs) -> Vec<String> {
+    nft_bans(ns, "fleetban", "v4").into_iter().map(|(e, _)| e).collect()
+}
+
+fn get(client: &NetNs, host: &Host, timeout: Duration) -> Result<u16, String> {
+    http_get_with(
+        client,
+        &format!("http://{}:8080/page", host.addr),
+        &["--interface", CLIENT],
+        timeout,
+    )
+}
+
+#[test]
+fn a_client_spread_over_three_hosts_is_banned_by_all_and_unbanned_everywhere() {
+    let redis = Redis::start();
+    let client = NetNs::new("client");
+    client.run(&["ip", "addr", "add", &format!("{CLIENT}/32"), "dev", "lo"]);
+    let mut hosts = Vec::new();
+    for i in 1..=3u8 {
+        let ns = NetNs::new(&format!("host{i}"));
+        let (host_addr, client_addr) = (format!("10.213.2{i}.1"), format!("10.213.2{i}.2"));
+        veth_pair(&ns, &format!("{host_addr}/24"), &client, &format!("{client_addr}/24"));
+        ns.run(&["ip", "route", "add", &format!("{CLIENT}/32"), "via", &client_addr]);
+        let nginx = Nginx::start(&ns, "0.0.0.0:8080", None);
+        let log = nginx.access_log();
+        hosts.push(start_host(
+            ns,
+            host_addr,
+            &format!("web-{i}"),
+            &log,
+            Some(nginx),
+            &redis,
+            "1h",
+        ));
+    }
+
+    // Four pages from each host: 4 < 10 on every host, 12 > 10 in the fleet.
+    for round in 0..4 {
+        for h in &hosts {
+            assert_eq!(
+                get(&client, h, Duration::from_secs(2)),
+                Ok(200),
+                "round {round} to {}",
+                h.addr
+            );
+        }
+    }
+    for h in &hosts {
+        wait_until(Duration::from_secs(10), "the ban in every host's set", || {
+            v4_set(&h.ns).contains(&CLIENT.to_owned())
+        });
+    }
+    for h in &hosts {
+        assert!(
+            get(&client, h, Duration::from_secs(1)).is_err(),
+            "{} still serves the client",
+            h.addr
+        );
+    }
+    // One host decided (whichever saw the 11th hit); none saw more than 4.
+    let bans: u64 = hosts
+        .iter()
+        .map(|h| h.daemon.status()["rules"][0]["bans"].as_u64().unwrap())
+        .sum();
+    assert_eq!(bans, 1);
+    assert_eq!(redis.cli(&["ZCARD", "{fleetban}:bans"]), "1");
+    let rec: serde_json::Value = serde_json::from_str(&redis.cli(&["HGET", "{fleetban}:banrec", CLIENT])).unwrap();
+    assert_eq!(rec["hits"], 11, "{rec}");
+
+    let (code, out) = cli(&hosts[1].cfg, &["unban", CLIENT]);
+    assert_eq!(code, 0, "{out}");
+    for h in &hosts {
+        wait_for(
+            &hosts.iter().collect::<Vec<_>>(),
+            Duration::from_secs(10),
+            "the unban on every host",
+            || !v4_set(&h.ns).contains(&CLIENT.to_owned()),
+        );
+        assert_eq!(
+            get(&client, h, Duration::from_secs(2)),
+            Ok(200),
+            "{} after unban",
+            h.addr
+        );
+    }
+}
+
+#[test]
+fn a_host_whose_events_were_trimmed_reconciles() {
+    let redis = Redis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    std::fs::write(&log, "").unwrap();
+    // No periodic reconcile to hide behind: only gap detection can repair.
+    let h = start_host(NetNs::new("gap"), String::new(), "gap-1", &log, None, &redis, "1h");
+    let (code, out) = cli(&h.cfg, &["ban", "203.0.113.1", "--for", "1h"]);
+    assert_eq!(code, 0, "{out}");
+    wait_until(Duration::from_secs(5), "a ban by event", || {
+        v4_set(&h.ns).contains(&"203.0.113.1".to_owned())
+    });
+
+    // A list entry whose event is lost: written directly, then an event the
+    // host has not read is trimmed away (XADD + XTRIM in one atomic call,
+    // as MAXLEN ~ does to a host that fell behind), with a garbage entry
+    // that must never reach nft.
+    redis.cli(&["ZADD", "{fleetban}:bans", "+inf", "203.0.113.2"]);
+    redis.cli(&["ZADD", "{fleetban}:bans", "+inf", "garbage; flush ruleset"]);
+    redis.cli(&[
+        "EVAL",
+        "redis.call('XADD', KEYS[1], '*', 'op', 'ban', 'addr', 'also garbage', 'until', 'inf') \
+         return redis.call('XTRIM', KEYS[1], 'MAXLEN', 0)",
+        "1",
+        "{fleetban}:events",
+    ]);
+    wait_for(
+        &[&h],
+        Duration::from_secs(5),
+        "reconcile after the trimmed stream",
+        || v4_set(&h.ns).contains(&"203.0.113.2".to_owned()),
+    );
+    assert_eq!(v4_set(&h.ns), vec!["203.0.113.1".to_owned(), "203.0.113.2".to_owned()]);
+    assert!(h.daemon.log_text().contains("trimmed"), "{}", h.daemon.log_text());
+
+    let (code, out) = cli(&h.cfg, &["ban", "203.0.113.5", "--for", "1h"]);
+    assert_eq!(code, 0, "{out}");
+    wait_until(Duration::from_secs(5), "a ban by event after the reconcile", || {
+        v4_set(&h.ns).contains(&"203.0.113.5".to_owned())
+    });
+    // The stream is deleted (as a Redis restarted empty would have it):
+    // the host's last id is now ahead of the stream, noticed, reconciled.
+    redis.cli(&["DEL", "{fleetban}:events"]);
+    redis.cli(&["ZADD", "{fleetban}:bans", "+inf", "203.0.113.3"]);
+    wait_for(
+        &[&h],
+        Duration::from_secs(5),
+        "reconcile after the stream was reset",
+        || v4_set(&h.ns).contains(&"203.0.113.3".to_owned()),
+    );
+    // And it follows the new stream: a ban by event arrives again.
+    let (code, out) = cli(&h.cfg, &["ban", "203.0.113.4", "--for", "1h"]);
+    assert_eq!(code, 0, "{out}");
+    wait_until(Duration::from_secs(5), "an event on the new stream", || {
+        v4_set(&h.ns).contains(&"203.0.113.4".to_owned())
+    });
+    let text = h.daemon.log_text();
+    assert!(text.contains("not an address"), "garbage warned about:\n{text}");
+}
+
+fn append(log: &Path, text: &str) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new().append(true).open(log).unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+}
+
+fn lines(addr: &str, n: i64) -> String {
+    let now = fleetban::now_ms();
+    (0..n)
+        .map(|i| common::combined_line(addr, now + i, "/page", 200))
+        .collect()
+}
+
+fn list(redis: &Redis) -> Vec<String> {
+    let mut v: Vec<String> = redis
+        .cli(&["ZRANGE", "{fleetban}:bans", "0", "-1"])
+        .lines()
+        .map(str::to_owned)
+        .filter(|l| !l.is_empty())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn redis_killed_during_traffic_the_fleet_keeps_banning_and_converges_after() {
+    let mut redis = Redis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut hosts = Vec::new();
+    let mut logs = Vec::new();
+    for i in 1..=3 {
+        let log = dir.path().join(format!("access{i}.log"));
+        std::fs::write(&log, "").unwrap();
+        // Fleet limit 9 over 3 hosts: 3 per host while Redis is down. No
+        // periodic reconcile: convergence must come from the reconnect.
+        hosts.push(start_host_with(
+            NetNs::new(&format!("out{i}")),
+            String::new(),
+            &format!("out-{i}"),
+            &log,
+            None,
+            &redis,
+            "1h",
+            9,
+            ", fleet_size: 3, timeout: 100ms",
+        ));
+        logs.push(log);
+    }
+    let all: Vec<&Host> = hosts.iter().collect();
+    let (code, out) = cli(&hosts[0].cfg, &["ban", "203.0.113.10", "--for", "1h"]);
+    assert_eq!(code, 0, "{out}");
+    for h in &hosts {
+        wait_until(Duration::from_secs(5), "the first ban everywhere", || {
+            v4_set(&h.ns) == ["203.0.113.10"]
+        });
+    }
+    let pids: Vec<u32> = hosts.iter().map(|h| h.daemon.pid()).collect();
+
+    // Traffic, then Redis dies in the middle of it.
+    for log in &logs {
+        append(log, &lines("198.51.100.1", 1));
+    }
+    redis.kill();
+    for log in &logs {
+        append(log, &lines("198.51.100.1", 1));
+    }
+    // The attacker on host 1 only: 5 hits > 9 / 3.
+    append(&logs[0], &lines("203.0.113.20", 5));
+    wait_for(
+        &all,
+        Duration::from_secs(10),
+        "a local ban on host 1 while Redis is down",
+        || v4_set(&hosts[0].ns).contains(&"203.0.113.20".to_owned()),
+    );
+    let st = hosts[0].daemon.status();
+    assert_eq!(st["redis"]["connected"], false, "{st}");
+    assert_eq!(st["redis"]["queued_bans"], 1, "{st}");
+    assert!(st["redis"]["local_decisions"].as_u64().unwrap() > 0, "{st}");
+    // The client under the share on every host is not banned.
+    for h in &hosts {
+        assert!(!v4_set(&h.ns).contains(&"198.51.100.1".to_owned()));
+        h.daemon.status();
+    }
+
+    // Redis comes back empty (no persistence): the queued ban is written,
+    // every host reconciles, and every set equals the list.
+    redis.restart();
+    wait_for(&all, Duration::from_secs(20), "the queued ban in the list", || {
+        list(&redis) == ["203.0.113.20"]
+    });
+    for h in &hosts {
+        wait_for(
+            &all,
+            Duration::from_secs(20),
+            "every host's set equal to the list",
+            || v4_set(&h.ns) == list(&redis),
+        );
+    }
+    let rec: serde_json::Value =
+        serde_json::from_str(&redis.cli(&["HGET", "{fleetban}:banrec", "203.0.113.20"])).unwrap();
+    assert_eq!(rec["host"], "out-1", "{rec}");
+    // And the fleet follows events again, on the new stream.
+    let (code, out) = cli(&hosts[2].cfg, &["ban", "203.0.113.30", "--for", "1h"]);
+    assert_eq!(code, 0, "{out}");
+    for h in &hosts {
+        wait_for(
+            &all,
+            Duration::from_secs(10),
+            "a ban after the outage everywhere",
+            || v4_set(&h.ns) == ["203.0.113.20", "203.0.113.30"],
+        );
+        let st = h.daemon.status();
+        assert_eq!(st["redis"]["connected"], true, "{st}");
+    }
+    // Nobody restarted.
+    assert_eq!(hosts.iter().map(|h| h.daemon.pid()).collect::<Vec<_>>(), pids);
+}
+
+#[test]
+fn a_slow_redis_is_treated_as_down_local_decides_and_pause_waits() {
+    let redis = Redis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (log_a, log_b) = (dir.path().join("a.log"), dir.path().join("b.log"));
+    std::fs::write(&log_a, "").unwrap();
+    std::fs::write(&log_b, "").unwrap();
+    let a = start_host_with(
+        NetNs::new("pause"),
+        String::new(),
+        "pause-a",
+        &log_a,
+        None,
+        &redis,
+        "1h",
+        9,
+        ", on_down: pause, timeout: 100ms",
+    );
+    let b = start_host_with(
+        NetNs::new("local"),
+        String::new(),
+        "local-b",
+        &log_b,
+        None,
+        &redis,
+        "1h",
+        9,
+        ", on_down: local, fleet_size: 3, timeout: 100ms",
+    );
+    // Redis busy for 3 s (a script spinning on TIME): every call times out.
+    let mut busy = Command::new(common::require("redis-cli"))
+        .arg("-s")
+        .arg(&redis.socket)
+        .args([
+            "EVAL",
+            "local s = tonumber(redis.call('TIME')[1]) while tonumber(redis.call('TIME')[1]) - s < 3 do end return 1",
+            "0",
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    append(&log_a, &lines("203.0.113.41", 10));
+    append(&log_b, &lines("203.0.113.40", 5));
+    wait_for(
+        &[&a, &b],
+        Duration::from_secs(2),
+        "a local ban while Redis is busy",
+        || v4_set(&b.ns).contains(&"203.0.113.40".to_owned()),
+    );
+    // Still busy: `pause` has decided nothing, and both keep answering.
+    assert!(
+        busy.try_wait().unwrap().is_none(),
+        "the busy script ended too early for this check"
+    );
+    assert!(v4_set(&a.ns).is_empty());
+    assert_eq!(a.daemon.status()["rules"][0]["bans"], 0);
+    assert_eq!(b.daemon.status()["redis"]["queued_bans"], 1);
+    busy.wait().unwrap();
+
+    // Redis answers again: `pause` decides the held hits with the fleet's
+    // window (10 > 9), `local` writes its queued ban; both sets = the list.
+    wait_for(&[&a, &b], Duration::from_secs(15), "both bans in the list", || {
+        list(&redis) == ["203.0.113.40", "203.0.113.41"]
+    });
+    for h in [&a, &b] {
+        wait_for(&[&a, &b], Duration::from_secs(10), "each set equal to the list", || {
+            v4_set(&h.ns) == list(&redis)
+        });
+    }
+}
+
+#[test]
+fn a_daemon_started_while_redis_is_down_keeps_the_set_follows_logs_and_catches_up() {
+    let mut redis = Redis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    std::fs::write(&log, "").unwrap();
+    let mut h = start_host_with(
+        NetNs::new("cold"),
+        String::new(),
+        "cold-1",
+        &log,
+        None,
+        &redis,
+        "1h",
+        9,
+        ", fleet_size: 3, timeout: 100ms",
+    );
+    let (code, out) = cli(&h.cfg, &["ban", "203.0.113.10", "--for", "1h"]);
+    assert_eq!(code, 0, "{out}");
+    wait_until(Duration::from_secs(5), "the ban in the set", || {
+        v4_set(&h.ns) == ["203.0.113.10"]
+    });
+    h.daemon.stop(Duration::from_secs(10));
+    redis.kill();
+
+    // Restarted while Redis is down: up at once, the kernel's set untouched.
+    h.daemon = Daemon::start(Some(&h.ns), &h.cfg, &h.daemon.control.clone());
+    assert_eq!(v4_set(&h.ns), ["203.0.113.10"]);
+    append(&log, &lines("203.0.113.20", 5));
+    wait_for(&[&h], Duration::from_secs(10), "a local ban without Redis", || {
+        v4_set(&h.ns).contains(&"203.0.113.20".to_owned())
+    });
+    assert_eq!(h.daemon.status()["redis"]["connected"], false);
+
+    redis.restart();
+    wait_for(&[&h], Duration::from_secs(20), "the queued ban in the list", || {
+        list(&redis) == ["203.0.113.20"]
+    });
+    wait_for(&[&h], Duration::from_secs(20), "the set equal to the list", || {
+        v4_set(&h.ns) == ["203.0.113.20"]
+    });
+    let (code, out) = cli(&h.cfg, &["ban", "203.0.113.30", "--for", "1h"]);
+    assert_eq!(code, 0, "{out}");
+    wait_for(
+        &[&h],
+        Duration::from_secs(10),
+        "events followed after the outage",
+        || v4_set(&h.ns) == ["203.0.113.20", "203.0.113.30"],
+    );
+}
+
+#[test]
+fn an_acl_user_with_the_documented_minimal_rights_runs_the_fleet() {
+    let redis = Redis::start();
+    let acl = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/redis-acl.conf")).unwrap();
+    let line = acl
+        .lines()
+        .find(|l| l.starts_with("user fleetban "))
+        .expect("the user line");
+    let mut args = vec!["ACL", "SETUSER", "fleetban"];
+    args.extend(
+        line["user fleetban ".len()..]
+            .split_whitespace()
+            .map(|w| if w == ">PASSWORD" { ">s3cret-pw" } else { w }),
+    );
+    assert_eq!(redis.cli(&args), "OK");
+    // The daemon and the CLI reach Redis only as that user.
+    let user_url = format!("{}?user=fleetban&pass=s3cret-pw", redis.url());
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    std::fs::write(&log, "").unwrap();
+    let h = start_host_with(
+        NetNs::new("acl"),
+        String::new(),
+        "acl-1",
+        &log,
+        None,
+        &redis,
+        "1s",
+        3,
+        "",
+    );
+    // Rewrite the URL in the config and restart with it.
+    let cfg_text = std::fs::read_to_string(&h.cfg).unwrap();
+    std::fs::write(&h.cfg, cfg_text.replace(&redis.url(), &user_url)).unwrap();
+    let control = h.daemon.control.clone();
+    let Host {
+        ns, cfg, daemon, _dir, ..
+    } = h;
+    drop(daemon);
+    let d = Daemon::start(Some(&ns), &cfg, &control);
+
+    append(&log, &lines("203.0.113.60", 4));
+    wait_until(Duration::from_secs(10), "a ban through the ACL user", || {
+        v4_set(&ns).contains(&"203.0.113.60".to_owned())
+    });
+    assert!(list(&redis).contains(&"203.0.113.60".to_owned()));
+    let (code, out) = cli(&cfg, &["ban", "203.0.113.61", "--for", "1h"]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = cli(&cfg, &["unban", "203.0.113.60"]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = cli(&cfg, &["bans"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("203.0.113.61"), "{out}");
+    wait_until(Duration::from_secs(10), "ban and unban by events", || {
+        v4_set(&ns) == ["203.0.113.61"]
+    });
+    // A few reconciles (every 1 s) and gap checks ran as that user.
+    std::thread::sleep(Duration::from_millis(2500));
+    let st = d.status();
+    assert_eq!(st["redis"]["connected"], true, "{st}");
+    assert_eq!(st["redis"]["local_decisions"], 0, "{st}");
+    let text = d.log_text();
+    assert!(!text.contains("NOPERM") && !text.contains("failed"), "{text}");
+    // And the user really is confined: another key is refused.
+    let denied = Command::new(common::require("redis-cli"))
+        .arg("-s")
+        .arg(&redis.socket)
+        .args([
+            "--user",
+            "fleetban",
+            "--pass",
+            "s3cret-pw",
+            "--no-auth-warning",
+            "SET",
+            "other",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&denied.stdout).contains("NOPERM"), "{denied:?}");
+}
