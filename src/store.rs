@@ -35,6 +35,29 @@ impl Keys {
         }
     }
 
+    /// `fleetban:fw:{ADDR}:RULE` (`:HOST` for `scope: host`): the base of
+    /// the fixed-window counters; the script appends `:N`, the window number.
+    pub fn fixed(&self, addr: &IpNet, rule: &str, host: Option<&str>) -> String {
+        self.per_addr("fw", addr, rule, host)
+    }
+
+    /// `fleetban:tb:{ADDR}:RULE`: token bucket state (HASH).
+    pub fn bucket(&self, addr: &IpNet, rule: &str, host: Option<&str>) -> String {
+        self.per_addr("tb", addr, rule, host)
+    }
+
+    /// `fleetban:sc:{ADDR}:RULE`: sliding counter state (HASH).
+    pub fn counter(&self, addr: &IpNet, rule: &str, host: Option<&str>) -> String {
+        self.per_addr("sc", addr, rule, host)
+    }
+
+    fn per_addr(&self, kind: &str, addr: &IpNet, rule: &str, host: Option<&str>) -> String {
+        match host {
+            None => format!("{}:{kind}:{{{}}}:{}", self.prefix, AddrText(addr), rule),
+            Some(h) => format!("{}:{kind}:{{{}}}:{}:{}", self.prefix, AddrText(addr), rule, h),
+        }
+    }
+
     pub fn bans(&self) -> String {
         format!("{{{}}}:bans", self.prefix)
     }
@@ -103,6 +126,12 @@ pub struct LuaScript {
 
 pub static SLIDING_WINDOW: std::sync::LazyLock<LuaScript> =
     std::sync::LazyLock::new(|| LuaScript::new("sliding_window", include_str!("../lua/sliding_window.lua")));
+pub static FIXED_WINDOW: std::sync::LazyLock<LuaScript> =
+    std::sync::LazyLock::new(|| LuaScript::new("fixed_window", include_str!("../lua/fixed_window.lua")));
+pub static TOKEN_BUCKET: std::sync::LazyLock<LuaScript> =
+    std::sync::LazyLock::new(|| LuaScript::new("token_bucket", include_str!("../lua/token_bucket.lua")));
+pub static SLIDING_COUNTER: std::sync::LazyLock<LuaScript> =
+    std::sync::LazyLock::new(|| LuaScript::new("sliding_counter", include_str!("../lua/sliding_counter.lua")));
 pub static BAN: std::sync::LazyLock<LuaScript> =
     std::sync::LazyLock::new(|| LuaScript::new("ban", include_str!("../lua/ban.lua")));
 pub static UNBAN: std::sync::LazyLock<LuaScript> =

@@ -1,4 +1,4 @@
-//! The sliding window's semantics, three ways: the Redis script against a
+//! Every algorithm's semantics, three ways: the Redis script against a
 //! real redis-server, the in-memory store, and the brute-force model of
 //! DESIGN §2. They must agree on every hit, for random sequences with equal
 //! and out-of-order timestamps, replays of the same line, bursts and idle
@@ -9,9 +9,9 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::model::{model, ModelHit, ModelRule};
+use common::model::{model, Algo, ModelHit, ModelRule};
 use common::Redis;
-use fleetban::config::{Clock, OnDown, RedisConfig, Scope};
+use fleetban::config::{Algorithm, OnDown, RedisConfig};
 use fleetban::detect::{Batch, Hit};
 use fleetban::limit::{MemoryLimiter, RedisLimiter, RuleLimit, Verdict};
 use fleetban::store::{self, Keys};
@@ -22,12 +22,17 @@ fn rule_limits(rules: &[ModelRule]) -> Vec<RuleLimit> {
     rules
         .iter()
         .enumerate()
-        .map(|(i, r)| RuleLimit {
-            name: format!("r{i}"),
-            hits: r.limit as u32,
-            window_ms: r.window,
-            scope: Scope::Fleet,
-            clock: Clock::Log,
+        .map(|(i, r)| {
+            let name = format!("r{i}");
+            match r.algo {
+                Algo::Sliding { prefilter } => RuleLimit {
+                    prefilter: prefilter as u32,
+                    ..RuleLimit::new(&name, Algorithm::SlidingWindow, r.limit as u32, r.window)
+                },
+                Algo::Fixed => RuleLimit::new(&name, Algorithm::FixedWindow, r.limit as u32, r.window),
+                Algo::Bucket { interval_us } => RuleLimit::bucket(&name, r.limit as u32, interval_us),
+                Algo::Counter => RuleLimit::new(&name, Algorithm::SlidingCounter, r.limit as u32, r.window),
+            }
         })
         .collect()
 }
@@ -102,17 +107,55 @@ fn model_bans(hits: &[ModelHit], rules: &[ModelRule]) -> Vec<(usize, String, i64
 /// Random hit sequences: few keys and rules, times that repeat, go back,
 /// burst and jump; some members repeated (a line read twice).
 fn sequences() -> impl Strategy<Value = (Vec<ModelHit>, Vec<ModelRule>, Vec<usize>)> {
+    sequences_of(Family::Sliding)
+}
+
+/// Which algorithm the random rules use.
+#[derive(Clone, Copy, Debug)]
+enum Family {
+    Sliding,
+    Prefilter,
+    Fixed,
+    Bucket,
+    Counter,
+}
+
+const FAMILIES: [Family; 5] = [
+    Family::Sliding,
+    Family::Prefilter,
+    Family::Fixed,
+    Family::Bucket,
+    Family::Counter,
+];
+
+fn sequences_of(family: Family) -> impl Strategy<Value = (Vec<ModelHit>, Vec<ModelRule>, Vec<usize>)> {
     let rules = prop::collection::vec(
         (
             1usize..6,
             prop::sample::select(vec![30_000i64, 60_000, 90_000]),
             prop::sample::select(vec![1_000i64, 20_000, 600_000]),
+            0.0f64..1.0,
+            // Token intervals: 1 s .. 20 s, some not a whole number of ms.
+            prop::sample::select(vec![1_000_000i64, 3_333_333, 7_500_000, 20_000_000]),
         ),
         1..3,
     )
-    .prop_map(|v| {
+    .prop_map(move |v| {
         v.into_iter()
-            .map(|(limit, window, ban_ms)| ModelRule { limit, window, ban_ms })
+            .map(|(limit, window, ban_ms, fraction, interval_us)| ModelRule {
+                limit,
+                window,
+                ban_ms,
+                algo: match family {
+                    Family::Sliding => Algo::Sliding { prefilter: 0 },
+                    Family::Prefilter => Algo::Sliding {
+                        prefilter: RuleLimit::threshold(fraction, limit as u32) as usize,
+                    },
+                    Family::Fixed => Algo::Fixed,
+                    Family::Bucket => Algo::Bucket { interval_us },
+                    Family::Counter => Algo::Counter,
+                },
+            })
             .collect::<Vec<_>>()
     });
     (
@@ -152,6 +195,36 @@ proptest! {
         let got = drive(&hits, &rules, &batches, |bs| bs.iter().map(|b| m.check(b.rule, b.key, &b.hits, wall)).collect());
         prop_assert_eq!(got, model_bans(&hits, &rules));
     }
+
+    #[test]
+    fn memory_prefilter_agrees_with_model((hits, rules, batches) in sequences_of(Family::Prefilter)) {
+        memory_case(&hits, &rules, &batches)?;
+    }
+
+    #[test]
+    fn memory_fixed_window_agrees_with_model((hits, rules, batches) in sequences_of(Family::Fixed)) {
+        memory_case(&hits, &rules, &batches)?;
+    }
+
+    #[test]
+    fn memory_token_bucket_agrees_with_model((hits, rules, batches) in sequences_of(Family::Bucket)) {
+        memory_case(&hits, &rules, &batches)?;
+    }
+
+    #[test]
+    fn memory_sliding_counter_agrees_with_model((hits, rules, batches) in sequences_of(Family::Counter)) {
+        memory_case(&hits, &rules, &batches)?;
+    }
+}
+
+fn memory_case(hits: &[ModelHit], rules: &[ModelRule], batches: &[usize]) -> Result<(), TestCaseError> {
+    let mut m = MemoryLimiter::new(rule_limits(rules));
+    let wall = fleetban::now_ms();
+    let got = drive(hits, rules, batches, |bs| {
+        bs.iter().map(|b| m.check(b.rule, b.key, &b.hits, wall)).collect()
+    });
+    prop_assert_eq!(got, model_bans(hits, rules));
+    Ok(())
 }
 
 #[test]
@@ -172,28 +245,31 @@ fn redis_script_agrees_with_model_and_memory() {
     let con = rt
         .block_on(store::connect(&cfg, Some(Duration::from_secs(5))))
         .expect("connect");
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 150,
-        ..ProptestConfig::default()
-    });
     let case = std::sync::atomic::AtomicU32::new(0);
-    runner
-        .run(&sequences(), |(hits, rules, batches)| {
-            let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            // Each case in its own prefix: no state shared between cases.
-            let keys = Keys::new(&format!("fbtest{n}"));
-            let mut lim = RedisLimiter::new(con.clone(), keys, "h1", rule_limits(&rules));
-            let got = drive(&hits, &rules, &batches, |bs| check(&rt, &mut lim, bs));
-            prop_assert_eq!(&got, &model_bans(&hits, &rules));
-            let mut m = MemoryLimiter::new(rule_limits(&rules));
-            let wall = fleetban::now_ms();
-            let mem = drive(&hits, &rules, &batches, |bs| {
-                bs.iter().map(|b| m.check(b.rule, b.key, &b.hits, wall)).collect()
-            });
-            prop_assert_eq!(got, mem);
-            Ok(())
-        })
-        .unwrap();
+    for family in FAMILIES {
+        eprintln!("{family:?}");
+        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+            cases: 100,
+            ..ProptestConfig::default()
+        });
+        runner
+            .run(&sequences_of(family), |(hits, rules, batches)| {
+                let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                // Each case in its own prefix: no state shared between cases.
+                let keys = Keys::new(&format!("fbtest{n}"));
+                let mut lim = RedisLimiter::new(con.clone(), keys, "h1", rule_limits(&rules));
+                let got = drive(&hits, &rules, &batches, |bs| check(&rt, &mut lim, bs));
+                prop_assert_eq!(&got, &model_bans(&hits, &rules));
+                let mut m = MemoryLimiter::new(rule_limits(&rules));
+                let wall = fleetban::now_ms();
+                let mem = drive(&hits, &rules, &batches, |bs| {
+                    bs.iter().map(|b| m.check(b.rule, b.key, &b.hits, wall)).collect()
+                });
+                prop_assert_eq!(got, mem);
+                Ok(())
+            })
+            .unwrap();
+    }
 }
 
 #[test]
@@ -216,6 +292,7 @@ fn redis_window_is_the_seeds_zset_with_pexpire() {
         limit: 3,
         window: 60_000,
         ban_ms: 1000,
+        algo: Algo::Sliding { prefilter: 0 },
     }];
     let mut lim = RedisLimiter::new(con, Keys::new("fleetban"), "h1", rule_limits(&rules));
     let key: IpNet = "203.0.113.7/32".parse().unwrap();
@@ -310,6 +387,7 @@ fn a_large_flush_is_split_into_bounded_round_trips() {
         limit: 2,
         window: 60_000,
         ban_ms: 1000,
+        algo: Algo::Sliding { prefilter: 0 },
     }];
     let mut lim = RedisLimiter::new(con, Keys::new("fleetban"), "h1", rule_limits(&rules));
     // 5,000 clients with 3 hits each: every one goes over on its third hit.

@@ -6,7 +6,7 @@ mod common;
 
 use std::process::Command;
 
-use common::model::{model, ModelHit, ModelRule};
+use common::model::{model, Algo, ModelHit, ModelRule};
 use common::{corpus_path, fleetban_bin};
 use fleetban::detect::client_key;
 use fleetban::parse::{Format, Parser};
@@ -56,11 +56,13 @@ fn json_decisions_equal_the_brute_force_model_on_the_corpus() {
             limit: 20,
             window: 60_000,
             ban_ms: 600_000,
+            algo: Algo::Sliding { prefilter: 0 },
         },
         ModelRule {
             limit: 3,
             window: 300_000,
             ban_ms: 3_600_000,
+            algo: Algo::Sliding { prefilter: 0 },
         },
     ];
     let mut hits = Vec::new();

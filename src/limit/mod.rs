@@ -10,17 +10,59 @@ mod redis;
 pub use self::memory::MemoryLimiter;
 pub use self::redis::{RedisLimiter, MAX_CALLS_PER_TRIP, MAX_HITS_PER_TRIP};
 
-use crate::config::{Clock, Rule, Scope};
+use crate::config::{Algorithm, Clock, Rule, Scope};
 use crate::detect::Batch;
 
 /// What the limiter needs to know of one rule.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RuleLimit {
     pub name: String,
+    pub algorithm: Algorithm,
+    /// The limit; for `token_bucket` the burst.
     pub hits: u32,
+    /// The window; for `token_bucket` the time to refill an empty bucket.
     pub window_ms: i64,
+    /// `token_bucket`: microseconds per token.
+    pub interval_us: i64,
+    /// `sliding_window` with `prefilter`: hits per fixed window counted
+    /// before the exact window is consulted (floor(fraction x hits)); 0 = off.
+    pub prefilter: u32,
     pub scope: Scope,
     pub clock: Clock,
+}
+
+impl RuleLimit {
+    /// A plain rule of `algorithm` (tests and benchmarks).
+    pub fn new(name: &str, algorithm: Algorithm, hits: u32, window_ms: i64) -> RuleLimit {
+        RuleLimit {
+            name: name.to_owned(),
+            algorithm,
+            hits,
+            window_ms,
+            interval_us: 0,
+            prefilter: 0,
+            scope: Scope::Fleet,
+            clock: Clock::Log,
+        }
+    }
+
+    /// A token bucket of `burst` tokens, one every `interval_us`.
+    pub fn bucket(name: &str, burst: u32, interval_us: i64) -> RuleLimit {
+        RuleLimit {
+            interval_us,
+            ..RuleLimit::new(
+                name,
+                Algorithm::TokenBucket,
+                burst,
+                (i64::from(burst) * interval_us + 999) / 1000,
+            )
+        }
+    }
+
+    /// The prefilter threshold of `fraction` of `hits`.
+    pub fn threshold(fraction: f64, hits: u32) -> u32 {
+        (fraction * f64::from(hits) + 1e-9).floor() as u32
+    }
 }
 
 impl RuleLimit {
@@ -29,8 +71,11 @@ impl RuleLimit {
             .iter()
             .map(|r| RuleLimit {
                 name: r.name.clone(),
+                algorithm: r.limit.algorithm,
                 hits: r.limit.hits,
                 window_ms: r.limit.window_ms,
+                interval_us: r.limit.interval_us,
+                prefilter: r.limit.prefilter.map_or(0, |f| RuleLimit::threshold(f, r.limit.hits)),
                 scope: r.limit.scope,
                 clock: r.limit.clock,
             })
