@@ -416,3 +416,237 @@ fn a_large_flush_is_split_into_bounded_round_trips() {
         "{trips} round trips"
     );
 }
+
+fn redis_limiter(redis: &Redis, rt: &tokio::runtime::Runtime, prefix: &str, rules: Vec<RuleLimit>) -> RedisLimiter {
+    let cfg = RedisConfig {
+        url: redis.url(),
+        prefix: prefix.into(),
+        timeout: Duration::from_secs(2),
+        on_down: OnDown::Local,
+        fleet_size: 1,
+        reconcile_every: Duration::from_secs(60),
+    };
+    let con = rt.block_on(store::connect(&cfg, Some(Duration::from_secs(5)))).unwrap();
+    RedisLimiter::new(con, Keys::new(prefix), "h1", rules)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn batch(key: &str, hits: impl IntoIterator<Item = (i64, u64)>) -> Batch {
+    Batch {
+        rule: 0,
+        key: key_net(key),
+        hits: hits
+            .into_iter()
+            .map(|(time_ms, member)| Hit { time_ms, member })
+            .collect(),
+    }
+}
+
+/// The seeds' warning about fixed windows, on the real scripts: 100 hits just
+/// before a window boundary and 100 just after are 200 hits within 2 s, and
+/// the fixed window allows every one; the sliding window refuses the 101st.
+#[test]
+fn fixed_window_allows_twice_the_limit_across_a_boundary_and_sliding_window_refuses() {
+    let redis = Redis::start();
+    let rt = runtime();
+    let boundary = 1_700_000_040_000i64; // a multiple of 60 s
+    assert_eq!(boundary % 60_000, 0);
+    let hits: Vec<(i64, u64)> = (0..100)
+        .map(|k| (boundary - 1000 + k, k as u64 + 1))
+        .chain((0..100).map(|k| (boundary + k, k as u64 + 101)))
+        .collect();
+    for (algo, expect) in [
+        (Algorithm::FixedWindow, Verdict::Under { count: 100 }),
+        (Algorithm::SlidingWindow, Verdict::Over { index: 100, count: 100 }),
+    ] {
+        let rules = vec![RuleLimit::new("r0", algo, 100, 60_000)];
+        let mut lim = redis_limiter(&redis, &rt, algo.name(), rules.clone());
+        // One batch, then the same hits one call each: batching changes nothing.
+        assert_eq!(
+            check(&rt, &mut lim, &[batch("192.0.2.1", hits.clone())]),
+            vec![expect],
+            "{algo:?}"
+        );
+        let mut one_by_one = None;
+        for (i, h) in hits.iter().enumerate() {
+            if let Verdict::Over { count, .. } = check(&rt, &mut lim, &[batch("192.0.2.2", [*h])])[0] {
+                one_by_one = Some((i, count));
+                break;
+            }
+        }
+        let mut m = MemoryLimiter::new(rules);
+        let mem = m.check(
+            0,
+            key_net("192.0.2.1"),
+            &batch("192.0.2.1", hits.clone()).hits,
+            fleetban::now_ms(),
+        );
+        assert_eq!(mem, expect, "{algo:?} in memory");
+        match expect {
+            Verdict::Over { index, count } => assert_eq!(one_by_one, Some((index, count))),
+            Verdict::Under { .. } => assert_eq!(one_by_one, None),
+        }
+    }
+    // The fixed window's counters: one per window number, with their expiry.
+    let n = boundary / 60_000;
+    assert_eq!(
+        redis.cli(&["GET", &format!("fixed_window:fw:{{192.0.2.1}}:r0:{}", n - 1)]),
+        "100"
+    );
+    assert_eq!(
+        redis.cli(&["GET", &format!("fixed_window:fw:{{192.0.2.1}}:r0:{n}")]),
+        "100"
+    );
+    let ttl: i64 = redis
+        .cli(&["PTTL", &format!("fixed_window:fw:{{192.0.2.1}}:r0:{n}")])
+        .parse()
+        .unwrap();
+    assert!(ttl > 59_000 && ttl <= 61_000, "{ttl}");
+}
+
+/// A batch sent again (a timeout after Redis applied it, a re-read after a
+/// crash) is not counted twice by the window, the bucket and the counter:
+/// they skip up to the member of the last hit counted. The fixed window's
+/// INCR counts it again (documented in the script and README).
+#[test]
+fn a_batch_sent_again_is_not_counted_twice() {
+    let redis = Redis::start();
+    let rt = runtime();
+    let t = 1_700_000_000_000i64;
+    let first: Vec<(i64, u64)> = (0..4).map(|k| (t + k, k as u64 + 1)).collect();
+    for (rules, recounts) in [
+        (vec![RuleLimit::new("r0", Algorithm::SlidingWindow, 5, 60_000)], false),
+        (vec![RuleLimit::bucket("r0", 5, 60_000_000)], false),
+        (vec![RuleLimit::new("r0", Algorithm::SlidingCounter, 5, 60_000)], false),
+        (vec![RuleLimit::new("r0", Algorithm::FixedWindow, 5, 60_000)], true),
+    ] {
+        let algo = rules[0].algorithm;
+        let mut lim = redis_limiter(&redis, &rt, &format!("again{}", algo.name()), rules.clone());
+        let mut m = MemoryLimiter::new(rules);
+        let wall = fleetban::now_ms();
+        let mut both = |b: Batch| {
+            let r = check(&rt, &mut lim, std::slice::from_ref(&b))[0];
+            assert_eq!(m.check(0, b.key, &b.hits, wall), r, "{algo:?}: memory and Redis differ");
+            r
+        };
+        assert!(matches!(both(batch("192.0.2.1", first.clone())), Verdict::Under { .. }));
+        // Sent again, then again with one new hit at its end.
+        let again = both(batch("192.0.2.1", first.clone()));
+        let mut more = first.clone();
+        more.push((t + 10, 5));
+        let fifth = both(batch("192.0.2.1", more));
+        if recounts {
+            assert!(matches!(again, Verdict::Over { index: 1, .. }), "{algo:?}: {again:?}");
+        } else {
+            assert!(matches!(again, Verdict::Under { .. }), "{algo:?}: {again:?}");
+            assert!(matches!(fifth, Verdict::Under { .. }), "{algo:?}: {fifth:?}");
+            // The sixth distinct hit is over the limit of 5.
+            let sixth = both(batch("192.0.2.1", [(t + 11, 6)]));
+            assert_eq!(sixth, Verdict::Over { index: 0, count: 5 }, "{algo:?}");
+        }
+    }
+}
+
+/// In-order hits of one client, no line read twice.
+fn in_order() -> impl Strategy<Value = (Vec<ModelHit>, usize, usize)> {
+    (
+        1usize..30,
+        0.05f64..1.0,
+        prop::collection::vec(
+            prop_oneof![3 => 0i64..2_000, 1 => 2_000i64..40_000, 1 => Just(130_000i64)],
+            1..200,
+        ),
+    )
+        .prop_map(|(limit, fraction, steps)| {
+            let mut t = 1_700_000_000_000i64;
+            let hits = steps
+                .into_iter()
+                .enumerate()
+                .map(|(n, s)| {
+                    t += s;
+                    ModelHit {
+                        rule: 0,
+                        key: "192.0.2.1".into(),
+                        time: t,
+                        member: n as u64 + 1,
+                    }
+                })
+                .collect();
+            (hits, limit, RuleLimit::threshold(fraction, limit as u32) as usize)
+        })
+}
+
+/// Hits a client got counted (not banned; bans last `ban_ms`) at most, over
+/// any span of `window`.
+fn most_in_a_window(hits: &[ModelHit], bans: &[(usize, String, i64)], ban_ms: i64, window: i64) -> usize {
+    let banned: Vec<i64> = bans.iter().map(|b| b.2).collect();
+    let allowed: Vec<i64> = hits
+        .iter()
+        .enumerate()
+        .filter(|(i, h)| {
+            !bans.iter().any(|b| b.0 == *i) && !banned.iter().any(|&at| h.time >= at && h.time < at + ban_ms)
+        })
+        .map(|(_, h)| h.time)
+        .collect();
+    allowed
+        .iter()
+        .map(|&start| allowed.iter().filter(|&&t| t >= start && t < start + window).count())
+        .max()
+        .unwrap_or(0)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// What `prefilter` guarantees against the plain sliding window, for
+    /// hits in time order without re-read lines: it never bans earlier
+    /// (its count is a lower bound of the exact one), and it never lets more
+    /// than limit + P hits into one window (P = floor(prefilter x limit)).
+    #[test]
+    fn prefilter_bans_no_earlier_than_the_window_and_bounds_its_excess((hits, limit, pre) in in_order()) {
+        let window = 60_000;
+        let ban_ms = 1_000;
+        let plain = [ModelRule { limit, window, ban_ms, algo: Algo::Sliding { prefilter: 0 } }];
+        let two_tier = [ModelRule { limit, window, ban_ms, algo: Algo::Sliding { prefilter: pre } }];
+        let mut m = MemoryLimiter::new(rule_limits(&two_tier));
+        let wall = fleetban::now_ms();
+        let got = drive(&hits, &two_tier, &[1, 7], |bs| bs.iter().map(|b| m.check(b.rule, b.key, &b.hits, wall)).collect());
+        prop_assert_eq!(&got, &model_bans(&hits, &two_tier));
+        let exact = model_bans(&hits, &plain);
+        if let Some(first) = got.first() {
+            prop_assert!(exact.first().is_some_and(|e| e.0 <= first.0), "prefilter banned at {} before the window: {:?}", first.0, exact);
+        }
+        prop_assert!(most_in_a_window(&hits, &got, ban_ms, window) <= limit + pre);
+        prop_assert!(most_in_a_window(&hits, &exact, ban_ms, window) <= limit);
+    }
+
+    /// The sliding counter's error bound, for hits in time order: when it
+    /// counts a hit at fraction f of its fixed window, the window ending there
+    /// holds fewer than limit x (1 + f) + 1 counted hits: close to the limit
+    /// early in a window, never 2 x limit + 1 (a fixed window reaches 2 x limit
+    /// anywhere in its window).
+    #[test]
+    fn sliding_counter_error_is_bounded((hits, limit, _pre) in in_order()) {
+        let window = 60_000i64;
+        let rules = [ModelRule { limit, window, ban_ms: 1_000, algo: Algo::Counter }];
+        let bans = model_bans(&hits, &rules);
+        let counted: Vec<i64> = hits
+            .iter()
+            .enumerate()
+            .filter(|(i, h)| !bans.iter().any(|b| b.0 == *i || (h.time >= b.2 && h.time < b.2 + 1_000)))
+            .map(|(_, h)| h.time)
+            .collect();
+        for &now in &counted {
+            let f = now.rem_euclid(window) as f64 / window as f64;
+            let n = counted.iter().filter(|&&t| t > now - window && t <= now).count();
+            prop_assert!((n as f64) < limit as f64 * (1.0 + f) + 1.0, "{} hits at f = {}", n, f);
+        }
+        prop_assert!(most_in_a_window(&hits, &bans, 1_000, window) <= 2 * limit);
+    }
+}
