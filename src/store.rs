@@ -116,6 +116,27 @@ pub async fn connect(cfg: &RedisConfig, response_timeout: Option<Duration>) -> r
     ConnectionManager::new_with_config(client, mgr).await
 }
 
+/// The server's `zset-max-listpack-entries` (`zset-max-ziplist-entries`
+/// before Redis 7), or None when the server refuses CONFIG (managed services
+/// often rename or forbid it) or answers something else.
+pub async fn listpack_threshold(con: &mut ConnectionManager) -> Option<u64> {
+    for name in ["zset-max-listpack-entries", "zset-max-ziplist-entries"] {
+        let reply: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG").arg("GET").arg(name).query_async(con).await;
+        match reply {
+            Ok(v) => {
+                if let Some(n) = v.get(1).and_then(|s| s.parse().ok()) {
+                    return Some(n);
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "CONFIG GET refused.");
+                return None;
+            }
+        }
+    }
+    None
+}
+
 /// A Lua script of `lua/`, called by SHA (EVALSHA) and loaded again when the
 /// server answers NOSCRIPT (after a restart or SCRIPT FLUSH).
 pub struct LuaScript {

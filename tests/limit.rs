@@ -650,3 +650,44 @@ proptest! {
         prop_assert!(most_in_a_window(&hits, &bans, 1_000, window) <= 2 * limit);
     }
 }
+
+/// The daemon reads `zset-max-listpack-entries` at start; a server that
+/// forbids CONFIG (here: an ACL user without it) gives None, not an error.
+#[test]
+fn the_listpack_threshold_is_read_and_a_forbidden_config_is_tolerated() {
+    let redis = Redis::start();
+    let rt = runtime();
+    assert_eq!(redis.cli(&["CONFIG", "SET", "zset-max-listpack-entries", "64"]), "OK");
+    assert_eq!(
+        redis.cli(&["ACL", "SETUSER", "limited", "on", ">secret", "+@all", "-config", "~*"]),
+        "OK"
+    );
+    let connect = |url: String| {
+        let cfg = RedisConfig {
+            url,
+            prefix: "t".into(),
+            timeout: Duration::from_secs(2),
+            on_down: OnDown::Local,
+            fleet_size: 1,
+            reconcile_every: Duration::from_secs(60),
+        };
+        rt.block_on(store::connect(&cfg, Some(Duration::from_secs(5)))).unwrap()
+    };
+    let mut admin = connect(redis.url());
+    assert_eq!(rt.block_on(store::listpack_threshold(&mut admin)), Some(64));
+    let mut limited = connect(format!("{}?user=limited&pass=secret", redis.url()));
+    assert_eq!(rt.block_on(store::listpack_threshold(&mut limited)), None);
+    // The limited user can still run the limiter.
+    let mut lim = RedisLimiter::new(
+        limited,
+        Keys::new("t"),
+        "h1",
+        vec![RuleLimit::new("r0", Algorithm::SlidingWindow, 2, 60_000)],
+    );
+    let v = check(
+        &rt,
+        &mut lim,
+        &[batch("192.0.2.1", [(1_000_000, 1), (1_000_001, 2), (1_000_002, 3)])],
+    );
+    assert_eq!(v, vec![Verdict::Over { index: 2, count: 2 }]);
+}

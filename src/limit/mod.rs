@@ -13,6 +13,27 @@ pub use self::redis::{RedisLimiter, MAX_CALLS_PER_TRIP, MAX_HITS_PER_TRIP};
 use crate::config::{Algorithm, Clock, Rule, Scope};
 use crate::detect::Batch;
 
+/// Redis's default `zset-max-listpack-entries`: a ZSET with more members
+/// leaves the compact encoding.
+pub const LISTPACK_DEFAULT: u64 = 128;
+
+/// The warning for a sliding window whose ZSET can outgrow Redis's compact
+/// listpack encoding (`zset-max-listpack-entries`, 128 by default): past it
+/// every member costs about three times as much.
+pub fn listpack_warning(l: &crate::config::Limit, threshold: u64) -> Option<String> {
+    if l.algorithm != crate::config::Algorithm::SlidingWindow {
+        return None;
+    }
+    let pre = l.prefilter.map_or(0, |f| RuleLimit::threshold(f, l.hits));
+    let members = u64::from(l.hits - pre);
+    (members > threshold).then(|| {
+        format!(
+            "sliding_window holds up to {members} hits per address, more than zset-max-listpack-entries ({threshold}): \
+             each address past it costs ~3x the memory; consider `prefilter: 0.8` or `algorithm: sliding_counter`"
+        )
+    })
+}
+
 /// What the limiter needs to know of one rule.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RuleLimit {
