@@ -12,8 +12,8 @@ use crate::detect::Hit;
 
 /// The state of one (rule, key), as the Redis key(s) of its algorithm.
 enum State {
-    /// `sliding_window.lua`'s ZSET: (score = hit time ms, member), in insertion order.
-    Window(Vec<(i64, u64)>),
+    /// `sliding_window.lua`'s ZSET: (score = hit time ms, folded member), in insertion order.
+    Window(Vec<(i64, i32)>),
     /// `token_bucket.lua`'s HASH: t (µs), m.
     Bucket { tat: i64, mark: u64 },
     /// `sliding_counter.lua`'s HASH: n, c, p, m.
@@ -183,7 +183,8 @@ impl MemoryLimiter {
                 members.retain(|&(score, _)| score > cutoff);
                 swept = Some(now);
             }
-            if members.iter().any(|&(_, m)| m == hit.member) {
+            let member = super::zset_member(hit.member, rule.hits);
+            if members.iter().any(|&(_, m)| m == member) {
                 continue;
             }
             let count = members.len() + pre as usize;
@@ -196,7 +197,7 @@ impl MemoryLimiter {
                     count: count as u32,
                 };
             }
-            members.push((now, hit.member));
+            members.push((now, member));
             added = true;
         }
         let e = self.windows.get_mut(&(ri, key));

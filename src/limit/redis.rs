@@ -84,8 +84,14 @@ impl RedisLimiter {
                 c
             }
         };
-        for h in &b.hits {
-            c.arg(h.time_ms).arg(h.member);
+        if rule.algorithm == Algorithm::SlidingWindow {
+            for h in &b.hits {
+                c.arg(h.time_ms).arg(super::zset_member(h.member, rule.hits));
+            }
+        } else {
+            for h in &b.hits {
+                c.arg(h.time_ms).arg(h.member);
+            }
         }
         c
     }
