@@ -74,9 +74,9 @@ async fn main() {
         .await
         .expect("connect");
     println!(
-        "| algorithm | limit | bytes/address (filled to the limit) | encoding | calls/s (1 hit/call, pipelined) | Redis CPU µs/call |"
+        "| algorithm | limit | bytes/address, used_memory delta | MEMORY USAGE of one address | encoding | calls/s (1 hit/call, pipelined) | Redis CPU µs/call |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for name in [
         "sliding_window",
         "sliding_window+prefilter_0.8",
@@ -120,6 +120,22 @@ async fn main() {
                 "sliding_counter" => "fleetban:sc:{10.0.0.1}:bench".into(),
                 _ => "fleetban:win:{10.0.0.1}:bench".into(),
             };
+            let mut usage = 0i64;
+            let mut keys_of_one = vec![sample_key.clone()];
+            if name.contains("prefilter") {
+                keys_of_one.push(format!("fleetban:fw:{{10.0.0.1}}:bench:{}", T0 / WINDOW_MS));
+            }
+            for k in &keys_of_one {
+                let u: Option<i64> = redis::cmd("MEMORY")
+                    .arg("USAGE")
+                    .arg(k)
+                    .arg("SAMPLES")
+                    .arg(0)
+                    .query_async(&mut con)
+                    .await
+                    .unwrap_or(None);
+                usage += u.unwrap_or(0);
+            }
             let enc: Option<String> = redis::cmd("OBJECT")
                 .arg("ENCODING")
                 .arg(&sample_key)
@@ -148,11 +164,58 @@ async fn main() {
             let cpu1 = cpu(&mut con).await;
             let calls = f64::from(rounds * addresses);
             println!(
-                "| {name} | {limit} | {per_addr:.0} | {} | {:.0} | {:.1} |",
+                "| {name} | {limit} | {per_addr:.0} | {usage} | {} | {:.0} | {:.1} |",
                 enc.unwrap_or_else(|| "-".into()),
                 calls / secs,
                 (cpu1 - cpu0) * 1e6 / calls
             );
         }
+    }
+    // The member encoding, for the record: the same sliding window of 100
+    // filled with members of 63 bits (before the fold), 32 and 24 bits.
+    println!();
+    println!(
+        "| sliding_window, limit 100, member width | bytes/address, used_memory delta | MEMORY USAGE of one address |"
+    );
+    println!("|---|---|---|");
+    for (bits, mask) in [(63u32, i64::MAX as u64), (32, u64::from(u32::MAX)), (24, 0xff_ffff)] {
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut con).await.expect("FLUSHALL");
+        let before = info(&mut con, "memory", "used_memory").await;
+        let keys = Keys::new("fleetban");
+        for chunk in 0..addresses.div_ceil(1000) {
+            let mut pipe = redis::pipe();
+            for i in chunk * 1000..((chunk + 1) * 1000).min(addresses) {
+                let key = keys.window(&addr(i, 0x0a00_0000), "bench", None);
+                let fw = keys.fixed(&addr(i, 0x0a00_0000), "bench", None);
+                let mut c = store::SLIDING_WINDOW.cmd(&[&key, &fw]);
+                c.arg(WINDOW_MS).arg(100).arg(0).arg(0);
+                for k in 0..100u64 {
+                    let m = member(u64::from(i), k * 200) & mask;
+                    // As Redis parses it: a signed value of `bits` bits.
+                    let m = if bits < 63 && m >= 1 << (bits - 1) {
+                        m as i64 - (1i64 << bits)
+                    } else {
+                        m as i64
+                    };
+                    c.arg(T0 + k as i64 * 300).arg(m);
+                }
+                pipe.add_command(c);
+            }
+            let _: Vec<redis::Value> = pipe.query_async(&mut con).await.expect("fill");
+        }
+        let after = info(&mut con, "memory", "used_memory").await;
+        let usage: Option<i64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg("fleetban:win:{10.0.0.1}:bench")
+            .arg("SAMPLES")
+            .arg(0)
+            .query_async(&mut con)
+            .await
+            .unwrap_or(None);
+        println!(
+            "| {bits} | {:.0} | {} |",
+            (after - before) / f64::from(addresses),
+            usage.unwrap_or(0)
+        );
     }
 }
