@@ -32,6 +32,30 @@ struct Fixed {
     expires_at: i64,
 }
 
+/// The scalars of a [`RuleLimit`] (no name: no allocation per batch).
+#[derive(Clone, Copy)]
+struct Params {
+    algorithm: Algorithm,
+    hits: u32,
+    window_ms: i64,
+    interval_us: i64,
+    prefilter: u32,
+    clock: Clock,
+}
+
+impl Params {
+    fn of(r: &RuleLimit) -> Params {
+        Params {
+            algorithm: r.algorithm,
+            hits: r.hits,
+            window_ms: r.window_ms,
+            interval_us: r.interval_us,
+            prefilter: r.prefilter,
+            clock: r.clock,
+        }
+    }
+}
+
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// The limiter state of every (rule, key) of this process.
@@ -89,7 +113,7 @@ impl MemoryLimiter {
         let Some(rule) = self.rules.get(rule_index) else {
             return Verdict::Under { count: 0 };
         };
-        let rule = rule.clone();
+        let rule = Params::of(rule);
         let now_of = |h: &Hit| {
             if rule.clock == Clock::Redis {
                 wall_now
@@ -146,7 +170,7 @@ impl MemoryLimiter {
 
     fn sliding(
         &mut self,
-        rule: &RuleLimit,
+        rule: &Params,
         ri: usize,
         key: IpNet,
         hits: &[Hit],
@@ -224,7 +248,7 @@ impl MemoryLimiter {
 
     fn bucket(
         &mut self,
-        rule: &RuleLimit,
+        rule: &Params,
         ri: usize,
         key: IpNet,
         hits: &[Hit],
@@ -276,7 +300,7 @@ impl MemoryLimiter {
 
     fn counter(
         &mut self,
-        rule: &RuleLimit,
+        rule: &Params,
         ri: usize,
         key: IpNet,
         hits: &[Hit],
