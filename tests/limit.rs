@@ -691,3 +691,44 @@ fn the_listpack_threshold_is_read_and_a_forbidden_config_is_tolerated() {
     );
     assert_eq!(v, vec![Verdict::Over { index: 2, count: 2 }]);
 }
+
+/// `clock: redis`: every algorithm takes `now` from the server (one TIME per
+/// call) and the embedded store from the wall clock; hits whose log times
+/// are hours apart still fall together.
+#[test]
+fn every_algorithm_takes_the_server_clock_when_asked() {
+    let redis = Redis::start();
+    let rt = runtime();
+    let hours: Vec<(i64, u64)> = (0..4)
+        .map(|k| (1_600_000_000_000 + k * 3_600_000, k as u64 + 1))
+        .collect();
+    for (n, rule) in [
+        RuleLimit::new("r0", Algorithm::SlidingWindow, 3, 60_000),
+        RuleLimit {
+            prefilter: 1,
+            ..RuleLimit::new("r0", Algorithm::SlidingWindow, 3, 60_000)
+        },
+        RuleLimit::new("r0", Algorithm::FixedWindow, 3, 60_000),
+        RuleLimit::bucket("r0", 3, 60_000_000),
+        RuleLimit::new("r0", Algorithm::SlidingCounter, 3, 60_000),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let algo = rule.algorithm;
+        let log = vec![rule.clone()];
+        let server = vec![RuleLimit {
+            clock: fleetban::config::Clock::Redis,
+            ..rule
+        }];
+        let mut by_log = redis_limiter(&redis, &rt, &format!("log{n}"), log.clone());
+        let mut by_server = redis_limiter(&redis, &rt, &format!("srv{n}"), server.clone());
+        let b = batch("192.0.2.1", hours.clone());
+        let v = check(&rt, &mut by_log, std::slice::from_ref(&b));
+        assert!(matches!(v[0], Verdict::Under { .. }), "{algo:?} log: {v:?}");
+        let v = check(&rt, &mut by_server, std::slice::from_ref(&b));
+        assert!(matches!(v[0], Verdict::Over { index: 3, .. }), "{algo:?} server: {v:?}");
+        let mut m = MemoryLimiter::new(server);
+        assert_eq!(m.check(0, b.key, &b.hits, fleetban::now_ms()), v[0], "{algo:?} memory");
+    }
+}

@@ -29,7 +29,8 @@ pub fn listpack_warning(l: &crate::config::Limit, threshold: u64) -> Option<Stri
     (members > threshold).then(|| {
         format!(
             "sliding_window holds up to {members} hits per address, more than zset-max-listpack-entries ({threshold}): \
-             each address past it costs ~3x the memory; consider `prefilter: 0.8` or `algorithm: sliding_counter`"
+             each address past it costs ~3x the memory; consider {} or `algorithm: sliding_counter`",
+            if l.prefilter.is_some() { "a higher `prefilter`" } else { "`prefilter: 0.8`" }
         )
     })
 }
