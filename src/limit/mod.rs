@@ -127,10 +127,13 @@ impl RuleLimit {
 /// The decision for one batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
-    /// Every hit fitted; `count` is the window's size afterwards.
+    /// Every hit fitted; `count` is the window's size afterwards (per
+    /// algorithm: ZSET members, the last counter, tokens in use, or the
+    /// current fixed window's count; see the scripts).
     Under { count: u32 },
-    /// `hits[index]` found `count` hits already in the window (count >= limit):
-    /// it crosses the limit, and the hits after it in the batch were not counted.
+    /// `hits[index]` found `count` hits already counted (count >= limit; for
+    /// the bucket tokens in use, for the counter the estimate): it crosses
+    /// the limit, and the hits after it in the batch were not counted.
     Over { index: usize, count: u32 },
 }
 
