@@ -444,9 +444,9 @@ fn limit_of(l: &schema::LimitSpec) -> Result<Limit, String> {
     limit.hits = hits.0;
     limit.window_ms = window.as_ms();
     // The sliding counter weighs counts by time in exact integers; Lua's
-    // numbers are doubles, exact up to 2^53.
-    if l.algorithm == Algorithm::SlidingCounter && (i128::from(hits.0) * i128::from(limit.window_ms)) >= 1 << 53 {
-        return Err("`sliding_counter` needs hits x window (in ms) below 2^53: lower `hits` or `window`".into());
+    // numbers are doubles, exact up to 2^53, and the estimate reaches 2 x hits x window.
+    if l.algorithm == Algorithm::SlidingCounter && (i128::from(hits.0) * i128::from(limit.window_ms)) >= 1 << 52 {
+        return Err("`sliding_counter` needs hits x window (in ms) below 2^52: lower `hits` or `window`".into());
     }
     limit.prefilter = l.prefilter.map(|f| f.0);
     Ok(limit)
