@@ -85,6 +85,7 @@ const BAD: &[Case] = &[
     ("burst on a sliding counter", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: sliding_counter, hits: 10, window: 1m, burst: 3 }\n", "r.yaml", "4:", &["burst", "token_bucket"]),
     ("prefilter on a fixed window", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: fixed_window, hits: 10, window: 1m, prefilter: 0.8 }\n", "r.yaml", "4:", &["prefilter", "fixed_window"]),
     ("prefilter out of range", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 10, window: 1m, prefilter: 1.5 }\n", "r.yaml", "4:", &["1.5", "between 0 and 1"]),
+    ("token bucket too slow", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: token_bucket, burst: 4000000000, rate: 1/d }\n", "r.yaml", "4:", &["token_bucket", "burst"]),
     ("sliding counter too large", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: sliding_counter, hits: 4000000000, window: 30d }\n", "r.yaml", "4:", &["sliding_counter", "2^52"]),
     ("bad table name", "rules: [r.yaml]\nfirewall: { table: 'x; drop' }\n", GOOD_RULE, "fleetban.yaml", "2:", &["table"]),
 ];

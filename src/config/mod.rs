@@ -423,6 +423,11 @@ fn limit_of(l: &schema::LimitSpec) -> Result<Limit, String> {
         if !(1.0..=86_400e6).contains(&interval_us) {
             return Err("`rate` must be between 1/d and 1000000/s".into());
         }
+        // Times are µs in Lua doubles (exact up to 2^53); a full bucket spans
+        // burst x interval.
+        if f64::from(burst.0) * interval_us >= (1u64 << 50) as f64 {
+            return Err("`token_bucket` needs burst / rate below ~35 years: lower `burst` or raise `rate`".into());
+        }
         limit.hits = burst.0;
         limit.interval_us = interval_us as i64;
         limit.window_ms = ((i64::from(burst.0) * limit.interval_us + 999) / 1000).max(1);
