@@ -1,18 +1,27 @@
 -- Sliding window for one (rule, address): DESIGN §2, one call per batch of hits.
 -- KEYS[1]  the window ZSET ({prefix}:win:{ADDR}:RULE)
+-- KEYS[2]  prefilter counters' base ({prefix}:fw:{ADDR}:RULE); window N is KEYS[2]..':'..N
 -- ARGV[1]  window in ms
 -- ARGV[2]  limit: hits allowed within one window
 -- ARGV[3]  1 = take `now` from the server's TIME (clock: redis), 0 = from the hits
--- ARGV[4], ARGV[5], ...  pairs (time ms, member) in log order
+-- ARGV[4]  prefilter threshold P = floor(prefilter x limit); 0 = no prefilter
+-- ARGV[5], ARGV[6], ...  pairs (time ms, member) in log order
 -- Returns {i, n}: i = 1-based index of the first hit over the limit (0: none),
--- n = members in the window after the last hit processed. Hits after the
--- first one over the limit are not counted: the address is being banned.
--- A member already present is a line read again after a crash: it is
--- neither counted again nor judged again.
+-- n = the count it was judged on (over) or the members in the ZSET (under).
+-- Hits after the first one over the limit are not counted: the address is
+-- being banned. A member already present is a line read again after a
+-- crash: it is neither counted again nor judged again.
+--
+-- Prefilter (two tiers): the first P hits of each fixed window N (of length
+-- `window`) are only counted in a plain counter and never judged; from the
+-- (P+1)-th on, a hit goes to the ZSET and is judged on ZCARD + P, a lower
+-- bound of the exact count (those P hits lie within the sliding window).
 local key = KEYS[1]
+local fw = KEYS[2]
 local window = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 local server_clock = ARGV[3] == '1'
+local prefilter = tonumber(ARGV[4])
 local server_now
 if server_clock then
   local t = redis.call('TIME')
@@ -22,24 +31,34 @@ local swept = nil
 local added = false
 local count = 0
 local i = 0
-for a = 4, #ARGV, 2 do
+for a = 5, #ARGV, 2 do
   i = i + 1
   local now = server_now or tonumber(ARGV[a])
   local member = ARGV[a + 1]
-  -- Members at or before now - window leave the window; a later hit can only
-  -- remove more, so the sweep is skipped when time has not advanced.
-  if swept == nil or now > swept then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
-    swept = now
-  end
-  if not redis.call('ZSCORE', key, member) then
-    count = redis.call('ZCARD', key)
-    if count >= limit then
-      if added then redis.call('PEXPIRE', key, window + 1000) end
-      return {i, count}
+  local screened = false
+  if prefilter > 0 then
+    local fk = fw .. ':' .. string.format('%d', math.floor(now / window))
+    if tonumber(redis.call('GET', fk) or '0') < prefilter then
+      if redis.call('INCR', fk) == 1 then redis.call('PEXPIRE', fk, window + 1000) end
+      screened = true
     end
-    redis.call('ZADD', key, now, member)
-    added = true
+  end
+  if not screened then
+    -- Members at or before now - window leave the window; a later hit can only
+    -- remove more, so the sweep is skipped when time has not advanced.
+    if swept == nil or now > swept then
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+      swept = now
+    end
+    if not redis.call('ZSCORE', key, member) then
+      count = redis.call('ZCARD', key)
+      if count + prefilter >= limit then
+        if added then redis.call('PEXPIRE', key, window + 1000) end
+        return {i, count + prefilter}
+      end
+      redis.call('ZADD', key, now, member)
+      added = true
+    end
   end
 end
 if added then redis.call('PEXPIRE', key, window + 1000) end

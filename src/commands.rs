@@ -73,12 +73,10 @@ pub fn check(path: &Path) -> u8 {
     println!("{}: ok, {} rule(s)", path.display(), config.rules.len());
     for r in &config.rules {
         let ban = humantime::format_duration(std::time::Duration::from_millis(r.ban.duration_ms as u64));
-        let window = humantime::format_duration(std::time::Duration::from_millis(r.limit.window_ms as u64));
         println!(
-            "  {}: {} hits per {}, ban {}{}; format {}; logs {}",
+            "  {}: {}, ban {}{}; format {}; logs {}",
             r.name,
-            r.limit.hits,
-            window,
+            describe_limit(&r.limit),
             ban,
             if r.ban.factor > 1.0 {
                 format!(" (x{} for repeat offenders)", r.ban.factor)
@@ -89,11 +87,37 @@ pub fn check(path: &Path) -> u8 {
             r.logs.join(", ")
         );
     }
+    for r in &config.rules {
+        if let Some(w) = crate::limit::listpack_warning(&r.limit, crate::limit::LISTPACK_DEFAULT) {
+            println!("warning: {}: {}: {w}", r.file.display(), r.name);
+        }
+    }
     match &config.redis {
         Some(r) => println!("  redis: {} (prefix {})", r.url, r.prefix),
         None => println!("  redis: none (single host, embedded store)"),
     }
     OK
+}
+
+/// `100 hits per 1m (sliding_window)`, `burst 20, rate 5/s (token_bucket)`.
+fn describe_limit(l: &crate::config::Limit) -> String {
+    use crate::config::Algorithm;
+    let window = humantime::format_duration(std::time::Duration::from_millis(l.window_ms as u64));
+    match l.algorithm {
+        Algorithm::TokenBucket => format!(
+            "burst {}, one token every {} ({})",
+            l.hits,
+            humantime::format_duration(std::time::Duration::from_micros(l.interval_us as u64)),
+            l.algorithm.name()
+        ),
+        a => format!(
+            "{} hits per {}{} ({})",
+            l.hits,
+            window,
+            l.prefilter.map_or(String::new(), |f| format!(", prefilter {f}")),
+            a.name()
+        ),
+    }
 }
 
 fn format_name(f: &crate::parse::Format) -> &'static str {
@@ -367,14 +391,25 @@ pub fn unban(path: &Path, t: &str) -> u8 {
                 // Windows first: once the unban event is out, a host counting
                 // the next request must find them empty.
                 let keys = crate::store::Keys::new(config.redis.as_ref().map_or("fleetban", |r| r.prefix.as_str()));
+                // Every algorithm's state of this address, fleet and host scope;
+                // fixed-window counters are per window number: the current and previous.
+                let now = crate::now_ms();
+                let keys = &keys;
                 let windows: Vec<String> = config
                     .rules
                     .iter()
                     .flat_map(|r| {
-                        [
-                            keys.window(&net, &r.name, None),
-                            keys.window(&net, &r.name, Some(&config.host_id)),
-                        ]
+                        let n = now / r.limit.window_ms.max(1);
+                        [None, Some(config.host_id.as_str())].into_iter().flat_map(move |host| {
+                            let fixed = keys.fixed(&net, &r.name, host);
+                            [
+                                keys.window(&net, &r.name, host),
+                                keys.bucket(&net, &r.name, host),
+                                keys.counter(&net, &r.name, host),
+                                format!("{fixed}:{n}"),
+                                format!("{fixed}:{}", n - 1),
+                            ]
+                        })
                     })
                     .collect();
                 list.forget_windows(&windows).await?;

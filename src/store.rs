@@ -35,6 +35,29 @@ impl Keys {
         }
     }
 
+    /// `fleetban:fw:{ADDR}:RULE` (`:HOST` for `scope: host`): the base of
+    /// the fixed-window counters; the script appends `:N`, the window number.
+    pub fn fixed(&self, addr: &IpNet, rule: &str, host: Option<&str>) -> String {
+        self.per_addr("fw", addr, rule, host)
+    }
+
+    /// `fleetban:tb:{ADDR}:RULE`: token bucket state (HASH).
+    pub fn bucket(&self, addr: &IpNet, rule: &str, host: Option<&str>) -> String {
+        self.per_addr("tb", addr, rule, host)
+    }
+
+    /// `fleetban:sc:{ADDR}:RULE`: sliding counter state (HASH).
+    pub fn counter(&self, addr: &IpNet, rule: &str, host: Option<&str>) -> String {
+        self.per_addr("sc", addr, rule, host)
+    }
+
+    fn per_addr(&self, kind: &str, addr: &IpNet, rule: &str, host: Option<&str>) -> String {
+        match host {
+            None => format!("{}:{kind}:{{{}}}:{}", self.prefix, AddrText(addr), rule),
+            Some(h) => format!("{}:{kind}:{{{}}}:{}:{}", self.prefix, AddrText(addr), rule, h),
+        }
+    }
+
     pub fn bans(&self) -> String {
         format!("{{{}}}:bans", self.prefix)
     }
@@ -104,6 +127,27 @@ fn manager_config(cfg: &RedisConfig, response_timeout: Option<Duration>) -> Conn
         .set_max_delay(Duration::from_secs(2))
 }
 
+/// The server's `zset-max-listpack-entries` (`zset-max-ziplist-entries`
+/// before Redis 7), or None when the server refuses CONFIG (managed services
+/// often rename or forbid it) or answers something else.
+pub async fn listpack_threshold(con: &mut ConnectionManager) -> Option<u64> {
+    for name in ["zset-max-listpack-entries", "zset-max-ziplist-entries"] {
+        let reply: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG").arg("GET").arg(name).query_async(con).await;
+        match reply {
+            Ok(v) => {
+                if let Some(n) = v.get(1).and_then(|s| s.parse().ok()) {
+                    return Some(n);
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "CONFIG GET refused.");
+                return None;
+            }
+        }
+    }
+    None
+}
+
 /// A Lua script of `lua/`, called by SHA (EVALSHA) and loaded again when the
 /// server answers NOSCRIPT (after a restart or SCRIPT FLUSH).
 pub struct LuaScript {
@@ -114,6 +158,12 @@ pub struct LuaScript {
 
 pub static SLIDING_WINDOW: std::sync::LazyLock<LuaScript> =
     std::sync::LazyLock::new(|| LuaScript::new("sliding_window", include_str!("../lua/sliding_window.lua")));
+pub static FIXED_WINDOW: std::sync::LazyLock<LuaScript> =
+    std::sync::LazyLock::new(|| LuaScript::new("fixed_window", include_str!("../lua/fixed_window.lua")));
+pub static TOKEN_BUCKET: std::sync::LazyLock<LuaScript> =
+    std::sync::LazyLock::new(|| LuaScript::new("token_bucket", include_str!("../lua/token_bucket.lua")));
+pub static SLIDING_COUNTER: std::sync::LazyLock<LuaScript> =
+    std::sync::LazyLock::new(|| LuaScript::new("sliding_counter", include_str!("../lua/sliding_counter.lua")));
 pub static BAN: std::sync::LazyLock<LuaScript> =
     std::sync::LazyLock::new(|| LuaScript::new("ban", include_str!("../lua/ban.lua")));
 pub static UNBAN: std::sync::LazyLock<LuaScript> =

@@ -77,6 +77,16 @@ const BAD: &[Case] = &[
     ("unknown algorithm", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: 1s, algorithm: leaky }\n", "r.yaml", "4:", &["leaky"]),
     ("glob matches nothing", "rules: [nothing/*.yaml]\n", GOOD_RULE, "fleetban.yaml", "1:", &["matches no file"]),
     ("bad yaml", "rules: [r.yaml\n", GOOD_RULE, "fleetban.yaml", "1:8", &["unclosed"]),
+    ("token bucket without rate", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: token_bucket, burst: 20 }\n", "r.yaml", "4:", &["token_bucket", "rate"]),
+    ("token bucket with hits", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: token_bucket, burst: 20, rate: 5/s, hits: 5 }\n", "r.yaml", "4:", &["token_bucket", "burst", "not `hits`"]),
+    ("bad rate", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: token_bucket, burst: 20, rate: 5/fortnight }\n", "r.yaml", "4:", &["5/fortnight"]),
+    ("zero burst", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: token_bucket, burst: 0, rate: 5/s }\n", "r.yaml", "4:", &["hits", "0"]),
+    ("fixed window without window", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: fixed_window, hits: 10 }\n", "r.yaml", "4:", &["fixed_window", "window"]),
+    ("burst on a sliding counter", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: sliding_counter, hits: 10, window: 1m, burst: 3 }\n", "r.yaml", "4:", &["burst", "token_bucket"]),
+    ("prefilter on a fixed window", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: fixed_window, hits: 10, window: 1m, prefilter: 0.8 }\n", "r.yaml", "4:", &["prefilter", "fixed_window"]),
+    ("prefilter out of range", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 10, window: 1m, prefilter: 1.5 }\n", "r.yaml", "4:", &["1.5", "between 0 and 1"]),
+    ("token bucket too slow", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: token_bucket, burst: 4000000000, rate: 1/d }\n", "r.yaml", "4:", &["token_bucket", "burst"]),
+    ("sliding counter too large", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: sliding_counter, hits: 4000000000, window: 30d }\n", "r.yaml", "4:", &["sliding_counter", "2^52"]),
     ("bad table name", "rules: [r.yaml]\nfirewall: { table: 'x; drop' }\n", GOOD_RULE, "fleetban.yaml", "2:", &["table"]),
 ];
 
@@ -95,6 +105,57 @@ fn every_bad_configuration_names_file_line_column_and_reason() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n---\n"));
+}
+
+/// A sliding window whose ZSET can outgrow the listpack encoding is valid but
+/// warned about, with the two remedies; with a prefilter that keeps the ZSET
+/// under the threshold, or another algorithm, no warning.
+#[test]
+fn large_sliding_windows_are_warned_about_and_every_algorithm_is_summarised() {
+    let big = "rules:\n  - name: big\n    logs: [/x]\n    limit: { hits: 500, window: 1m }\n";
+    let (code, out, err, _d) = check("rules: [r.yaml]\n", big);
+    assert_eq!(code, 0, "{err}");
+    let warning = out
+        .lines()
+        .find(|l| l.starts_with("warning:"))
+        .unwrap_or_else(|| panic!("no warning in {out}"));
+    for w in [
+        "r.yaml",
+        "big",
+        "500",
+        "zset-max-listpack-entries",
+        "prefilter",
+        "sliding_counter",
+    ] {
+        assert!(warning.contains(w), "{w} missing from {warning}");
+    }
+    let fine = "rules:
+  - name: pre
+    logs: [/x]
+    limit: { hits: 500, window: 1m, prefilter: 0.8 }
+  - name: counter
+    logs: [/x]
+    limit: { hits: 5000, window: 1h, algorithm: sliding_counter }
+  - name: bucket
+    logs: [/x]
+    limit: { algorithm: token_bucket, burst: 20, rate: 5/s }
+  - name: fixed
+    logs: [/x]
+    limit: { hits: 300, window: 1m, algorithm: fixed_window }
+";
+    let (code, out, err, _d) = check("rules: [r.yaml]\n", fine);
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains("warning"), "{out}");
+    assert!(
+        out.contains("pre: 500 hits per 1m, prefilter 0.8 (sliding_window)"),
+        "{out}"
+    );
+    assert!(out.contains("counter: 5000 hits per 1h (sliding_counter)"), "{out}");
+    assert!(
+        out.contains("bucket: burst 20, one token every 200ms (token_bucket)"),
+        "{out}"
+    );
+    assert!(out.contains("fixed: 300 hits per 1m (fixed_window)"), "{out}");
 }
 
 #[test]

@@ -47,6 +47,10 @@ struct Rig {
 }
 
 fn rig(redis: Option<&Redis>) -> Rig {
+    rig_with(redis, "{ hits: 5, window: 60s }")
+}
+
+fn rig_with(redis: Option<&Redis>, limit: &str) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("access.log");
     std::fs::write(&log, "").unwrap();
@@ -59,9 +63,14 @@ fn rig(redis: Option<&Redis>) -> Rig {
     logs: [{}]
     match: {{ method: [GET] }}
     ignore: {{ path: '\\.css$' }}
-    limit: {{ hits: 5, window: 60s }}
+    limit: {limit}
     ban: {{ duration: 1h }}
+  - name: wide
+    logs: [{}]
+    match: {{ status: [418] }}
+    limit: {{ hits: 500, window: 60s }}
 ",
+            log.display(),
             log.display()
         ),
     )
@@ -171,6 +180,49 @@ fn a_scraper_is_banned_in_redis_and_nft_and_the_allowed_never() {
     let offsets = std::fs::read_to_string(r.dir.path().join("state/offsets.json")).expect("offsets saved");
     let size = std::fs::metadata(&r.log).unwrap().len();
     assert!(offsets.contains(&size.to_string()), "offset {size} saved: {offsets}");
+}
+
+/// The daemon with another algorithm: a token bucket of 3 refilled once a
+/// minute bans the 4th quick hit through `lua/token_bucket.lua`; at start the
+/// daemon logs the server's listpack threshold and warns for the 500-hit
+/// sliding window.
+#[test]
+fn the_daemon_runs_a_token_bucket_and_reads_the_listpack_threshold() {
+    let redis = Redis::start();
+    assert_eq!(redis.cli(&["CONFIG", "SET", "zset-max-listpack-entries", "256"]), "OK");
+    let ns = NetNs::new("tbucket");
+    let r = rig_with(Some(&redis), "{ algorithm: token_bucket, burst: 3, rate: 1/m }");
+    let mut d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    let now = fleetban::now_ms();
+    let mut lines = String::new();
+    for i in 0..3 {
+        lines += &combined_line("203.0.113.7", now + i, "/page", 200);
+    }
+    append(&r.log, &lines);
+    d.wait_lines(3);
+    assert!(!set_has(&ns, "203.0.113.7"), "banned within its burst");
+    let state = redis.cli(&["HGET", "fleetban:tb:{203.0.113.7}:scraper", "t"]);
+    assert!(state.parse::<i64>().is_ok(), "bucket state: {state:?}");
+    append(&r.log, &combined_line("203.0.113.7", now + 10, "/page", 200));
+    wait_until(Duration::from_secs(10), "ban of 203.0.113.7 in nft", || {
+        set_has(&ns, "203.0.113.7")
+    });
+    // Without the terminal colours tracing may add.
+    let raw = d.log_text();
+    let mut log = String::new();
+    let mut rest = raw.as_str();
+    while let Some(i) = rest.find('\x1b') {
+        log.push_str(&rest[..i]);
+        rest = rest[i..].find('m').map_or("", |j| &rest[i + j + 1..]);
+    }
+    log.push_str(rest);
+    assert!(log.contains("zset_max_listpack_entries=256"), "{log}");
+    assert!(
+        log.contains("wide") && log.contains("more than zset-max-listpack-entries (256)"),
+        "{log}"
+    );
+    let (status, _) = d.stop(Duration::from_secs(10));
+    assert!(status.success(), "exit {status}\n{}", d.log_text());
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! The sliding window's semantics, three ways: the Redis script against a
+//! Every algorithm's semantics, three ways: the Redis script against a
 //! real redis-server, the in-memory store, and the brute-force model of
 //! DESIGN §2. They must agree on every hit, for random sequences with equal
 //! and out-of-order timestamps, replays of the same line, bursts and idle
@@ -9,9 +9,9 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::model::{model, ModelHit, ModelRule};
+use common::model::{model, Algo, ModelHit, ModelRule};
 use common::Redis;
-use fleetban::config::{Clock, OnDown, RedisConfig, Scope};
+use fleetban::config::{Algorithm, OnDown, RedisConfig};
 use fleetban::detect::{Batch, Hit};
 use fleetban::limit::{MemoryLimiter, RedisLimiter, RuleLimit, Verdict};
 use fleetban::store::{self, Keys};
@@ -22,12 +22,17 @@ fn rule_limits(rules: &[ModelRule]) -> Vec<RuleLimit> {
     rules
         .iter()
         .enumerate()
-        .map(|(i, r)| RuleLimit {
-            name: format!("r{i}"),
-            hits: r.limit as u32,
-            window_ms: r.window,
-            scope: Scope::Fleet,
-            clock: Clock::Log,
+        .map(|(i, r)| {
+            let name = format!("r{i}");
+            match r.algo {
+                Algo::Sliding { prefilter } => RuleLimit {
+                    prefilter: prefilter as u32,
+                    ..RuleLimit::new(&name, Algorithm::SlidingWindow, r.limit as u32, r.window)
+                },
+                Algo::Fixed => RuleLimit::new(&name, Algorithm::FixedWindow, r.limit as u32, r.window),
+                Algo::Bucket { interval_us } => RuleLimit::bucket(&name, r.limit as u32, interval_us),
+                Algo::Counter => RuleLimit::new(&name, Algorithm::SlidingCounter, r.limit as u32, r.window),
+            }
         })
         .collect()
 }
@@ -102,17 +107,55 @@ fn model_bans(hits: &[ModelHit], rules: &[ModelRule]) -> Vec<(usize, String, i64
 /// Random hit sequences: few keys and rules, times that repeat, go back,
 /// burst and jump; some members repeated (a line read twice).
 fn sequences() -> impl Strategy<Value = (Vec<ModelHit>, Vec<ModelRule>, Vec<usize>)> {
+    sequences_of(Family::Sliding)
+}
+
+/// Which algorithm the random rules use.
+#[derive(Clone, Copy, Debug)]
+enum Family {
+    Sliding,
+    Prefilter,
+    Fixed,
+    Bucket,
+    Counter,
+}
+
+const FAMILIES: [Family; 5] = [
+    Family::Sliding,
+    Family::Prefilter,
+    Family::Fixed,
+    Family::Bucket,
+    Family::Counter,
+];
+
+fn sequences_of(family: Family) -> impl Strategy<Value = (Vec<ModelHit>, Vec<ModelRule>, Vec<usize>)> {
     let rules = prop::collection::vec(
         (
             1usize..6,
             prop::sample::select(vec![30_000i64, 60_000, 90_000]),
             prop::sample::select(vec![1_000i64, 20_000, 600_000]),
+            0.0f64..1.0,
+            // Token intervals: 1 s .. 20 s, some not a whole number of ms.
+            prop::sample::select(vec![1_000_000i64, 3_333_333, 7_500_000, 20_000_000]),
         ),
         1..3,
     )
-    .prop_map(|v| {
+    .prop_map(move |v| {
         v.into_iter()
-            .map(|(limit, window, ban_ms)| ModelRule { limit, window, ban_ms })
+            .map(|(limit, window, ban_ms, fraction, interval_us)| ModelRule {
+                limit,
+                window,
+                ban_ms,
+                algo: match family {
+                    Family::Sliding => Algo::Sliding { prefilter: 0 },
+                    Family::Prefilter => Algo::Sliding {
+                        prefilter: RuleLimit::threshold(fraction, limit as u32) as usize,
+                    },
+                    Family::Fixed => Algo::Fixed,
+                    Family::Bucket => Algo::Bucket { interval_us },
+                    Family::Counter => Algo::Counter,
+                },
+            })
             .collect::<Vec<_>>()
     });
     (
@@ -152,6 +195,36 @@ proptest! {
         let got = drive(&hits, &rules, &batches, |bs| bs.iter().map(|b| m.check(b.rule, b.key, &b.hits, wall)).collect());
         prop_assert_eq!(got, model_bans(&hits, &rules));
     }
+
+    #[test]
+    fn memory_prefilter_agrees_with_model((hits, rules, batches) in sequences_of(Family::Prefilter)) {
+        memory_case(&hits, &rules, &batches)?;
+    }
+
+    #[test]
+    fn memory_fixed_window_agrees_with_model((hits, rules, batches) in sequences_of(Family::Fixed)) {
+        memory_case(&hits, &rules, &batches)?;
+    }
+
+    #[test]
+    fn memory_token_bucket_agrees_with_model((hits, rules, batches) in sequences_of(Family::Bucket)) {
+        memory_case(&hits, &rules, &batches)?;
+    }
+
+    #[test]
+    fn memory_sliding_counter_agrees_with_model((hits, rules, batches) in sequences_of(Family::Counter)) {
+        memory_case(&hits, &rules, &batches)?;
+    }
+}
+
+fn memory_case(hits: &[ModelHit], rules: &[ModelRule], batches: &[usize]) -> Result<(), TestCaseError> {
+    let mut m = MemoryLimiter::new(rule_limits(rules));
+    let wall = fleetban::now_ms();
+    let got = drive(hits, rules, batches, |bs| {
+        bs.iter().map(|b| m.check(b.rule, b.key, &b.hits, wall)).collect()
+    });
+    prop_assert_eq!(got, model_bans(hits, rules));
+    Ok(())
 }
 
 #[test]
@@ -172,28 +245,31 @@ fn redis_script_agrees_with_model_and_memory() {
     let con = rt
         .block_on(store::connect(&cfg, Some(Duration::from_secs(5))))
         .expect("connect");
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 150,
-        ..ProptestConfig::default()
-    });
     let case = std::sync::atomic::AtomicU32::new(0);
-    runner
-        .run(&sequences(), |(hits, rules, batches)| {
-            let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            // Each case in its own prefix: no state shared between cases.
-            let keys = Keys::new(&format!("fbtest{n}"));
-            let mut lim = RedisLimiter::new(con.clone(), keys, "h1", rule_limits(&rules));
-            let got = drive(&hits, &rules, &batches, |bs| check(&rt, &mut lim, bs));
-            prop_assert_eq!(&got, &model_bans(&hits, &rules));
-            let mut m = MemoryLimiter::new(rule_limits(&rules));
-            let wall = fleetban::now_ms();
-            let mem = drive(&hits, &rules, &batches, |bs| {
-                bs.iter().map(|b| m.check(b.rule, b.key, &b.hits, wall)).collect()
-            });
-            prop_assert_eq!(got, mem);
-            Ok(())
-        })
-        .unwrap();
+    for family in FAMILIES {
+        eprintln!("{family:?}");
+        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+            cases: 100,
+            ..ProptestConfig::default()
+        });
+        runner
+            .run(&sequences_of(family), |(hits, rules, batches)| {
+                let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                // Each case in its own prefix: no state shared between cases.
+                let keys = Keys::new(&format!("fbtest{n}"));
+                let mut lim = RedisLimiter::new(con.clone(), keys, "h1", rule_limits(&rules));
+                let got = drive(&hits, &rules, &batches, |bs| check(&rt, &mut lim, bs));
+                prop_assert_eq!(&got, &model_bans(&hits, &rules));
+                let mut m = MemoryLimiter::new(rule_limits(&rules));
+                let wall = fleetban::now_ms();
+                let mem = drive(&hits, &rules, &batches, |bs| {
+                    bs.iter().map(|b| m.check(b.rule, b.key, &b.hits, wall)).collect()
+                });
+                prop_assert_eq!(got, mem);
+                Ok(())
+            })
+            .unwrap();
+    }
 }
 
 #[test]
@@ -216,6 +292,7 @@ fn redis_window_is_the_seeds_zset_with_pexpire() {
         limit: 3,
         window: 60_000,
         ban_ms: 1000,
+        algo: Algo::Sliding { prefilter: 0 },
     }];
     let mut lim = RedisLimiter::new(con, Keys::new("fleetban"), "h1", rule_limits(&rules));
     let key: IpNet = "203.0.113.7/32".parse().unwrap();
@@ -310,6 +387,7 @@ fn a_large_flush_is_split_into_bounded_round_trips() {
         limit: 2,
         window: 60_000,
         ban_ms: 1000,
+        algo: Algo::Sliding { prefilter: 0 },
     }];
     let mut lim = RedisLimiter::new(con, Keys::new("fleetban"), "h1", rule_limits(&rules));
     // 5,000 clients with 3 hits each: every one goes over on its third hit.
@@ -337,4 +415,320 @@ fn a_large_flush_is_split_into_bounded_round_trips() {
         trips <= 2 * (15_000 / fleetban::limit::MAX_HITS_PER_TRIP as u64 + 5),
         "{trips} round trips"
     );
+}
+
+fn redis_limiter(redis: &Redis, rt: &tokio::runtime::Runtime, prefix: &str, rules: Vec<RuleLimit>) -> RedisLimiter {
+    let cfg = RedisConfig {
+        url: redis.url(),
+        prefix: prefix.into(),
+        timeout: Duration::from_secs(2),
+        on_down: OnDown::Local,
+        fleet_size: 1,
+        reconcile_every: Duration::from_secs(60),
+    };
+    let con = rt.block_on(store::connect(&cfg, Some(Duration::from_secs(5)))).unwrap();
+    RedisLimiter::new(con, Keys::new(prefix), "h1", rules)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn batch(key: &str, hits: impl IntoIterator<Item = (i64, u64)>) -> Batch {
+    Batch {
+        rule: 0,
+        key: key_net(key),
+        hits: hits
+            .into_iter()
+            .map(|(time_ms, member)| Hit { time_ms, member })
+            .collect(),
+    }
+}
+
+/// The seeds' warning about fixed windows, on the real scripts: 100 hits just
+/// before a window boundary and 100 just after are 200 hits within 2 s, and
+/// the fixed window allows every one; the sliding window refuses the 101st.
+#[test]
+fn fixed_window_allows_twice_the_limit_across_a_boundary_and_sliding_window_refuses() {
+    let redis = Redis::start();
+    let rt = runtime();
+    let boundary = 1_700_000_040_000i64; // a multiple of 60 s
+    assert_eq!(boundary % 60_000, 0);
+    let hits: Vec<(i64, u64)> = (0..100)
+        .map(|k| (boundary - 1000 + k, k as u64 + 1))
+        .chain((0..100).map(|k| (boundary + k, k as u64 + 101)))
+        .collect();
+    for (algo, expect) in [
+        (Algorithm::FixedWindow, Verdict::Under { count: 100 }),
+        (Algorithm::SlidingWindow, Verdict::Over { index: 100, count: 100 }),
+    ] {
+        let rules = vec![RuleLimit::new("r0", algo, 100, 60_000)];
+        let mut lim = redis_limiter(&redis, &rt, algo.name(), rules.clone());
+        // One batch, then the same hits one call each: batching changes nothing.
+        assert_eq!(
+            check(&rt, &mut lim, &[batch("192.0.2.1", hits.clone())]),
+            vec![expect],
+            "{algo:?}"
+        );
+        let mut one_by_one = None;
+        for (i, h) in hits.iter().enumerate() {
+            if let Verdict::Over { count, .. } = check(&rt, &mut lim, &[batch("192.0.2.2", [*h])])[0] {
+                one_by_one = Some((i, count));
+                break;
+            }
+        }
+        let mut m = MemoryLimiter::new(rules);
+        let mem = m.check(
+            0,
+            key_net("192.0.2.1"),
+            &batch("192.0.2.1", hits.clone()).hits,
+            fleetban::now_ms(),
+        );
+        assert_eq!(mem, expect, "{algo:?} in memory");
+        match expect {
+            Verdict::Over { index, count } => assert_eq!(one_by_one, Some((index, count))),
+            Verdict::Under { .. } => assert_eq!(one_by_one, None),
+        }
+    }
+    // The fixed window's counters: one per window number, with their expiry.
+    let n = boundary / 60_000;
+    assert_eq!(
+        redis.cli(&["GET", &format!("fixed_window:fw:{{192.0.2.1}}:r0:{}", n - 1)]),
+        "100"
+    );
+    assert_eq!(
+        redis.cli(&["GET", &format!("fixed_window:fw:{{192.0.2.1}}:r0:{n}")]),
+        "100"
+    );
+    let ttl: i64 = redis
+        .cli(&["PTTL", &format!("fixed_window:fw:{{192.0.2.1}}:r0:{n}")])
+        .parse()
+        .unwrap();
+    assert!(ttl > 59_000 && ttl <= 61_000, "{ttl}");
+}
+
+/// A batch sent again (a timeout after Redis applied it, a re-read after a
+/// crash) is not counted twice by the window, the bucket and the counter:
+/// they skip up to the member of the last hit counted. The fixed window's
+/// INCR counts it again (documented in the script and README).
+#[test]
+fn a_batch_sent_again_is_not_counted_twice() {
+    let redis = Redis::start();
+    let rt = runtime();
+    let t = 1_700_000_000_000i64;
+    let first: Vec<(i64, u64)> = (0..4).map(|k| (t + k, k as u64 + 1)).collect();
+    for (rules, recounts) in [
+        (vec![RuleLimit::new("r0", Algorithm::SlidingWindow, 5, 60_000)], false),
+        (vec![RuleLimit::bucket("r0", 5, 60_000_000)], false),
+        (vec![RuleLimit::new("r0", Algorithm::SlidingCounter, 5, 60_000)], false),
+        (vec![RuleLimit::new("r0", Algorithm::FixedWindow, 5, 60_000)], true),
+    ] {
+        let algo = rules[0].algorithm;
+        let mut lim = redis_limiter(&redis, &rt, &format!("again{}", algo.name()), rules.clone());
+        let mut m = MemoryLimiter::new(rules);
+        let wall = fleetban::now_ms();
+        let mut both = |b: Batch| {
+            let r = check(&rt, &mut lim, std::slice::from_ref(&b))[0];
+            assert_eq!(m.check(0, b.key, &b.hits, wall), r, "{algo:?}: memory and Redis differ");
+            r
+        };
+        assert!(matches!(both(batch("192.0.2.1", first.clone())), Verdict::Under { .. }));
+        // Sent again, then again with one new hit at its end.
+        let again = both(batch("192.0.2.1", first.clone()));
+        let mut more = first.clone();
+        more.push((t + 10, 5));
+        let fifth = both(batch("192.0.2.1", more));
+        if recounts {
+            assert!(matches!(again, Verdict::Over { index: 1, .. }), "{algo:?}: {again:?}");
+        } else {
+            assert!(matches!(again, Verdict::Under { .. }), "{algo:?}: {again:?}");
+            assert!(matches!(fifth, Verdict::Under { .. }), "{algo:?}: {fifth:?}");
+            // The sixth distinct hit is over the limit of 5.
+            let sixth = both(batch("192.0.2.1", [(t + 11, 6)]));
+            assert_eq!(sixth, Verdict::Over { index: 0, count: 5 }, "{algo:?}");
+        }
+    }
+}
+
+/// In-order hits of one client, no line read twice.
+fn in_order() -> impl Strategy<Value = (Vec<ModelHit>, usize, usize)> {
+    (
+        1usize..30,
+        0.05f64..1.0,
+        prop::collection::vec(
+            prop_oneof![3 => 0i64..2_000, 1 => 2_000i64..40_000, 1 => Just(130_000i64)],
+            1..200,
+        ),
+    )
+        .prop_map(|(limit, fraction, steps)| {
+            let mut t = 1_700_000_000_000i64;
+            let hits = steps
+                .into_iter()
+                .enumerate()
+                .map(|(n, s)| {
+                    t += s;
+                    ModelHit {
+                        rule: 0,
+                        key: "192.0.2.1".into(),
+                        time: t,
+                        member: n as u64 + 1,
+                    }
+                })
+                .collect();
+            (hits, limit, RuleLimit::threshold(fraction, limit as u32) as usize)
+        })
+}
+
+/// Hits a client got counted (not banned; bans last `ban_ms`) at most, over
+/// any span of `window`.
+fn most_in_a_window(hits: &[ModelHit], bans: &[(usize, String, i64)], ban_ms: i64, window: i64) -> usize {
+    let banned: Vec<i64> = bans.iter().map(|b| b.2).collect();
+    let allowed: Vec<i64> = hits
+        .iter()
+        .enumerate()
+        .filter(|(i, h)| {
+            !bans.iter().any(|b| b.0 == *i) && !banned.iter().any(|&at| h.time >= at && h.time < at + ban_ms)
+        })
+        .map(|(_, h)| h.time)
+        .collect();
+    allowed
+        .iter()
+        .map(|&start| allowed.iter().filter(|&&t| t >= start && t < start + window).count())
+        .max()
+        .unwrap_or(0)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// What `prefilter` guarantees against the plain sliding window, for
+    /// hits in time order without re-read lines: it never bans earlier
+    /// (its count is a lower bound of the exact one), and it never lets more
+    /// than limit + P hits into one window (P = floor(prefilter x limit)).
+    #[test]
+    fn prefilter_bans_no_earlier_than_the_window_and_bounds_its_excess((hits, limit, pre) in in_order()) {
+        let window = 60_000;
+        let ban_ms = 1_000;
+        let plain = [ModelRule { limit, window, ban_ms, algo: Algo::Sliding { prefilter: 0 } }];
+        let two_tier = [ModelRule { limit, window, ban_ms, algo: Algo::Sliding { prefilter: pre } }];
+        let mut m = MemoryLimiter::new(rule_limits(&two_tier));
+        let wall = fleetban::now_ms();
+        let got = drive(&hits, &two_tier, &[1, 7], |bs| bs.iter().map(|b| m.check(b.rule, b.key, &b.hits, wall)).collect());
+        prop_assert_eq!(&got, &model_bans(&hits, &two_tier));
+        let exact = model_bans(&hits, &plain);
+        if let Some(first) = got.first() {
+            prop_assert!(exact.first().is_some_and(|e| e.0 <= first.0), "prefilter banned at {} before the window: {:?}", first.0, exact);
+        }
+        prop_assert!(most_in_a_window(&hits, &got, ban_ms, window) <= limit + pre);
+        prop_assert!(most_in_a_window(&hits, &exact, ban_ms, window) <= limit);
+    }
+
+    /// The sliding counter's error bound, for hits in time order: when it
+    /// counts a hit at fraction f of its fixed window, the window ending there
+    /// holds fewer than limit x (1 + f) + 1 counted hits: close to the limit
+    /// early in a window, never 2 x limit + 1 (a fixed window reaches 2 x limit
+    /// anywhere in its window).
+    #[test]
+    fn sliding_counter_error_is_bounded((hits, limit, _pre) in in_order()) {
+        let window = 60_000i64;
+        let rules = [ModelRule { limit, window, ban_ms: 1_000, algo: Algo::Counter }];
+        let bans = model_bans(&hits, &rules);
+        let counted: Vec<i64> = hits
+            .iter()
+            .enumerate()
+            .filter(|(i, h)| !bans.iter().any(|b| b.0 == *i || (h.time >= b.2 && h.time < b.2 + 1_000)))
+            .map(|(_, h)| h.time)
+            .collect();
+        for &now in &counted {
+            let f = now.rem_euclid(window) as f64 / window as f64;
+            let n = counted.iter().filter(|&&t| t > now - window && t <= now).count();
+            prop_assert!((n as f64) < limit as f64 * (1.0 + f) + 1.0, "{} hits at f = {}", n, f);
+        }
+        prop_assert!(most_in_a_window(&hits, &bans, 1_000, window) <= 2 * limit);
+    }
+}
+
+/// The daemon reads `zset-max-listpack-entries` at start; a server that
+/// forbids CONFIG (here: an ACL user without it) gives None, not an error.
+#[test]
+fn the_listpack_threshold_is_read_and_a_forbidden_config_is_tolerated() {
+    let redis = Redis::start();
+    let rt = runtime();
+    assert_eq!(redis.cli(&["CONFIG", "SET", "zset-max-listpack-entries", "64"]), "OK");
+    assert_eq!(
+        redis.cli(&["ACL", "SETUSER", "limited", "on", ">secret", "+@all", "-config", "~*"]),
+        "OK"
+    );
+    let connect = |url: String| {
+        let cfg = RedisConfig {
+            url,
+            prefix: "t".into(),
+            timeout: Duration::from_secs(2),
+            on_down: OnDown::Local,
+            fleet_size: 1,
+            reconcile_every: Duration::from_secs(60),
+        };
+        rt.block_on(store::connect(&cfg, Some(Duration::from_secs(5)))).unwrap()
+    };
+    let mut admin = connect(redis.url());
+    assert_eq!(rt.block_on(store::listpack_threshold(&mut admin)), Some(64));
+    let mut limited = connect(format!("{}?user=limited&pass=secret", redis.url()));
+    assert_eq!(rt.block_on(store::listpack_threshold(&mut limited)), None);
+    // The limited user can still run the limiter.
+    let mut lim = RedisLimiter::new(
+        limited,
+        Keys::new("t"),
+        "h1",
+        vec![RuleLimit::new("r0", Algorithm::SlidingWindow, 2, 60_000)],
+    );
+    let v = check(
+        &rt,
+        &mut lim,
+        &[batch("192.0.2.1", [(1_000_000, 1), (1_000_001, 2), (1_000_002, 3)])],
+    );
+    assert_eq!(v, vec![Verdict::Over { index: 2, count: 2 }]);
+}
+
+/// `clock: redis`: every algorithm takes `now` from the server (one TIME per
+/// call) and the embedded store from the wall clock; hits whose log times
+/// are hours apart still fall together.
+#[test]
+fn every_algorithm_takes_the_server_clock_when_asked() {
+    let redis = Redis::start();
+    let rt = runtime();
+    let hours: Vec<(i64, u64)> = (0..4)
+        .map(|k| (1_600_000_000_000 + k * 3_600_000, k as u64 + 1))
+        .collect();
+    for (n, rule) in [
+        RuleLimit::new("r0", Algorithm::SlidingWindow, 3, 60_000),
+        RuleLimit {
+            prefilter: 1,
+            ..RuleLimit::new("r0", Algorithm::SlidingWindow, 3, 60_000)
+        },
+        RuleLimit::new("r0", Algorithm::FixedWindow, 3, 60_000),
+        RuleLimit::bucket("r0", 3, 60_000_000),
+        RuleLimit::new("r0", Algorithm::SlidingCounter, 3, 60_000),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let algo = rule.algorithm;
+        let log = vec![rule.clone()];
+        let server = vec![RuleLimit {
+            clock: fleetban::config::Clock::Redis,
+            ..rule
+        }];
+        let mut by_log = redis_limiter(&redis, &rt, &format!("log{n}"), log.clone());
+        let mut by_server = redis_limiter(&redis, &rt, &format!("srv{n}"), server.clone());
+        let b = batch("192.0.2.1", hours.clone());
+        let v = check(&rt, &mut by_log, std::slice::from_ref(&b));
+        assert!(matches!(v[0], Verdict::Under { .. }), "{algo:?} log: {v:?}");
+        let v = check(&rt, &mut by_server, std::slice::from_ref(&b));
+        assert!(matches!(v[0], Verdict::Over { index: 3, .. }), "{algo:?} server: {v:?}");
+        let mut m = MemoryLimiter::new(server);
+        assert_eq!(m.check(0, b.key, &b.hits, fleetban::now_ms()), v[0], "{algo:?} memory");
+    }
 }

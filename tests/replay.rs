@@ -6,7 +6,7 @@ mod common;
 
 use std::process::Command;
 
-use common::model::{model, ModelHit, ModelRule};
+use common::model::{model, Algo, ModelHit, ModelRule};
 use common::{corpus_path, fleetban_bin};
 use fleetban::detect::client_key;
 use fleetban::parse::{Format, Parser};
@@ -56,11 +56,13 @@ fn json_decisions_equal_the_brute_force_model_on_the_corpus() {
             limit: 20,
             window: 60_000,
             ban_ms: 600_000,
+            algo: Algo::Sliding { prefilter: 0 },
         },
         ModelRule {
             limit: 3,
             window: 300_000,
             ban_ms: 3_600_000,
+            algo: Algo::Sliding { prefilter: 0 },
         },
     ];
     let mut hits = Vec::new();
@@ -162,4 +164,137 @@ fn an_injected_address_is_never_banned() {
     let out = String::from_utf8_lossy(&out.stdout);
     assert!(out.contains("\"addr\":\"198.51.100.9\""), "{out}");
     assert!(!out.contains("6.6.6.6") && !out.contains("7.7.7.7"), "{out}");
+}
+
+/// Every line of the corpus as model hits: rule 0 counts every request, rule
+/// 1 the 404s.
+fn corpus_hits() -> Vec<ModelHit> {
+    let text = std::fs::read(corpus_path()).unwrap();
+    let parser = Parser::new(&Format::Combined).unwrap();
+    let mut hits = Vec::new();
+    for (n, line) in text.split(|&b| b == b'\n').filter(|l| !l.is_empty()).enumerate() {
+        let r = parser.parse(line).expect("the corpus parses");
+        let key = AddrText(&client_key(r.addr, 64)).to_string();
+        let time = r.time_ms.unwrap();
+        hits.push(ModelHit {
+            rule: 0,
+            key: key.clone(),
+            time,
+            member: n as u64,
+        });
+        if r.status == 404 {
+            hits.push(ModelHit {
+                rule: 1,
+                key,
+                time,
+                member: n as u64,
+            });
+        }
+    }
+    hits
+}
+
+/// `fleetban test` with each algorithm on the corpus (out-of-order times,
+/// bursts, idle clients): its decisions are the brute-force model's.
+#[test]
+fn every_algorithm_replays_as_its_model_on_the_corpus() {
+    let hits = corpus_hits();
+    let cases: [(&str, &str, ModelRule, ModelRule); 4] = [
+        (
+            "{ hits: 20, window: 60s, algorithm: fixed_window }",
+            "{ hits: 3, window: 5m, algorithm: fixed_window }",
+            ModelRule {
+                limit: 20,
+                window: 60_000,
+                ban_ms: 600_000,
+                algo: Algo::Fixed,
+            },
+            ModelRule {
+                limit: 3,
+                window: 300_000,
+                ban_ms: 3_600_000,
+                algo: Algo::Fixed,
+            },
+        ),
+        (
+            "{ algorithm: token_bucket, burst: 20, rate: 1/s }",
+            "{ algorithm: token_bucket, burst: 3, rate: 1/m }",
+            ModelRule {
+                limit: 20,
+                window: 0,
+                ban_ms: 600_000,
+                algo: Algo::Bucket { interval_us: 1_000_000 },
+            },
+            ModelRule {
+                limit: 3,
+                window: 0,
+                ban_ms: 3_600_000,
+                algo: Algo::Bucket {
+                    interval_us: 60_000_000,
+                },
+            },
+        ),
+        (
+            "{ hits: 20, window: 60s, algorithm: sliding_counter }",
+            "{ hits: 3, window: 5m, algorithm: sliding_counter }",
+            ModelRule {
+                limit: 20,
+                window: 60_000,
+                ban_ms: 600_000,
+                algo: Algo::Counter,
+            },
+            ModelRule {
+                limit: 3,
+                window: 300_000,
+                ban_ms: 3_600_000,
+                algo: Algo::Counter,
+            },
+        ),
+        (
+            "{ hits: 20, window: 60s, prefilter: 0.5 }",
+            "{ hits: 3, window: 5m, prefilter: 0.7 }",
+            ModelRule {
+                limit: 20,
+                window: 60_000,
+                ban_ms: 600_000,
+                algo: Algo::Sliding { prefilter: 10 },
+            },
+            ModelRule {
+                limit: 3,
+                window: 300_000,
+                ban_ms: 3_600_000,
+                algo: Algo::Sliding { prefilter: 2 },
+            },
+        ),
+    ];
+    for (any, notfound, r0, r1) in cases {
+        let yaml = format!(
+            "rules:\n  - name: any\n    logs: [/unused]\n    limit: {any}\n    ban: {{ duration: 10m }}\n  - name: notfound\n    logs: [/unused]\n    match: {{ status: [404] }}\n    limit: {notfound}\n    ban: {{ duration: 1h }}\n"
+        );
+        let (code, out, err) = run_test(&yaml, &["--json"]);
+        assert_eq!(code, 0, "{any}: {err}");
+        // The model's windows: the bucket's `window` is unused, but must not be 0.
+        let fix = |r: ModelRule| ModelRule {
+            window: r.window.max(1),
+            ..r
+        };
+        let expected: Vec<(String, String, String)> = model(&hits, &[fix(r0), fix(r1)])
+            .into_iter()
+            .map(|b| (b.key, ["any", "notfound"][b.rule].to_owned(), fleetban::rfc3339(b.at)))
+            .collect();
+        assert!(expected.len() >= 5, "{any}: only {} bans", expected.len());
+        let got: Vec<(String, String, String)> = out
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|b| b["event"] == "ban")
+            .map(|b| {
+                (
+                    b["addr"].as_str().unwrap().into(),
+                    b["rule"].as_str().unwrap().into(),
+                    b["at"].as_str().unwrap().into(),
+                )
+            })
+            .collect();
+        assert_eq!(got, expected, "{any}");
+    }
 }

@@ -91,9 +91,17 @@ pub struct Rule {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Limit {
     pub algorithm: Algorithm,
-    /// Hits allowed within one window; the next one bans.
+    /// Hits allowed within one window; the next one bans. For
+    /// `token_bucket`: the burst (bucket capacity).
     pub hits: u32,
+    /// For `token_bucket`: the time an empty bucket takes to fill again
+    /// (`burst` x interval), which bounds how long a hit matters.
     pub window_ms: i64,
+    /// `token_bucket`: microseconds between two tokens (1 / rate).
+    pub interval_us: i64,
+    /// `sliding_window` with `prefilter`: the fraction of `hits` counted by
+    /// the cheap fixed window before the exact window is consulted.
+    pub prefilter: Option<f64>,
     pub scope: Scope,
     pub clock: Clock,
 }
@@ -330,14 +338,13 @@ fn load_rule_file(
             continue;
         }
         let l = &spec.limit.value;
-        if l.window.as_ms() < 1 {
-            errors.push(ConfigError::at(
-                file,
-                spec.limit.referenced,
-                "`window` must be at least 1ms",
-            ));
-            continue;
-        }
+        let limit = match limit_of(l) {
+            Ok(limit) => limit,
+            Err(msg) => {
+                errors.push(ConfigError::at(file, spec.limit.referenced, msg));
+                continue;
+            }
+        };
         let esc = spec.ban.escalate.as_ref();
         let duration_ms = spec.ban.duration.as_ms().max(1000);
         let factor = esc.map_or(1.0, |e| e.factor);
@@ -357,13 +364,7 @@ fn load_rule_file(
             format: spec.format.0.clone(),
             matches: spec.match_,
             ignore: spec.ignore,
-            limit: Limit {
-                algorithm: l.algorithm,
-                hits: l.hits.0,
-                window_ms: l.window.as_ms(),
-                scope: l.scope,
-                clock: l.clock,
-            },
+            limit,
             ban: BanPolicy {
                 duration_ms,
                 factor,
@@ -375,6 +376,70 @@ fn load_rule_file(
             },
         });
     }
+}
+
+/// The validated limit of one rule: each algorithm takes its own parameters
+/// and refuses the others'.
+fn limit_of(l: &schema::LimitSpec) -> Result<Limit, String> {
+    let algo = l.algorithm.name();
+    let mut limit = Limit {
+        algorithm: l.algorithm,
+        hits: 0,
+        window_ms: 0,
+        interval_us: 0,
+        prefilter: None,
+        scope: l.scope,
+        clock: l.clock,
+    };
+    if l.prefilter.is_some() && l.algorithm != Algorithm::SlidingWindow {
+        return Err(format!("`prefilter` applies to `sliding_window` only, not to `{algo}`"));
+    }
+    if l.algorithm == Algorithm::TokenBucket {
+        if l.hits.is_some() || l.window.is_some() {
+            return Err("`token_bucket` takes `burst` and `rate`, not `hits` and `window`: e.g. `{ algorithm: token_bucket, burst: 20, rate: 5/s }`".into());
+        }
+        let (Some(burst), Some(rate)) = (l.burst, l.rate) else {
+            return Err(
+                "`token_bucket` needs `burst` and `rate`: e.g. `{ algorithm: token_bucket, burst: 20, rate: 5/s }`"
+                    .into(),
+            );
+        };
+        let interval_us = (1e6 / rate.0).round();
+        if !(1.0..=86_400e6).contains(&interval_us) {
+            return Err("`rate` must be between 1/d and 1000000/s".into());
+        }
+        // Times are µs in Lua doubles (exact up to 2^53); a full bucket spans
+        // burst x interval.
+        if f64::from(burst.0) * interval_us >= (1u64 << 50) as f64 {
+            return Err("`token_bucket` needs burst / rate below ~35 years: lower `burst` or raise `rate`".into());
+        }
+        limit.hits = burst.0;
+        limit.interval_us = interval_us as i64;
+        limit.window_ms = ((i64::from(burst.0) * limit.interval_us + 999) / 1000).max(1);
+        return Ok(limit);
+    }
+    if l.burst.is_some() || l.rate.is_some() {
+        return Err(format!(
+            "`burst` and `rate` apply to `token_bucket` only; `{algo}` takes `hits` and `window`"
+        ));
+    }
+    let (Some(hits), Some(window)) = (l.hits, l.window) else {
+        return Err(format!(
+            "`{algo}` needs `hits` and `window`: e.g. `{{ hits: 100, window: 60s }}`"
+        ));
+    };
+    if window.as_ms() < 1 {
+        return Err("`window` must be at least 1ms".into());
+    }
+    limit.hits = hits.0;
+    limit.window_ms = window.as_ms();
+    // The sliding counter weighs counts by time in exact integers; Lua's
+    // numbers are doubles, exact up to 2^53, and the estimate reaches 2 x hits x window.
+    if l.algorithm == Algorithm::SlidingCounter && (i128::from(hits.0) * i128::from(limit.window_ms)) >= 1 << 52 {
+        return Err("`sliding_counter` needs hits x window (in ms) below 2^52: lower `hits` or `window`".into());
+    }
+    limit.prefilter = l.prefilter.map(|f| f.0);
+    Ok(limit)
 }
 
 fn absolute(base: &Path, p: &str) -> String {

@@ -10,7 +10,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
-use super::values::{Dur, Hits, List, Method, Net, Re, StatusPat};
+use super::values::{Dur, Fraction, Hits, List, Method, Net, Rate, Re, StatusPat};
 use crate::parse::{Format, Parser};
 
 #[derive(Debug, Deserialize)]
@@ -162,10 +162,17 @@ pub struct MatchSpec {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitSpec {
-    pub hits: Hits,
-    pub window: Dur,
+    /// Required by every algorithm but `token_bucket`.
+    pub hits: Option<Hits>,
+    pub window: Option<Dur>,
     #[serde(default)]
     pub algorithm: Algorithm,
+    /// `token_bucket`: capacity.
+    pub burst: Option<Hits>,
+    /// `token_bucket`: refill rate.
+    pub rate: Option<Rate>,
+    /// `sliding_window` only: the two-tier scheme's fraction of the limit.
+    pub prefilter: Option<Fraction>,
     #[serde(default)]
     pub scope: Scope,
     #[serde(default)]
@@ -177,6 +184,20 @@ pub struct LimitSpec {
 pub enum Algorithm {
     #[default]
     SlidingWindow,
+    FixedWindow,
+    TokenBucket,
+    SlidingCounter,
+}
+
+impl Algorithm {
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::SlidingCounter => "sliding_counter",
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -281,6 +281,28 @@ impl<'de> Deserialize<'de> for Rate {
     }
 }
 
+/// A fraction strictly between 0 and 1 (`prefilter: 0.8`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Fraction(pub f64);
+
+impl FromStr for Fraction {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().parse::<f64>() {
+            Ok(f) if f > 0.0 && f < 1.0 => Ok(Fraction(f)),
+            _ => Err(format!(
+                "invalid fraction `{s}`: expected a number between 0 and 1, such as 0.8"
+            )),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Fraction {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(FromStrVisitor::<Fraction>::new("a number between 0 and 1, such as 0.8"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

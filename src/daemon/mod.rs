@@ -55,6 +55,32 @@ pub enum DaemonError {
     Control(PathBuf, std::io::Error),
 }
 
+/// Logs the server's ZSET listpack threshold and warns for each sliding
+/// window that can outgrow it.
+fn warn_listpack(config: &Config, threshold: Option<u64>) {
+    let effective = match threshold {
+        Some(t) => {
+            tracing::info!(
+                zset_max_listpack_entries = t,
+                "Read the ZSET listpack threshold from the server."
+            );
+            t
+        }
+        None => {
+            tracing::info!(
+                zset_max_listpack_entries = crate::limit::LISTPACK_DEFAULT,
+                "CONFIG GET refused or unanswered; assuming Redis's default ZSET listpack threshold."
+            );
+            crate::limit::LISTPACK_DEFAULT
+        }
+    };
+    for r in &config.rules {
+        if let Some(w) = crate::limit::listpack_warning(&r.limit, effective) {
+            tracing::warn!(rule = %r.name, "{w}");
+        }
+    }
+}
+
 /// The firewall backend the configuration asks for (`log` on --dry-run).
 pub fn enforcer_for(config: &Config, dry_run: bool) -> Result<Enforcer, EnforceError> {
     if dry_run || config.firewall.backend == Backend::Log {
@@ -143,6 +169,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
                     ("$".to_owned(), None)
                 }
             };
+            warn_listpack(&config, store::listpack_threshold(&mut con.clone()).await);
             let limiter = Limiter::Redis(RedisLimiter::new(con.clone(), keys.clone(), &config.host_id, rules));
             (limiter, BanList::redis(con, keys), Some((fleet, last_id)), initial)
         }

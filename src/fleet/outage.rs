@@ -48,9 +48,14 @@ pub struct Outage {
 /// not ban a client that stays under the fleet's limit on one host by more
 /// than rounding).
 pub fn local_limits(mut rules: Vec<RuleLimit>, fleet_size: u32) -> Vec<RuleLimit> {
+    let n = fleet_size.max(1);
     for r in &mut rules {
-        if r.scope == Scope::Fleet {
-            r.hits = r.hits.div_ceil(fleet_size.max(1)).max(1);
+        if r.scope == Scope::Fleet && n > 1 {
+            let old = r.hits;
+            r.hits = r.hits.div_ceil(n).max(1);
+            // A token bucket refills n times slower; a prefilter keeps its fraction.
+            r.interval_us = r.interval_us.saturating_mul(i64::from(n));
+            r.prefilter = (u64::from(r.prefilter) * u64::from(r.hits) / u64::from(old.max(1))) as u32;
         }
     }
     rules
@@ -155,11 +160,9 @@ mod tests {
 
     fn rule(hits: u32, scope: Scope) -> RuleLimit {
         RuleLimit {
-            name: "r".into(),
-            hits,
-            window_ms: 1000,
             scope,
             clock: Clock::Log,
+            ..RuleLimit::new("r", crate::config::Algorithm::SlidingWindow, hits, 1000)
         }
     }
 
@@ -170,5 +173,22 @@ mod tests {
             3,
         );
         assert_eq!(l.iter().map(|r| r.hits).collect::<Vec<_>>(), vec![4, 10, 1]);
+        let bucket = RuleLimit {
+            interval_us: 200_000,
+            prefilter: 0,
+            ..rule(20, Scope::Fleet)
+        };
+        let l = local_limits(
+            vec![
+                bucket,
+                RuleLimit {
+                    prefilter: 8,
+                    ..rule(10, Scope::Fleet)
+                },
+            ],
+            2,
+        );
+        assert_eq!((l[0].hits, l[0].interval_us), (10, 400_000));
+        assert_eq!((l[1].hits, l[1].prefilter), (5, 4));
     }
 }

@@ -1,26 +1,70 @@
-//! The sliding window in process memory, mirroring `lua/sliding_window.lua`
-//! step for step, including key expiry: a key lives `window + 1000` ms of
-//! wall-clock time after its last addition, as PEXPIRE makes it in Redis.
+//! Every algorithm in process memory, mirroring the scripts of `lua/` step
+//! for step, including key expiry: a key lives as long as PEXPIRE makes it
+//! live in Redis (wall-clock time, set where the script sets it).
 
 use std::collections::HashMap;
 
 use ipnet::IpNet;
 
 use super::{RuleLimit, Verdict};
-use crate::config::Clock;
+use crate::config::{Algorithm, Clock};
 use crate::detect::Hit;
 
-struct Window {
-    /// (score = hit time ms, member), in insertion order.
-    members: Vec<(i64, u64)>,
+/// The state of one (rule, key), as the Redis key(s) of its algorithm.
+enum State {
+    /// `sliding_window.lua`'s ZSET: (score = hit time ms, folded member), in insertion order.
+    Window(Vec<(i64, i32)>),
+    /// `token_bucket.lua`'s HASH: t (µs), m.
+    Bucket { tat: i64, mark: u64 },
+    /// `sliding_counter.lua`'s HASH: n, c, p, m.
+    Counter { cur: i64, c: i64, p: i64, mark: u64 },
+}
+
+struct Entry {
+    state: State,
     /// Wall-clock ms at which the key expires (PEXPIRE).
     expires_at: i64,
 }
 
-/// Sliding windows of every (rule, key) of this process.
+/// One fixed-window counter (`fw:{ADDR}:RULE:N`).
+struct Fixed {
+    count: u32,
+    expires_at: i64,
+}
+
+/// The scalars of a [`RuleLimit`] (no name: no allocation per batch).
+#[derive(Clone, Copy)]
+struct Params {
+    algorithm: Algorithm,
+    hits: u32,
+    window_ms: i64,
+    interval_us: i64,
+    prefilter: u32,
+    clock: Clock,
+}
+
+impl Params {
+    fn of(r: &RuleLimit) -> Params {
+        Params {
+            algorithm: r.algorithm,
+            hits: r.hits,
+            window_ms: r.window_ms,
+            interval_us: r.interval_us,
+            prefilter: r.prefilter,
+            clock: r.clock,
+        }
+    }
+}
+
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// The limiter state of every (rule, key) of this process.
 pub struct MemoryLimiter {
     rules: Vec<RuleLimit>,
-    windows: HashMap<(usize, IpNet), Window, foldhash::fast::RandomState>,
+    windows: Map<(usize, IpNet), Entry>,
+    /// Fixed-window counters (fixed_window, and the prefilter's first tier)
+    /// by (rule, key, window number).
+    fixed: Map<(usize, IpNet, i64), Fixed>,
     last_sweep: i64,
 }
 
@@ -29,21 +73,31 @@ impl MemoryLimiter {
         MemoryLimiter {
             rules,
             windows: HashMap::default(),
+            fixed: HashMap::default(),
             last_sweep: 0,
         }
     }
 
-    /// Keeps the windows of rules that keep their name; drops the others.
+    /// Keeps the state of rules that keep their name and algorithm; drops the others.
     pub fn set_rules(&mut self, rules: Vec<RuleLimit>) {
         let moved: Vec<Option<usize>> = self
             .rules
             .iter()
-            .map(|old| rules.iter().position(|r| r.name == old.name))
+            .map(|old| {
+                rules
+                    .iter()
+                    .position(|r| r.name == old.name && r.algorithm == old.algorithm)
+            })
             .collect();
         let windows = std::mem::take(&mut self.windows);
         self.windows = windows
             .into_iter()
             .filter_map(|((rule, key), w)| Some(((moved.get(rule).copied().flatten()?, key), w)))
+            .collect();
+        let fixed = std::mem::take(&mut self.fixed);
+        self.fixed = fixed
+            .into_iter()
+            .filter_map(|((rule, key, n), f)| Some(((moved.get(rule).copied().flatten()?, key, n), f)))
             .collect();
         self.rules = rules;
     }
@@ -51,10 +105,11 @@ impl MemoryLimiter {
     /// Forgets every window of `key` (an unbanned address starts afresh).
     pub fn forget(&mut self, key: &IpNet) {
         self.windows.retain(|(_, k), _| k != key);
+        self.fixed.retain(|(_, k, _), _| k != key);
     }
 
     pub fn tracked_keys(&self) -> usize {
-        self.windows.len()
+        self.windows.len() + self.fixed.len()
     }
 
     /// Processes one batch in order; `wall_now` is the wall clock in ms (key
@@ -64,45 +119,250 @@ impl MemoryLimiter {
         let Some(rule) = self.rules.get(rule_index) else {
             return Verdict::Under { count: 0 };
         };
-        let (window_ms, limit, server_clock) = (rule.window_ms, rule.hits as usize, rule.clock == Clock::Redis);
-        let w = self.windows.entry((rule_index, key)).or_insert(Window {
-            members: Vec::new(),
+        let rule = Params::of(rule);
+        let now_of = |h: &Hit| {
+            if rule.clock == Clock::Redis {
+                wall_now
+            } else {
+                h.time_ms
+            }
+        };
+        match rule.algorithm {
+            Algorithm::SlidingWindow => self.sliding(&rule, rule_index, key, hits, wall_now, now_of),
+            Algorithm::FixedWindow => {
+                let mut count = 0;
+                for (i, h) in hits.iter().enumerate() {
+                    let n = now_of(h).div_euclid(rule.window_ms);
+                    let c = self.fixed_count(rule_index, key, n, wall_now);
+                    if c >= rule.hits {
+                        return Verdict::Over { index: i, count: c };
+                    }
+                    count = self.incr(rule_index, key, n, wall_now, rule.window_ms + 1000);
+                }
+                Verdict::Under { count }
+            }
+            Algorithm::TokenBucket => self.bucket(&rule, rule_index, key, hits, wall_now, now_of),
+            Algorithm::SlidingCounter => self.counter(&rule, rule_index, key, hits, wall_now, now_of),
+        }
+    }
+
+    /// The live entry of (rule, key), if any.
+    fn entry(&mut self, rule: usize, key: IpNet, wall_now: i64) -> Option<&mut Entry> {
+        self.windows.get_mut(&(rule, key)).filter(|e| e.expires_at > wall_now)
+    }
+
+    fn fixed_count(&self, rule: usize, key: IpNet, n: i64, wall_now: i64) -> u32 {
+        self.fixed
+            .get(&(rule, key, n))
+            .filter(|f| f.expires_at > wall_now)
+            .map_or(0, |f| f.count)
+    }
+
+    /// INCR, and PEXPIRE when the counter is created.
+    fn incr(&mut self, rule: usize, key: IpNet, n: i64, wall_now: i64, ttl: i64) -> u32 {
+        let f = self.fixed.entry((rule, key, n)).or_insert(Fixed {
+            count: 0,
             expires_at: 0,
         });
-        if w.expires_at <= wall_now {
-            w.members.clear();
+        if f.expires_at <= wall_now {
+            f.count = 0;
         }
+        f.count += 1;
+        if f.count == 1 {
+            f.expires_at = wall_now + ttl;
+        }
+        f.count
+    }
+
+    fn sliding(
+        &mut self,
+        rule: &Params,
+        ri: usize,
+        key: IpNet,
+        hits: &[Hit],
+        wall_now: i64,
+        now_of: impl Fn(&Hit) -> i64,
+    ) -> Verdict {
+        let (window_ms, limit, pre) = (rule.window_ms, rule.hits as usize, rule.prefilter);
+        let expire = wall_now + window_ms + 1000;
         let mut swept: Option<i64> = None;
         let mut added = false;
+        if let Some(e) = self.windows.get_mut(&(ri, key)) {
+            if e.expires_at <= wall_now || !matches!(e.state, State::Window(_)) {
+                e.state = State::Window(Vec::new());
+            }
+        }
         for (i, hit) in hits.iter().enumerate() {
-            let now = if server_clock { wall_now } else { hit.time_ms };
+            let now = now_of(hit);
+            if pre > 0 {
+                let n = now.div_euclid(window_ms);
+                if self.fixed_count(ri, key, n, wall_now) < pre {
+                    self.incr(ri, key, n, wall_now, window_ms + 1000);
+                    continue;
+                }
+            }
+            let e = self.windows.entry((ri, key)).or_insert(Entry {
+                state: State::Window(Vec::new()),
+                expires_at: 0,
+            });
+            let State::Window(members) = &mut e.state else {
+                continue; // cleared above: every entry of this rule is a window
+            };
             if swept.is_none_or(|s| now > s) {
                 let cutoff = now - window_ms;
-                w.members.retain(|&(score, _)| score > cutoff);
+                members.retain(|&(score, _)| score > cutoff);
                 swept = Some(now);
             }
-            if w.members.iter().any(|&(_, m)| m == hit.member) {
+            let member = super::zset_member(hit.member, rule.hits);
+            if members.iter().any(|&(_, m)| m == member) {
                 continue;
             }
-            let count = w.members.len();
+            let count = members.len() + pre as usize;
             if count >= limit {
                 if added {
-                    w.expires_at = wall_now + window_ms + 1000;
+                    e.expires_at = expire;
                 }
                 return Verdict::Over {
                     index: i,
                     count: count as u32,
                 };
             }
-            w.members.push((now, hit.member));
+            members.push((now, member));
             added = true;
         }
-        if added {
-            w.expires_at = wall_now + window_ms + 1000;
+        let e = self.windows.get_mut(&(ri, key));
+        let count = match e {
+            Some(e) => {
+                if added {
+                    e.expires_at = expire;
+                }
+                match &e.state {
+                    State::Window(m) => m.len(),
+                    _ => 0,
+                }
+            }
+            None => 0,
+        };
+        Verdict::Under { count: count as u32 }
+    }
+
+    /// Where a batch starts: after the hit carrying `mark` (sent already).
+    fn start(hits: &[Hit], mark: Option<u64>) -> usize {
+        mark.and_then(|m| hits.iter().position(|h| h.member == m))
+            .map_or(0, |p| p + 1)
+    }
+
+    fn bucket(
+        &mut self,
+        rule: &Params,
+        ri: usize,
+        key: IpNet,
+        hits: &[Hit],
+        wall_now: i64,
+        now_of: impl Fn(&Hit) -> i64,
+    ) -> Verdict {
+        let interval = rule.interval_us.max(1);
+        let burst = i64::from(rule.hits);
+        let (mut tat, mut mark) = match self.entry(ri, key, wall_now).map(|e| &e.state) {
+            Some(&State::Bucket { tat, mark }) => (Some(tat), Some(mark)),
+            _ => (None, None),
+        };
+        let in_use = |t: i64, now: i64| (t - now).div_euclid(interval) + i64::from((t - now).rem_euclid(interval) > 0);
+        let mut result = None;
+        let mut last_now = None;
+        for (i, h) in hits.iter().enumerate().skip(Self::start(hits, mark)) {
+            if Some(h.member) == mark {
+                continue;
+            }
+            let now = now_of(h) * 1000;
+            let t = tat.map_or(now, |t| t.max(now));
+            if t + interval - now > burst * interval {
+                result = Some(Verdict::Over {
+                    index: i,
+                    count: clamp(in_use(t, now)),
+                });
+                break;
+            }
+            tat = Some(t + interval);
+            mark = Some(h.member);
+            last_now = Some(now);
         }
-        Verdict::Under {
-            count: w.members.len() as u32,
+        if let (Some(_), Some(t), Some(m)) = (last_now, tat, mark) {
+            self.windows.insert(
+                (ri, key),
+                Entry {
+                    state: State::Bucket { tat: t, mark: m },
+                    expires_at: wall_now + rule.window_ms + 1000,
+                },
+            );
         }
+        result.unwrap_or_else(|| Verdict::Under {
+            count: match (last_now, tat) {
+                (Some(now), Some(t)) => clamp(in_use(t, now)),
+                _ => 0,
+            },
+        })
+    }
+
+    fn counter(
+        &mut self,
+        rule: &Params,
+        ri: usize,
+        key: IpNet,
+        hits: &[Hit],
+        wall_now: i64,
+        now_of: impl Fn(&Hit) -> i64,
+    ) -> Verdict {
+        let window = rule.window_ms;
+        let limit = i64::from(rule.hits);
+        let (mut cur, mut c, mut p, mut mark) = match self.entry(ri, key, wall_now).map(|e| &e.state) {
+            Some(&State::Counter { cur, c, p, mark }) => (Some(cur), c, p, Some(mark)),
+            _ => (None, 0, 0, None),
+        };
+        let mut changed = false;
+        let mut result = None;
+        for (i, h) in hits.iter().enumerate().skip(Self::start(hits, mark)) {
+            if Some(h.member) == mark {
+                continue;
+            }
+            let now = now_of(h);
+            let n = now.div_euclid(window);
+            let k = match cur {
+                None => {
+                    (c, p) = (0, 0);
+                    n
+                }
+                Some(k) if n > k => {
+                    p = if n == k + 1 { c } else { 0 };
+                    c = 0;
+                    n
+                }
+                Some(k) => k,
+            };
+            cur = Some(k);
+            let elapsed = if n == k { now - k * window } else { 0 };
+            let est = p * (window - elapsed) + c * window;
+            if est >= limit * window {
+                result = Some(Verdict::Over {
+                    index: i,
+                    count: clamp(est.div_euclid(window)),
+                });
+                break;
+            }
+            c += 1;
+            mark = Some(h.member);
+            changed = true;
+        }
+        if let (true, Some(cur), Some(mark)) = (changed, cur, mark) {
+            self.windows.insert(
+                (ri, key),
+                Entry {
+                    state: State::Counter { cur, c, p, mark },
+                    expires_at: wall_now + 2 * window + 1000,
+                },
+            );
+        }
+        result.unwrap_or(Verdict::Under { count: clamp(c) })
     }
 
     /// Drops expired keys, at most once a second.
@@ -112,5 +372,10 @@ impl MemoryLimiter {
         }
         self.last_sweep = wall_now;
         self.windows.retain(|_, w| w.expires_at > wall_now);
+        self.fixed.retain(|_, f| f.expires_at > wall_now);
     }
+}
+
+fn clamp(n: i64) -> u32 {
+    u32::try_from(n.max(0)).unwrap_or(u32::MAX)
 }

@@ -1,16 +1,27 @@
-//! The sliding window in Redis: one EVALSHA of `lua/sliding_window.lua` per
-//! batch, all batches of a flush in one pipeline (one round trip), the script
+//! The limiter in Redis: one EVALSHA of the rule's algorithm script
+//! (`lua/sliding_window.lua`, `fixed_window.lua`, `token_bucket.lua`,
+//! `sliding_counter.lua`) per batch, all batches of a flush in one pipeline (one round trip), the script
 //! loaded again and the failed calls resent when the server answers NOSCRIPT.
-//! Resending is safe: members are deterministic, and the script does not
-//! count a member twice.
+//! Resending is safe: members are deterministic, and the scripts do not
+//! count a member twice (fixed-window counters excepted; see the scripts).
 
 use ::redis::aio::ConnectionManager;
 use ::redis::Value;
 
 use super::{LimitError, RuleLimit, Verdict};
-use crate::config::{Clock, Scope};
+use crate::config::{Algorithm, Clock, Scope};
 use crate::detect::Batch;
-use crate::store::{self, Keys, SLIDING_WINDOW};
+use crate::store::{self, Keys, LuaScript, FIXED_WINDOW, SLIDING_COUNTER, SLIDING_WINDOW, TOKEN_BUCKET};
+
+/// The script of an algorithm.
+fn script(a: Algorithm) -> &'static LuaScript {
+    match a {
+        Algorithm::SlidingWindow => &SLIDING_WINDOW,
+        Algorithm::FixedWindow => &FIXED_WINDOW,
+        Algorithm::TokenBucket => &TOKEN_BUCKET,
+        Algorithm::SlidingCounter => &SLIDING_COUNTER,
+    }
+}
 
 /// Script calls per round trip at most.
 pub const MAX_CALLS_PER_TRIP: usize = 1024;
@@ -44,13 +55,43 @@ impl RedisLimiter {
     fn call(&self, b: &Batch) -> ::redis::Cmd {
         let rule = &self.rules[b.rule];
         let host = (rule.scope == Scope::Host).then_some(self.host.as_str());
-        let key = self.keys.window(&b.key, &rule.name, host);
-        let mut c = SLIDING_WINDOW.cmd(&[&key]);
-        c.arg(rule.window_ms)
-            .arg(rule.hits)
-            .arg(u8::from(rule.clock == Clock::Redis));
-        for h in &b.hits {
-            c.arg(h.time_ms).arg(h.member);
+        let clock = u8::from(rule.clock == Clock::Redis);
+        // Every script takes the same four leading arguments; see `lua/`.
+        let mut c = match rule.algorithm {
+            Algorithm::SlidingWindow => {
+                let win = self.keys.window(&b.key, &rule.name, host);
+                let fw = self.keys.fixed(&b.key, &rule.name, host);
+                let mut c = SLIDING_WINDOW.cmd(&[&win, &fw]);
+                c.arg(rule.window_ms).arg(rule.hits).arg(clock).arg(rule.prefilter);
+                c
+            }
+            Algorithm::FixedWindow => {
+                let mut c = FIXED_WINDOW.cmd(&[&self.keys.fixed(&b.key, &rule.name, host)]);
+                c.arg(rule.window_ms).arg(rule.hits).arg(clock).arg(0);
+                c
+            }
+            Algorithm::TokenBucket => {
+                let mut c = TOKEN_BUCKET.cmd(&[&self.keys.bucket(&b.key, &rule.name, host)]);
+                c.arg(rule.interval_us)
+                    .arg(rule.hits)
+                    .arg(clock)
+                    .arg(rule.window_ms + 1000);
+                c
+            }
+            Algorithm::SlidingCounter => {
+                let mut c = SLIDING_COUNTER.cmd(&[&self.keys.counter(&b.key, &rule.name, host)]);
+                c.arg(rule.window_ms).arg(rule.hits).arg(clock).arg(0);
+                c
+            }
+        };
+        if rule.algorithm == Algorithm::SlidingWindow {
+            for h in &b.hits {
+                c.arg(h.time_ms).arg(super::zset_member(h.member, rule.hits));
+            }
+        } else {
+            for h in &b.hits {
+                c.arg(h.time_ms).arg(h.member);
+            }
         }
         c
     }
@@ -100,15 +141,20 @@ impl RedisLimiter {
             let replies: Vec<Value> = pipe.query_async(&mut self.con).await?;
             self.round_trips += 1;
             let mut again = Vec::new();
+            let mut reload: Vec<&'static LuaScript> = Vec::new();
             for (&i, v) in todo.iter().zip(replies) {
                 if store::value_is_noscript(&v) && pass == 0 {
+                    let s = script(self.rules[batches[i].rule].algorithm);
+                    if !reload.iter().any(|r| std::ptr::eq(*r, s)) {
+                        reload.push(s);
+                    }
                     again.push(i);
                     continue;
                 }
                 got[i] = Some(verdict(v)?);
             }
-            if !again.is_empty() {
-                SLIDING_WINDOW.load(&mut self.con).await?;
+            for s in reload {
+                s.load(&mut self.con).await?;
             }
             todo = again;
         }

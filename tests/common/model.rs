@@ -3,7 +3,8 @@
 //! members at or before now - window leave; a member seen before is not
 //! counted twice; a window already holding `limit` members bans.
 //! No batching, no expiry, no optimisation: the reference the real
-//! implementations are compared with.
+//! implementations are compared with. The other algorithms (README,
+//! "Choosing an algorithm") are modelled the same plain way.
 
 use std::collections::HashMap;
 
@@ -20,6 +21,36 @@ pub struct ModelRule {
     pub limit: usize,
     pub window: i64,
     pub ban_ms: i64,
+    pub algo: Algo,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Algo {
+    /// `prefilter`: hits per fixed window counted before the exact window (0 = off).
+    Sliding {
+        prefilter: usize,
+    },
+    Fixed,
+    /// `limit` is the burst.
+    Bucket {
+        interval_us: i64,
+    },
+    Counter,
+}
+
+/// Per (rule, key) state of the algorithms other than the plain window.
+#[derive(Default)]
+struct Other {
+    /// Fixed windows: hits counted per window number.
+    fixed: HashMap<i64, usize>,
+    /// Token bucket: theoretical arrival time (µs).
+    tat: Option<i64>,
+    /// Sliding counter: the window number each counted hit was counted in.
+    counted: Vec<i64>,
+    /// Sliding counter: the latest window number seen.
+    cur: Option<i64>,
+    /// Bucket and counter: the member of the last hit counted.
+    mark: Option<u64>,
 }
 
 /// A ban the model decides: which hit (index into the input) crossed the limit.
@@ -34,6 +65,7 @@ pub struct ModelBan {
 
 pub fn model(hits: &[ModelHit], rules: &[ModelRule]) -> Vec<ModelBan> {
     let mut windows: HashMap<(usize, String), Vec<(i64, u64)>> = HashMap::new();
+    let mut others: HashMap<(usize, String), Other> = HashMap::new();
     let mut banned_until: HashMap<String, i64> = HashMap::new();
     let mut out = Vec::new();
     for (i, h) in hits.iter().enumerate() {
@@ -41,12 +73,70 @@ pub fn model(hits: &[ModelHit], rules: &[ModelRule]) -> Vec<ModelBan> {
             continue;
         }
         let r = rules[h.rule];
-        let w = windows.entry((h.rule, h.key.clone())).or_default();
-        w.retain(|&(score, _)| score > h.time - r.window);
-        if w.iter().any(|&(_, m)| m == h.member) {
-            continue;
-        }
-        if w.len() >= r.limit {
+        let o = others.entry((h.rule, h.key.clone())).or_default();
+        let n = h.time.div_euclid(r.window);
+        let over = match r.algo {
+            Algo::Sliding { prefilter } => {
+                if prefilter > 0 && o.fixed.get(&n).copied().unwrap_or(0) < prefilter {
+                    *o.fixed.entry(n).or_default() += 1;
+                    continue;
+                }
+                let w = windows.entry((h.rule, h.key.clone())).or_default();
+                w.retain(|&(score, _)| score > h.time - r.window);
+                if w.iter().any(|&(_, m)| m == h.member) {
+                    continue;
+                }
+                if w.len() + prefilter >= r.limit {
+                    true
+                } else {
+                    w.push((h.time, h.member));
+                    false
+                }
+            }
+            Algo::Fixed => {
+                let c = o.fixed.entry(n).or_default();
+                if *c >= r.limit {
+                    true
+                } else {
+                    *c += 1;
+                    false
+                }
+            }
+            Algo::Bucket { interval_us } => {
+                if o.mark == Some(h.member) {
+                    continue;
+                }
+                let now = h.time * 1000;
+                let t = o.tat.unwrap_or(now).max(now);
+                if t + interval_us - now > r.limit as i64 * interval_us {
+                    true
+                } else {
+                    o.tat = Some(t + interval_us);
+                    o.mark = Some(h.member);
+                    false
+                }
+            }
+            Algo::Counter => {
+                if o.mark == Some(h.member) {
+                    continue;
+                }
+                let cur = o.cur.unwrap_or(n).max(n);
+                o.cur = Some(cur);
+                // A hit older than the current window counts as at its start.
+                let elapsed = if n == cur { h.time - cur * r.window } else { 0 };
+                let c = o.counted.iter().filter(|&&w| w == cur).count() as i64;
+                let p = o.counted.iter().filter(|&&w| w == cur - 1).count() as i64;
+                // The estimate p x (1 - elapsed / window) + c, compared in exact integers.
+                if p * (r.window - elapsed) + c * r.window >= r.limit as i64 * r.window {
+                    true
+                } else {
+                    o.counted.push(cur);
+                    o.mark = Some(h.member);
+                    false
+                }
+            }
+        };
+        if over {
             let until = h.time + r.ban_ms;
             banned_until.insert(h.key.clone(), until);
             out.push(ModelBan {
@@ -56,9 +146,7 @@ pub fn model(hits: &[ModelHit], rules: &[ModelRule]) -> Vec<ModelBan> {
                 at: h.time,
                 until,
             });
-            continue;
         }
-        w.push((h.time, h.member));
     }
     out
 }
