@@ -17,7 +17,7 @@ use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::enforcer::Change;
-use super::stats::Stats;
+use super::stats::{RuleCounters, Stats};
 use crate::bans::{BanCache, BanList, BanRequest, Mode, Outcome, SafetyValve, Until};
 use crate::config::{BanPolicy, Clock};
 use crate::detect::{self, AllowList, Group, Hit, Pending, Plan};
@@ -34,6 +34,18 @@ pub struct RuleInfo {
     pub window_ms: i64,
     pub clock: Clock,
     pub ban: BanPolicy,
+    /// This rule's counters in `Stats` (kept across reloads by name).
+    pub counters: Arc<RuleCounters>,
+}
+
+/// A new set of rules to run from now on (SIGHUP). The pipeline first
+/// handles every chunk already read and flushes them under the old rules,
+/// then swaps, then answers on `done`.
+pub struct Reload {
+    pub rules: Vec<RuleInfo>,
+    pub plan: Plan,
+    pub limits: Vec<crate::limit::RuleLimit>,
+    pub done: tokio::sync::oneshot::Sender<()>,
 }
 
 pub struct Pipeline {
@@ -59,6 +71,8 @@ pub struct Pipeline {
     pub pending: Pending,
     /// Chunks whose hits are pending: (path, file, end offset) to commit after the flush.
     pub uncommitted: Vec<(Arc<Path>, FileId, u64)>,
+    /// New rules from the daemon (SIGHUP).
+    pub reloads: UnboundedReceiver<Reload>,
 }
 
 impl Pipeline {
@@ -70,6 +84,15 @@ impl Pipeline {
                 _ = shutdown.cancelled() => break,
                 u = self.updates.recv() => match u {
                     Some(u) => self.update(u),
+                    None => continue,
+                },
+                r = self.reloads.recv() => match r {
+                    Some(r) => {
+                        if !self.reload(r, &mut chunks, &shutdown).await {
+                            break;
+                        }
+                        continue;
+                    }
                     None => continue,
                 },
                 c = chunks.recv() => match c {
@@ -85,6 +108,7 @@ impl Pipeline {
                     None => break,
                 },
             }
+            self.stats.busy_since_ms.store(crate::now_ms(), Relaxed);
             while let Ok(u) = self.updates.try_recv() {
                 self.update(u);
             }
@@ -95,6 +119,7 @@ impl Pipeline {
                 self.save_offsets();
                 last_save = tokio::time::Instant::now();
             }
+            self.stats.busy_since_ms.store(0, Relaxed);
         }
         // Hits already read are committed before stopping; offsets saved.
         while let Ok(c) = chunks.try_recv() {
@@ -103,6 +128,25 @@ impl Pipeline {
         let last = CancellationToken::new();
         let _ = tokio::time::timeout(Duration::from_secs(2), self.flush(&last)).await;
         self.save_offsets();
+    }
+
+    /// Applies a [`Reload`]: what was read under the old rules is counted
+    /// under them; windows live on in the limiter by rule name. False if
+    /// asked to stop meanwhile.
+    async fn reload(&mut self, r: Reload, chunks: &mut Receiver<Chunk>, shutdown: &CancellationToken) -> bool {
+        while let Ok(c) = chunks.try_recv() {
+            self.ingest(&c);
+        }
+        if !self.flush(shutdown).await {
+            return false;
+        }
+        self.save_offsets();
+        self.rules = r.rules;
+        self.plan = r.plan;
+        self.routes.clear();
+        self.limiter.set_rules(r.limits);
+        let _ = r.done.send(());
+        true
     }
 
     fn save_offsets(&self) {
@@ -167,7 +211,7 @@ impl Pipeline {
                     if self.cache.is_banned(&key, time) {
                         continue;
                     }
-                    self.stats.rules[ri].hits.fetch_add(1, Relaxed);
+                    rule.counters.hits.fetch_add(1, Relaxed);
                     self.pending.push(
                         ri,
                         key,
@@ -212,6 +256,7 @@ impl Pipeline {
                     break;
                 }
                 Err(e) => {
+                    self.stats.busy_since_ms.store(crate::now_ms(), Relaxed);
                     let n = self.stats.redis_errors.fetch_add(1, Relaxed);
                     self.stats.redis_connected.store(false, Relaxed);
                     if n < 5 || n.is_power_of_two() {
@@ -272,7 +317,7 @@ impl Pipeline {
         let until = match outcome {
             Ok(Outcome::Banned(rec)) => {
                 self.stats.bans.fetch_add(1, Relaxed);
-                self.stats.rules[rule].bans.fetch_add(1, Relaxed);
+                info.counters.bans.fetch_add(1, Relaxed);
                 tracing::info!(rule = %info.name, addr = %crate::store::AddrText(&key), hits,
                     at = %crate::rfc3339(at_ms), until = %rec.until.map_or("forever".into(), crate::rfc3339),
                     count = rec.count, "Banned.");

@@ -2,7 +2,7 @@
 //! pipeline adds to them once per chunk or flush, not once per line.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 #[derive(Default)]
 pub struct RuleCounters {
@@ -30,26 +30,50 @@ pub struct Stats {
     pub refused: AtomicU64,
     pub redis_errors: AtomicU64,
     pub redis_connected: AtomicBool,
+    /// `redis:` is configured (else the embedded store is used).
+    pub redis_used: AtomicBool,
     pub round_trips: AtomicU64,
     pub bans_active: AtomicU64,
     /// Wall clock minus the log time of the last hit processed.
     pub lag_ms: AtomicI64,
-    pub rules: Vec<RuleCounters>,
+    /// When the pipeline started the work it is doing now (ms), 0 while it
+    /// waits for input: the watchdog pings only while this is recent.
+    pub busy_since_ms: AtomicI64,
+    /// Reloads applied / refused (bad config).
+    pub reloads: AtomicU64,
+    pub reload_errors: AtomicU64,
+    /// Per rule of the running config; the pipeline holds the same `Arc`s.
+    pub rules: Mutex<Vec<Arc<RuleCounters>>>,
     pub sources: Mutex<Vec<SourceCounters>>,
 }
 
 impl Stats {
     pub fn new(rule_names: &[String]) -> Stats {
-        Stats {
-            rules: rule_names
-                .iter()
-                .map(|n| RuleCounters {
+        let stats = Stats::default();
+        stats.set_rules(rule_names);
+        stats
+    }
+
+    /// The counters of `rule_names`, in order: a rule that keeps its name
+    /// (reload) keeps its counters.
+    pub fn set_rules(&self, rule_names: &[String]) -> Vec<Arc<RuleCounters>> {
+        let mut rules = self.rules.lock().unwrap_or_else(|e| e.into_inner());
+        let new: Vec<Arc<RuleCounters>> = rule_names
+            .iter()
+            .map(|n| match rules.iter().find(|r| &r.name == n) {
+                Some(r) => r.clone(),
+                None => Arc::new(RuleCounters {
                     name: n.clone(),
                     ..Default::default()
-                })
-                .collect(),
-            ..Default::default()
-        }
+                }),
+            })
+            .collect();
+        *rules = new.clone();
+        new
+    }
+
+    pub fn rule_counters(&self) -> Vec<Arc<RuleCounters>> {
+        self.rules.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     pub fn source(&self, path: &str, offset: u64, lines: u64) {
@@ -76,7 +100,7 @@ impl Stats {
             .map(|s| serde_json::json!({"path": s.path, "offset": s.offset, "lines": s.lines}))
             .collect();
         let rules: Vec<_> = self
-            .rules
+            .rule_counters()
             .iter()
             .map(|r| serde_json::json!({"name": r.name, "hits": r.hits.load(Relaxed), "bans": r.bans.load(Relaxed)}))
             .collect();
@@ -96,6 +120,8 @@ impl Stats {
             },
             "bans_active": self.bans_active.load(Relaxed),
             "lag_ms": self.lag_ms.load(Relaxed),
+            "reloads": self.reloads.load(Relaxed),
+            "reload_errors": self.reload_errors.load(Relaxed),
         })
     }
 }

@@ -1,0 +1,237 @@
+//! Running fleetban as a service: SIGHUP reloads (a valid config changes
+//! behaviour and keeps the windows; a broken one is refused and the old rules
+//! keep banning), systemd's notify protocol (READY=1 after start, WATCHDOG=1
+//! pings, RELOADING=1, STOPPING=1), SIGTERM exits 0 with offsets saved.
+//! The daemon runs with `firewall: { backend: log }` and the embedded store:
+//! no root needed, and the windows that must survive a reload live in the
+//! process itself.
+
+mod common;
+
+use std::io::Write;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{combined_line, wait_until, Daemon};
+
+fn append(log: &Path, text: &str) {
+    let mut f = std::fs::OpenOptions::new().append(true).open(log).unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+}
+
+struct Rig {
+    dir: tempfile::TempDir,
+    cfg: PathBuf,
+    rules: PathBuf,
+    log: PathBuf,
+    log2: PathBuf,
+    control: PathBuf,
+}
+
+fn scraper_rule(log: &Path, hits: u32) -> String {
+    format!(
+        "rules:
+  - name: scraper
+    logs: [{}]
+    match: {{ method: [GET] }}
+    limit: {{ hits: {hits}, window: 10m }}
+    ban: {{ duration: 1h }}
+",
+        log.display()
+    )
+}
+
+fn rig() -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let log2 = dir.path().join("other.log");
+    std::fs::write(&log, "").unwrap();
+    std::fs::write(&log2, "").unwrap();
+    let control = dir.path().join("control.sock");
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, scraper_rule(&log, 10)).unwrap();
+    let cfg = dir.path().join("fleetban.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "host_id: svc\nstate_dir: {}\ncontrol: {}\nfirewall: {{ backend: log }}\nrules: [rules.yaml]\n",
+            dir.path().join("state").display(),
+            control.display()
+        ),
+    )
+    .unwrap();
+    Rig {
+        dir,
+        cfg,
+        rules,
+        log,
+        log2,
+        control,
+    }
+}
+
+fn hits(addr: &str, n: i64, path: &str, status: u16) -> String {
+    let now = fleetban::now_ms();
+    (0..n).map(|i| combined_line(addr, now + i, path, status)).collect()
+}
+
+fn rule_stat(status: &serde_json::Value, name: &str, field: &str) -> Option<u64> {
+    status["rules"]
+        .as_array()?
+        .iter()
+        .find(|r| r["name"] == name)?
+        .get(field)?
+        .as_u64()
+}
+
+#[test]
+fn sighup_with_a_valid_config_changes_the_limit_keeps_the_window_and_follows_new_logs() {
+    let r = rig();
+    let d = Daemon::start(None, &r.cfg, &r.control);
+
+    // 4 hits under a limit of 10: no ban.
+    append(&r.log, &hits("203.0.113.7", 4, "/page", 200));
+    d.wait_lines(4);
+    assert_eq!(d.status()["bans"], 0);
+
+    // Same rule, limit 5, and a new rule reading a new log.
+    std::fs::write(
+        &r.rules,
+        scraper_rule(&r.log, 5)
+            + &format!(
+                "  - name: notfound
+    logs: [{}]
+    match: {{ status: [404] }}
+    limit: {{ hits: 2, window: 10m }}
+    ban: {{ duration: 1h }}
+",
+                r.log2.display()
+            ),
+    )
+    .unwrap();
+    d.signal(libc::SIGHUP);
+    wait_until(Duration::from_secs(10), "reload applied", || d.status()["reloads"] == 1);
+    assert!(rule_stat(&d.status(), "notfound", "hits").is_some(), "{}", d.status());
+
+    // 2 more hits: 6 in the window the reload kept, over the new limit of 5.
+    // Had the window been lost, 2 hits would be under it.
+    append(&r.log, &hits("203.0.113.7", 2, "/page", 200));
+    wait_until(Duration::from_secs(10), "ban under the reloaded limit", || {
+        rule_stat(&d.status(), "scraper", "bans") == Some(1)
+    });
+    assert_eq!(rule_stat(&d.status(), "scraper", "hits"), Some(6), "{}", d.status());
+
+    // The new rule's log is followed from now on.
+    append(&r.log2, &hits("198.51.100.9", 3, "/nope", 404));
+    wait_until(Duration::from_secs(10), "ban by the new rule on the new log", || {
+        rule_stat(&d.status(), "notfound", "bans") == Some(1)
+    });
+    let log = d.log_text();
+    assert!(log.contains("Configuration reloaded"), "{log}");
+    assert!(log.contains("notfound"), "{log}");
+}
+
+#[test]
+fn sighup_with_a_broken_config_keeps_the_old_rules_which_still_ban() {
+    let r = rig();
+    let d = Daemon::start(None, &r.cfg, &r.control);
+    append(&r.log, &hits("203.0.113.8", 3, "/page", 200));
+    d.wait_lines(3);
+
+    // Two errors: an unknown key and a bad limit; both must be logged.
+    std::fs::write(
+        &r.rules,
+        scraper_rule(&r.log, 5).replace("limit: { hits: 5", "limit: { hits: 0") + "    colour: red\n",
+    )
+    .unwrap();
+    d.signal(libc::SIGHUP);
+    wait_until(Duration::from_secs(10), "reload refused", || {
+        d.status()["reload_errors"] == 1
+    });
+    assert_eq!(d.status()["reloads"], 0);
+    let log = d.log_text();
+    assert!(log.contains("Reload refused"), "{log}");
+    assert!(log.contains("rules.yaml:"), "errors name the file: {log}");
+
+    // The old limit (10) still holds and still bans, window intact: 3 + 8 = 11.
+    append(&r.log, &hits("203.0.113.8", 8, "/page", 200));
+    wait_until(Duration::from_secs(10), "ban under the old rules", || {
+        rule_stat(&d.status(), "scraper", "bans") == Some(1)
+    });
+    assert_eq!(rule_stat(&d.status(), "scraper", "hits"), Some(11), "{}", d.status());
+}
+
+/// Collects the datagrams the daemon sends to its NOTIFY_SOCKET.
+struct NotifySocket {
+    sock: UnixDatagram,
+    path: PathBuf,
+    seen: Vec<String>,
+}
+
+impl NotifySocket {
+    fn bind(dir: &Path) -> NotifySocket {
+        let path = dir.join("notify.sock");
+        let sock = UnixDatagram::bind(&path).unwrap();
+        sock.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        NotifySocket {
+            sock,
+            path,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits (at most 15 s) for a datagram containing `what`; returns it.
+    fn expect(&mut self, what: &str) -> String {
+        let start = Instant::now();
+        let mut buf = [0u8; 4096];
+        while start.elapsed() < Duration::from_secs(15) {
+            if let Ok(n) = self.sock.recv(&mut buf) {
+                let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+                self.seen.push(msg.clone());
+                if msg.lines().any(|l| l == what || l.starts_with(what)) {
+                    return msg;
+                }
+            }
+        }
+        panic!("no {what:?} on NOTIFY_SOCKET; got {:?}", self.seen);
+    }
+}
+
+#[test]
+fn systemd_notify_ready_watchdog_reloading_stopping_and_offsets_saved_on_sigterm() {
+    let r = rig();
+    let mut n = NotifySocket::bind(r.dir.path());
+    let path = n.path.to_string_lossy().into_owned();
+    let mut d = Daemon::start_with_env(
+        None,
+        &r.cfg,
+        &r.control,
+        &[("NOTIFY_SOCKET", &path), ("WATCHDOG_USEC", "400000")],
+    );
+    let ready = n.expect("READY=1");
+    assert!(ready.contains("STATUS="), "READY carries a status line: {ready}");
+    // READY=1 comes once the control socket and the rules are up.
+    assert!(d.status()["rules"].as_array().is_some_and(|r| r.len() == 1));
+    n.expect("WATCHDOG=1");
+    n.expect("WATCHDOG=1");
+
+    append(&r.log, &hits("203.0.113.9", 3, "/page", 200));
+    d.wait_lines(3);
+    d.signal(libc::SIGHUP);
+    let reloading = n.expect("RELOADING=1");
+    assert!(reloading.contains("MONOTONIC_USEC="), "{reloading}");
+    n.expect("READY=1");
+
+    let (status, took) = d.stop(Duration::from_secs(10));
+    assert!(status.success(), "exit status {status}");
+    assert!(took < Duration::from_secs(5), "stopped in {took:?}");
+    n.expect("STOPPING=1");
+
+    // Offsets saved at stop: the whole file was read and committed.
+    let saved = std::fs::read_to_string(r.dir.path().join("state/offsets.json")).unwrap();
+    let len = std::fs::metadata(&r.log).unwrap().len();
+    let saved: serde_json::Value = serde_json::from_str(&saved).unwrap();
+    let entry = &saved["files"][r.log.to_string_lossy().as_ref()];
+    assert_eq!(entry["offset"].as_u64(), Some(len), "{saved}");
+}
