@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the system tools the integration tests drive (real redis-server,
-# nft, nginx, ip, curl, logrotate) when any is missing. Never starts a service:
+# nft, nginx, ip, curl, logrotate, systemd-analyze, man) when any is missing. Never starts a service:
 # tests spawn their own instances.
 set -euo pipefail
 
@@ -13,6 +13,8 @@ declare -A PKG=(
   [ip]=iproute2
   [logrotate]=logrotate
   [curl]=curl
+  [systemd-analyze]=systemd
+  [man]=man-db
 )
 
 have() {
