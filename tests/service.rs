@@ -235,3 +235,110 @@ fn systemd_notify_ready_watchdog_reloading_stopping_and_offsets_saved_on_sigterm
     let entry = &saved["files"][r.log.to_string_lossy().as_ref()];
     assert_eq!(entry["offset"].as_u64(), Some(len), "{saved}");
 }
+
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// The value of one sample line (`name{labels} value`) in an exposition.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.split_whitespace().next() == Some(series))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn status_json_and_the_metrics_endpoint_show_sources_rules_and_valve() {
+    let r = rig();
+    // A free port for the endpoint: bound and released (loopback only).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let text = std::fs::read_to_string(&r.cfg).unwrap();
+    std::fs::write(
+        &r.cfg,
+        text.replace(
+            "rules: [",
+            &format!("metrics: {addr}\nsafety: {{ max_bans_per_minute: 1 }}\nrules: ["),
+        ),
+    )
+    .unwrap();
+    let d = Daemon::start(None, &r.cfg, &r.control);
+
+    // Two offenders: the first ban passes the valve (1/min), the second trips it.
+    append(
+        &r.log,
+        &(hits("203.0.113.10", 11, "/p", 200) + &hits("203.0.113.11", 11, "/p", 200)),
+    );
+    wait_until(Duration::from_secs(10), "valve refusal", || {
+        d.status()["safety"]["refused"] == 1
+    });
+
+    let st = d.status();
+    let src = &st["sources"][0];
+    assert_eq!(src["path"], r.log.to_string_lossy().as_ref());
+    assert_eq!(src["offset"].as_u64(), Some(std::fs::metadata(&r.log).unwrap().len()));
+    assert_eq!(src["lines"], 22);
+    assert_eq!(src["bytes_behind"], 0);
+    assert!(src["lines_per_s"].is_number() && src["lag_ms"].is_number(), "{st}");
+    // Both clients' lines came in one chunk: all 22 were counted before the flush banned.
+    assert_eq!(rule_stat(&st, "scraper", "hits"), Some(22), "{st}");
+    assert_eq!(rule_stat(&st, "scraper", "bans"), Some(1), "{st}");
+    assert_eq!(st["safety"]["state"], "tripped");
+    assert_eq!(st["safety"]["max_bans_per_minute"], 1);
+    assert_eq!(st["redis"]["used"], false);
+    assert_eq!(st["bans_active"], 1);
+
+    // The human form carries the same.
+    let out = std::process::Command::new(common::fleetban_bin())
+        .args(["status", "-c"])
+        .arg(&r.cfg)
+        .output()
+        .unwrap();
+    let human = String::from_utf8_lossy(&out.stdout);
+    assert!(human.contains("safety valve: tripped"), "{human}");
+    assert!(human.contains("lines/s"), "{human}");
+
+    let resp = http_get(&addr, "/metrics");
+    assert!(resp.starts_with("HTTP/1.0 200"), "{resp}");
+    assert_eq!(sample(&resp, "fleetban_lines_total"), Some(22.0), "{resp}");
+    assert_eq!(
+        sample(&resp, "fleetban_hits_total{rule=\"scraper\"}"),
+        Some(22.0),
+        "{resp}"
+    );
+    assert_eq!(
+        sample(&resp, "fleetban_bans_total{rule=\"scraper\"}"),
+        Some(1.0),
+        "{resp}"
+    );
+    assert_eq!(sample(&resp, "fleetban_safety_refused_total"), Some(1.0), "{resp}");
+    assert_eq!(sample(&resp, "fleetban_redis_errors_total"), Some(0.0), "{resp}");
+    assert_eq!(sample(&resp, "fleetban_bans_active"), Some(1.0), "{resp}");
+    assert!(sample(&resp, "fleetban_sync_lag_seconds").is_some(), "{resp}");
+    assert!(resp.contains("fleetban_redis_roundtrip_seconds_bucket"), "{resp}");
+    // The log backend applies the ban: one firewall transaction observed.
+    assert!(
+        sample(&resp, "fleetban_nft_apply_seconds_count").is_some_and(|n| n >= 1.0),
+        "{resp}"
+    );
+    assert!(http_get(&addr, "/other").starts_with("HTTP/1.0 404"));
+}
+
+#[test]
+fn without_metrics_there_is_no_endpoint() {
+    let r = rig();
+    let d = Daemon::start(None, &r.cfg, &r.control);
+    let log = d.log_text();
+    assert!(!log.contains("Prometheus"), "{log}");
+}

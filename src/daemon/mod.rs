@@ -13,6 +13,7 @@
 
 pub mod control;
 mod enforcer;
+mod metrics;
 mod notify;
 mod pipeline;
 pub mod stats;
@@ -51,6 +52,8 @@ pub enum DaemonError {
     Enforce(#[from] EnforceError),
     #[error("log format: {0}")]
     Format(#[from] crate::parse::FormatError),
+    #[error("metrics endpoint {0}: {1}")]
+    Metrics(std::net::SocketAddr, std::io::Error),
     #[error("control socket {0}: {1}")]
     Control(PathBuf, std::io::Error),
 }
@@ -100,6 +103,10 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     let tracker = TaskTracker::new();
     let names: Vec<String> = config.rules.iter().map(|r| r.name.clone()).collect();
     let stats = Arc::new(stats::Stats::new(&names));
+    stats.valve_limit.store(
+        u64::from(config.max_bans_per_minute),
+        std::sync::atomic::Ordering::Relaxed,
+    );
 
     let mut enforcer = enforcer_for(&config, opts.dry_run)?;
     enforcer.init(crate::now_ms()).await?;
@@ -161,7 +168,13 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         .store(cache.len() as u64, std::sync::atomic::Ordering::Relaxed);
     tracing::info!(bans = initial.len(), rules = config.rules.len(), "Ban list applied.");
 
-    tracker.spawn(enforcer::run(enforcer, enf_rx, allow.clone(), token.clone()));
+    tracker.spawn(enforcer::run(
+        enforcer,
+        enf_rx,
+        allow.clone(),
+        stats.clone(),
+        token.clone(),
+    ));
     if let Some((fleet, last_id)) = fleet {
         tracker.spawn(fleet.run(last_id, token.clone()));
     }
@@ -175,6 +188,13 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         sinks: vec![enf_tx.clone(), cache_tx.clone()],
     };
     tracker.spawn(ctl.serve(listener, token.clone()));
+    if let Some(addr) = config.metrics {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| DaemonError::Metrics(addr, e))?;
+        tracing::info!(%addr, "Prometheus metrics on /metrics.");
+        tracker.spawn(metrics::serve(listener, stats.clone(), token.clone()));
+    }
 
     let patterns = config.log_patterns();
     let plan = Plan::new(&config.rules)?;

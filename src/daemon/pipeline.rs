@@ -233,7 +233,12 @@ impl Pipeline {
         if let Some(t) = last_time {
             self.stats.lag_ms.store((wall - t).max(0), Relaxed);
         }
-        self.stats.source(&chunk.path.to_string_lossy(), chunk.end(), lines);
+        self.stats.source(
+            &chunk.path.to_string_lossy(),
+            chunk.end(),
+            lines,
+            last_time.map(|t| (wall - t).max(0)),
+        );
         self.uncommitted.push((chunk.path.clone(), chunk.file, chunk.end()));
     }
 
@@ -250,8 +255,14 @@ impl Pipeline {
         let mut verdicts = Vec::with_capacity(batches.len());
         loop {
             let done = verdicts.len();
+            let (started, trips) = (std::time::Instant::now(), self.round_trips());
             match self.limiter.check(&batches[done..], &mut verdicts).await {
                 Ok(()) => {
+                    let trips = self.round_trips().saturating_sub(trips);
+                    if trips > 0 {
+                        let per_trip = started.elapsed().as_secs_f64() / trips as f64;
+                        (0..trips).for_each(|_| self.stats.timings.redis_roundtrip.observe(per_trip));
+                    }
                     self.stats.redis_connected.store(true, Relaxed);
                     break;
                 }
@@ -282,6 +293,13 @@ impl Pipeline {
         true
     }
 
+    fn round_trips(&self) -> u64 {
+        match &self.limiter {
+            Limiter::Redis(r) => r.round_trips,
+            Limiter::Memory(_) => 0,
+        }
+    }
+
     fn commit(&mut self) {
         for (path, file, end) in self.uncommitted.drain(..) {
             self.offsets.commit(&path, file, end);
@@ -296,6 +314,7 @@ impl Pipeline {
         let info = &self.rules[rule];
         if !self.valve.admit(now) {
             let n = self.stats.refused.fetch_add(1, Relaxed);
+            self.stats.valve_refused_at_ms.store(now, Relaxed);
             if n < 10 || n.is_power_of_two() {
                 tracing::warn!(rule = %info.name, addr = %key, refused = n + 1,
                     "Safety valve: too many bans this minute; ban not applied.");
