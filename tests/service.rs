@@ -240,7 +240,8 @@ fn http_get(addr: &str, path: &str) -> String {
     use std::io::Read;
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     out

@@ -141,10 +141,16 @@ pub async fn serve(listener: TcpListener, stats: Arc<Stats>, shutdown: Cancellat
         };
         let stats = stats.clone();
         tokio::spawn(async move {
-            // Read the request head (bounded), answer, close.
+            // Read the request head (bounded in size and time), answer, close.
             let mut buf = [0u8; 2048];
-            let read = tokio::time::timeout(std::time::Duration::from_secs(2), sock.read(&mut buf)).await;
-            let Ok(Ok(n)) = read else { return };
+            let mut n = 0;
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+            while n < buf.len() && !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                match tokio::time::timeout_at(deadline, sock.read(&mut buf[n..])).await {
+                    Ok(Ok(0)) | Ok(Err(_)) | Err(_) => break,
+                    Ok(Ok(k)) => n += k,
+                }
+            }
             let head = String::from_utf8_lossy(&buf[..n]);
             let path = head.split_whitespace().nth(1).unwrap_or("");
             let (status, body) = if path == "/metrics" || path.starts_with("/metrics?") {

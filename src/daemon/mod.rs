@@ -180,14 +180,6 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     }
 
     let bans = Arc::new(Mutex::new(bans));
-    let listener = control::bind(&config.control).map_err(|e| DaemonError::Control(config.control.clone(), e))?;
-    let ctl = control::Control {
-        stats: stats.clone(),
-        bans: bans.clone(),
-        host: config.host_id.clone(),
-        sinks: vec![enf_tx.clone(), cache_tx.clone()],
-    };
-    tracker.spawn(ctl.serve(listener, token.clone()));
     if let Some(addr) = config.metrics {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -202,6 +194,25 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     // enough that a large backlog costs no memory.
     let (chunk_tx, chunk_rx) = tokio::sync::mpsc::channel(4);
     let mut follower = Some(Following::start(patterns, &offsets, &chunk_tx, &token));
+    // Let the follower take its start positions before anyone is told we
+    // are up (control socket, READY=1): a line written after that is read.
+    // Bounded: logs that do not exist yet never show up here.
+    if let Some(f) = &follower {
+        for _ in 0..100 {
+            if !f.follower.stats().is_empty() || f.follower.is_finished() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let listener = control::bind(&config.control).map_err(|e| DaemonError::Control(config.control.clone(), e))?;
+    let ctl = control::Control {
+        stats: stats.clone(),
+        bans: bans.clone(),
+        host: config.host_id.clone(),
+        sinks: vec![enf_tx.clone(), cache_tx.clone()],
+    };
+    tracker.spawn(ctl.serve(listener, token.clone()));
     let (reload_tx, reload_rx) = tokio::sync::mpsc::unbounded_channel();
     let pipeline = pipeline::Pipeline {
         host: config.host_id.clone(),
