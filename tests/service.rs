@@ -343,3 +343,52 @@ fn without_metrics_there_is_no_endpoint() {
     let log = d.log_text();
     assert!(!log.contains("Prometheus"), "{log}");
 }
+
+#[test]
+fn one_log_line_per_ban_and_unban_and_bad_lines_warned_once() {
+    let r = rig();
+    let d = Daemon::start(None, &r.cfg, &r.control);
+    let garbage: String = (0..500).map(|i| format!("not an access log line {i}\n")).collect();
+    append(&r.log, &garbage);
+    d.wait_lines(500);
+    append(&r.log, &garbage);
+    d.wait_lines(1000);
+    append(&r.log, &hits("203.0.113.12", 11, "/p", 200));
+    wait_until(Duration::from_secs(10), "ban", || d.status()["bans"] == 1);
+    let out = std::process::Command::new(common::fleetban_bin())
+        .args(["unban", "203.0.113.12", "-c"])
+        .arg(&r.cfg)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    wait_until(Duration::from_secs(10), "unban logged", || {
+        d.log_text().contains("Unbanned.")
+    });
+
+    let log = d.log_text();
+    let warned: Vec<&str> = log.lines().filter(|l| l.contains("could parse")).collect();
+    assert_eq!(warned.len(), 1, "1000 bad lines, one warning a minute:\n{log}");
+    assert!(warned[0].contains("unparsed="), "{log}");
+    let banned: Vec<&str> = log.lines().filter(|l| l.contains("Banned.")).collect();
+    assert_eq!(banned.len(), 1, "{log}");
+    for field in ["rule=scraper", "addr=203.0.113.12", "hits=11", "duration=1h"] {
+        assert!(banned[0].contains(field), "{field} in {}", banned[0]);
+    }
+    let unbanned: Vec<&str> = log.lines().filter(|l| l.contains("Unbanned.")).collect();
+    assert_eq!(unbanned.len(), 1, "{log}");
+    assert!(unbanned[0].contains("addr=203.0.113.12"), "{}", unbanned[0]);
+}
+
+#[test]
+fn the_journal_is_chosen_only_when_stderr_is_the_journal_stream() {
+    use fleetban::commands::wants_journal;
+    assert!(wants_journal(None, Some("8:1234"), Some((8, 1234))));
+    assert!(
+        !wants_journal(None, Some("8:1234"), Some((8, 999))),
+        "inherited from a parent"
+    );
+    assert!(!wants_journal(None, None, Some((8, 1234))));
+    assert!(!wants_journal(None, Some("garbage"), Some((8, 1234))));
+    assert!(wants_journal(Some("journal"), None, None));
+    assert!(!wants_journal(Some("stderr"), Some("8:1234"), Some((8, 1234))));
+}

@@ -98,6 +98,12 @@ impl Control {
                 };
                 match self.bans.lock().await.ban(&r, now).await {
                     Ok(Outcome::Banned(rec)) => {
+                        let duration = rec.until.map_or("permanent".into(), |u| {
+                            humantime::format_duration(Duration::from_secs(((u - now).max(0) / 1000) as u64))
+                                .to_string()
+                        });
+                        tracing::info!(rule = "manual", addr = %crate::store::AddrText(&net), hits = 0u32,
+                            duration = %duration, reason = %r.reason, "Banned.");
                         self.send(Change::Add(vec![Element {
                             net,
                             until: rec.until(),

@@ -91,6 +91,10 @@ pub async fn run(
         }
         let f = fold(queue);
         let now = crate::now_ms();
+        // One line per unban, whoever asked (manual, another host, the fleet's list).
+        for net in &f.removes {
+            tracing::info!(addr = %crate::store::AddrText(net), "Unbanned.");
+        }
         let started = std::time::Instant::now();
         let result = match f.replace {
             Some(elems) => enforcer

@@ -16,6 +16,7 @@ mod enforcer;
 mod metrics;
 mod notify;
 mod pipeline;
+mod ratelog;
 pub mod stats;
 
 pub use enforcer::Change;
@@ -232,6 +233,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         pending: Pending::default(),
         uncommitted: Vec::new(),
         reloads: reload_rx,
+        unparsed_warn: Default::default(),
     };
     drop(cache_tx);
     tracker.spawn(pipeline.run(chunk_rx, token.clone()));

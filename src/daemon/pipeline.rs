@@ -73,6 +73,8 @@ pub struct Pipeline {
     pub uncommitted: Vec<(Arc<Path>, FileId, u64)>,
     /// New rules from the daemon (SIGHUP).
     pub reloads: UnboundedReceiver<Reload>,
+    /// At most one warning a minute about unparsed lines.
+    pub unparsed_warn: super::ratelog::Every,
 }
 
 impl Pipeline {
@@ -228,6 +230,12 @@ impl Pipeline {
         }
         self.stats.lines.fetch_add(lines, Relaxed);
         self.stats.unparsed.fetch_add(unparsed, Relaxed);
+        if unparsed > 0 {
+            if let Some(n) = self.unparsed_warn.note(unparsed, Duration::from_secs(60)) {
+                tracing::warn!(path = %chunk.path.display(), unparsed = n,
+                    "Lines no rule's format could parse (counted and skipped; at most one warning a minute).");
+            }
+        }
         self.stats.stale.fetch_add(stale, Relaxed);
         self.stats.skipped_long.fetch_add(chunk.skipped_long, Relaxed);
         if let Some(t) = last_time {
@@ -337,7 +345,10 @@ impl Pipeline {
             Ok(Outcome::Banned(rec)) => {
                 self.stats.bans.fetch_add(1, Relaxed);
                 info.counters.bans.fetch_add(1, Relaxed);
-                tracing::info!(rule = %info.name, addr = %crate::store::AddrText(&key), hits,
+                let duration = rec.until.map_or("permanent".into(), |u| {
+                    humantime::format_duration(Duration::from_secs(((u - now).max(0) / 1000) as u64)).to_string()
+                });
+                tracing::info!(rule = %info.name, addr = %crate::store::AddrText(&key), hits, duration = %duration,
                     at = %crate::rfc3339(at_ms), until = %rec.until.map_or("forever".into(), crate::rfc3339),
                     count = rec.count, "Banned.");
                 rec.until()
