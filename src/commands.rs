@@ -200,7 +200,10 @@ pub fn test(path: &Path, rule: Option<&str>, json: bool, logs: &[PathBuf]) -> u8
             .map(|r| {
                 (
                     r.name.clone(),
-                    serde_json::json!({"matched": r.matched, "bans": r.bans}),
+                    serde_json::json!({"matched": r.matched, "bans": r.bans,
+                        "closest": r.closest.iter().map(|c| serde_json::json!({
+                            "addr": AddrText(&c.addr).to_string(), "peak": c.peak, "banned": c.banned,
+                        })).collect::<Vec<_>>()}),
                 )
             })
             .collect();
@@ -213,6 +216,22 @@ pub fn test(path: &Path, rule: Option<&str>, json: bool, logs: &[PathBuf]) -> u8
         let _ = writeln!(out, "lines: {}  unparsed: {}", report.lines, report.unparsed);
         for r in &report.rules {
             let _ = writeln!(out, "rule {}: {} matched, {} ban(s)", r.name, r.matched, r.bans);
+            if !r.closest.is_empty() {
+                let limit = config
+                    .rules
+                    .iter()
+                    .find(|c| c.name == r.name)
+                    .map_or(0, |c| c.limit.hits);
+                let top: Vec<String> = r
+                    .closest
+                    .iter()
+                    .map(|c| {
+                        let banned = if c.banned { " banned" } else { "" };
+                        format!("{} {}/{limit}{banned}", AddrText(&c.addr), c.peak)
+                    })
+                    .collect();
+                let _ = writeln!(out, "  closest to the limit: {}", top.join(", "));
+            }
         }
         for d in &report.decisions {
             let _ = writeln!(
