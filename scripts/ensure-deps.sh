@@ -15,11 +15,19 @@ declare -A PKG=(
   [curl]=curl
   [systemd-analyze]=systemd
   [man]=man-db
+  [unshare]=util-linux
+  [dpkg-deb]=dpkg
 )
 
 have() {
   command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]
 }
+
+# cargo-deb builds the Debian package that tests/package.rs installs.
+if ! command -v cargo-deb >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo-deb" ]; then
+  echo "ensure-deps: installing cargo-deb from crates.io"
+  cargo install cargo-deb --locked
+fi
 
 missing=()
 for bin in "${!PKG[@]}"; do
