@@ -392,3 +392,103 @@ fn the_journal_is_chosen_only_when_stderr_is_the_journal_stream() {
     assert!(wants_journal(Some("journal"), None, None));
     assert!(!wants_journal(Some("stderr"), Some("8:1234"), Some((8, 1234))));
 }
+
+/// Under systemd the journal gets native fields: run the daemon with a
+/// journal socket of the test's own (private mount namespace) and read the
+/// datagrams journald would have received.
+#[test]
+fn under_the_journal_bans_are_logged_with_native_fields() {
+    common::require_root("a private mount namespace");
+    common::require("unshare");
+    let r = rig();
+    let jdir = r.dir.path().join("journal");
+    std::fs::create_dir(&jdir).unwrap();
+    let sock = UnixDatagram::bind(jdir.join("socket")).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/in-journal-ns.sh");
+    let mut child = std::process::Command::new(script)
+        .arg(&jdir)
+        .arg("--")
+        .arg(common::fleetban_bin())
+        .args(["run", "-c"])
+        .arg(&r.cfg)
+        .env("FLEETBAN_LOG", "journal")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = || fleetban::daemon::control::request(&r.control, &serde_json::json!({"cmd": "status"})).ok();
+    wait_until(Duration::from_secs(20), "daemon up", || status().is_some());
+    append(&r.log, &hits("203.0.113.13", 11, "/p", 200));
+    wait_until(Duration::from_secs(10), "ban", || {
+        status().is_some_and(|s| s["bans"] == 1)
+    });
+
+    let mut banned = None;
+    let mut seen = Vec::new();
+    let mut buf = vec![0u8; 65536];
+    let start = Instant::now();
+    while banned.is_none() && start.elapsed() < Duration::from_secs(10) {
+        if let Ok(n) = sock.recv(&mut buf) {
+            let fields = journal_fields(&buf[..n]);
+            seen.push(format!("{fields:?}"));
+            if fields.iter().any(|f| f == "MESSAGE=Banned.") {
+                banned = Some(fields);
+            }
+        }
+    }
+    // SAFETY: signalling our own child (the script execs into fleetban).
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let exit = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    let msg = banned.unwrap_or_else(|| panic!("no Banned. datagram in {seen:?}; stderr:\n{err}"));
+    for field in [
+        "RULE=scraper",
+        "ADDR=203.0.113.13",
+        "HITS=11",
+        "DURATION=1h",
+        "PRIORITY=5",
+        "SYSLOG_IDENTIFIER=fleetban",
+    ] {
+        assert!(msg.iter().any(|l| l == field), "{field} in {msg:?}");
+    }
+    assert!(exit.success(), "{exit}: {err}");
+    assert!(!err.contains("Banned."), "with the journal, nothing on stderr: {err}");
+}
+
+/// Decodes one datagram of journald's native protocol into `KEY=value`
+/// strings: each field is `KEY=value\n`, or `KEY\n` + 64-bit LE length +
+/// value + `\n` when the value may hold newlines.
+fn journal_fields(mut d: &[u8]) -> Vec<String> {
+    let mut out = Vec::new();
+    while !d.is_empty() {
+        let Some(nl) = d.iter().position(|&b| b == b'\n') else {
+            break;
+        };
+        let head = &d[..nl];
+        if let Some(eq) = head.iter().position(|&b| b == b'=') {
+            out.push(format!(
+                "{}={}",
+                String::from_utf8_lossy(&head[..eq]),
+                String::from_utf8_lossy(&head[eq + 1..])
+            ));
+            d = &d[nl + 1..];
+        } else {
+            let rest = &d[nl + 1..];
+            if rest.len() < 8 {
+                break;
+            }
+            let len = u64::from_le_bytes(rest[..8].try_into().unwrap()) as usize;
+            let value = &rest[8..(8 + len).min(rest.len())];
+            out.push(format!(
+                "{}={}",
+                String::from_utf8_lossy(head),
+                String::from_utf8_lossy(value)
+            ));
+            d = &rest[(8 + len + 1).min(rest.len())..];
+        }
+    }
+    out
+}

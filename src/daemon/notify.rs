@@ -109,3 +109,20 @@ pub fn summary(stats: &Stats) -> String {
         stats.lag_ms.load(Relaxed),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pings_only_while_idle_or_busy_for_less_than_the_interval() {
+        let stats = Stats::default();
+        let limit = Duration::from_secs(30);
+        let now = 1_000_000_000;
+        assert!(progressing(&stats, limit, now), "idle");
+        stats.busy_since_ms.store(now - 29_000, Relaxed);
+        assert!(progressing(&stats, limit, now), "busy 29 s");
+        stats.busy_since_ms.store(now - 31_000, Relaxed);
+        assert!(!progressing(&stats, limit, now), "stuck 31 s");
+    }
+}
