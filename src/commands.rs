@@ -202,7 +202,7 @@ pub fn test(path: &Path, rule: Option<&str>, json: bool, logs: &[PathBuf]) -> u8
                     r.name.clone(),
                     serde_json::json!({"matched": r.matched, "bans": r.bans,
                         "closest": r.closest.iter().map(|c| serde_json::json!({
-                            "addr": AddrText(&c.addr).to_string(), "peak": c.peak, "banned": c.banned,
+                            "addr": AddrText(&c.addr).to_string(), "peak": c.peak,
                         })).collect::<Vec<_>>()}),
                 )
             })
@@ -225,12 +225,9 @@ pub fn test(path: &Path, rule: Option<&str>, json: bool, logs: &[PathBuf]) -> u8
                 let top: Vec<String> = r
                     .closest
                     .iter()
-                    .map(|c| {
-                        let banned = if c.banned { " banned" } else { "" };
-                        format!("{} {}/{limit}{banned}", AddrText(&c.addr), c.peak)
-                    })
+                    .map(|c| format!("{} {}/{limit}", AddrText(&c.addr), c.peak))
                     .collect();
-                let _ = writeln!(out, "  closest to the limit: {}", top.join(", "));
+                let _ = writeln!(out, "  closest to the limit, not banned: {}", top.join(", "));
             }
         }
         for d in &report.decisions {

@@ -30,8 +30,9 @@ pub struct RuleStats {
     pub name: String,
     pub matched: u64,
     pub bans: u64,
-    /// The clients whose window came closest to the limit, fullest first
-    /// (at most [`CLOSEST`]): what learning mode looks at to choose a limit.
+    /// The clients never banned by this rule whose window came closest to
+    /// its limit, fullest first (at most [`CLOSEST`]): what learning mode
+    /// looks at to choose a limit (the banned ones are the ban decisions).
     pub closest: Vec<Closest>,
 }
 
@@ -42,10 +43,8 @@ pub const CLOSEST: usize = 10;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Closest {
     pub addr: IpNet,
-    /// Most hits its window held at once, counting a hit that crossed the
-    /// limit (so a banned client shows `hits + 1`).
+    /// Most hits its window held at once.
     pub peak: u32,
-    pub banned: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -88,11 +87,8 @@ pub fn replay(rules: &[Rule], files: &[&Path], allow: &AllowList, ipv6_prefix: u
     for (stats, peaks) in r.report.rules.iter_mut().zip(&r.peaks) {
         let mut all: Vec<Closest> = peaks
             .iter()
-            .map(|(addr, &(peak, banned))| Closest {
-                addr: *addr,
-                peak,
-                banned,
-            })
+            .filter(|(_, &(_, banned))| !banned)
+            .map(|(addr, &(peak, _))| Closest { addr: *addr, peak })
             .collect();
         all.sort_by(|a, b| b.peak.cmp(&a.peak).then(a.addr.cmp(&b.addr)));
         all.truncate(CLOSEST);

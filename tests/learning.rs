@@ -1,5 +1,5 @@
-//! Learning mode: `fleetban test` reports, per rule, the clients whose window
-//! came closest to the limit (peak window count, banned or not), in the human
+//! Learning mode: `fleetban test` reports, per rule, the clients never banned
+//! whose window came closest to the limit (peak window count), in the human
 //! output and as a `closest` field of the `--json` summary, without changing
 //! the contract's lines.
 
@@ -63,12 +63,12 @@ fn test_reports_the_clients_closest_to_each_limit() {
     let human = run(false);
     assert!(
         human.contains(
-            "rule pages: 24 matched, 1 ban(s)\n  closest to the limit: 198.51.100.2 11/10 banned, 198.51.100.1 7/10, 198.51.100.3 3/10\n"
+            "rule pages: 24 matched, 1 ban(s)\n  closest to the limit, not banned: 198.51.100.1 7/10, 198.51.100.3 3/10\n"
         ),
         "{human}"
     );
     assert!(
-        human.contains("rule notfound: 2 matched, 0 ban(s)\n  closest to the limit: 198.51.100.3 2/3\n"),
+        human.contains("rule notfound: 2 matched, 0 ban(s)\n  closest to the limit, not banned: 198.51.100.3 2/3\n"),
         "{human}"
     );
 
@@ -80,14 +80,13 @@ fn test_reports_the_clients_closest_to_each_limit() {
     assert_eq!(summary["event"], "summary");
     assert_eq!(summary["rules"]["pages"]["matched"], 24);
     assert_eq!(summary["rules"]["pages"]["bans"], 1);
-    let closest = summary["rules"]["pages"]["closest"].as_array().unwrap();
+    // The banned client is a ban decision, not a candidate for the limit.
     assert_eq!(
-        closest[0],
-        serde_json::json!({"addr": "198.51.100.2", "peak": 11, "banned": true})
+        summary["rules"]["pages"]["closest"],
+        serde_json::json!([{"addr": "198.51.100.1", "peak": 7}, {"addr": "198.51.100.3", "peak": 3}])
     );
     assert_eq!(
-        closest[1],
-        serde_json::json!({"addr": "198.51.100.1", "peak": 7, "banned": false})
+        summary["rules"]["notfound"]["closest"],
+        serde_json::json!([{"addr": "198.51.100.3", "peak": 2}])
     );
-    assert_eq!(closest.len(), 3);
 }
