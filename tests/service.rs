@@ -130,6 +130,19 @@ fn sighup_with_a_valid_config_changes_the_limit_keeps_the_window_and_follows_new
     let log = d.log_text();
     assert!(log.contains("Configuration reloaded"), "{log}");
     assert!(log.contains("notfound"), "{log}");
+
+    // Back to the scraper rule alone: the other log is no longer followed.
+    std::fs::write(&r.rules, scraper_rule(&r.log, 5)).unwrap();
+    d.signal(libc::SIGHUP);
+    wait_until(Duration::from_secs(10), "second reload", || d.status()["reloads"] == 2);
+    let before = d.status()["lines"].as_u64().unwrap();
+    append(&r.log2, &hits("198.51.100.10", 3, "/nope", 404));
+    append(&r.log, &hits("198.51.100.11", 1, "/page", 200));
+    d.wait_lines(before + 1);
+    // Both files are polled in the same step; give a few more polls anyway.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(d.status()["lines"].as_u64(), Some(before + 1), "{}", d.status());
+    assert!(rule_stat(&d.status(), "notfound", "hits").is_none(), "{}", d.status());
 }
 
 #[test]
@@ -284,6 +297,10 @@ fn status_json_and_the_metrics_endpoint_show_sources_rules_and_valve() {
     wait_until(Duration::from_secs(10), "valve refusal", || {
         d.status()["safety"]["refused"] == 1
     });
+
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&r.control).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "control socket mode {mode:o}");
 
     let st = d.status();
     let src = &st["sources"][0];
