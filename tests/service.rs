@@ -509,3 +509,35 @@ fn journal_fields(mut d: &[u8]) -> Vec<String> {
     }
     out
 }
+
+/// With Redis the windows live there, keyed by rule name: a reload that
+/// lowers the limit bans on the window the old rules filled.
+#[test]
+fn sighup_with_redis_keeps_the_fleet_windows() {
+    let redis = common::Redis::start();
+    let r = rig();
+    let text = std::fs::read_to_string(&r.cfg).unwrap();
+    std::fs::write(
+        &r.cfg,
+        text.replace("rules: [", &format!("redis: {{ url: '{}' }}\nrules: [", redis.url())),
+    )
+    .unwrap();
+    let d = Daemon::start(None, &r.cfg, &r.control);
+    append(&r.log, &hits("203.0.113.14", 4, "/page", 200));
+    d.wait_lines(4);
+    wait_until(Duration::from_secs(10), "window in Redis", || {
+        redis.cli(&["ZCARD", "fleetban:win:{203.0.113.14}:scraper"]) == "4"
+    });
+
+    std::fs::write(&r.rules, scraper_rule(&r.log, 5)).unwrap();
+    d.signal(libc::SIGHUP);
+    wait_until(Duration::from_secs(10), "reload applied", || d.status()["reloads"] == 1);
+    append(&r.log, &hits("203.0.113.14", 2, "/page", 200));
+    wait_until(Duration::from_secs(10), "ban in the shared list", || {
+        redis
+            .cli(&["ZSCORE", "{fleetban}:bans", "203.0.113.14"])
+            .parse::<f64>()
+            .is_ok()
+    });
+    assert_eq!(rule_stat(&d.status(), "scraper", "bans"), Some(1), "{}", d.status());
+}
