@@ -315,6 +315,7 @@ fn status_json_and_the_metrics_endpoint_show_sources_rules_and_valve() {
     assert_eq!(st["safety"]["state"], "tripped");
     assert_eq!(st["safety"]["max_bans_per_minute"], 1);
     assert_eq!(st["redis"]["used"], false);
+    assert_eq!(st["redis"]["connected"], false);
     assert_eq!(st["bans_active"], 1);
 
     // The human form carries the same.
@@ -343,6 +344,7 @@ fn status_json_and_the_metrics_endpoint_show_sources_rules_and_valve() {
     assert_eq!(sample(&resp, "fleetban_safety_refused_total"), Some(1.0), "{resp}");
     assert_eq!(sample(&resp, "fleetban_redis_errors_total"), Some(0.0), "{resp}");
     assert_eq!(sample(&resp, "fleetban_bans_active"), Some(1.0), "{resp}");
+    assert_eq!(sample(&resp, "fleetban_redis_connected"), Some(0.0), "{resp}");
     assert!(sample(&resp, "fleetban_sync_lag_seconds").is_some(), "{resp}");
     assert!(resp.contains("fleetban_redis_roundtrip_seconds_bucket"), "{resp}");
     // The log backend applies the ban: one firewall transaction observed.
@@ -540,4 +542,6 @@ fn sighup_with_redis_keeps_the_fleet_windows() {
             .is_ok()
     });
     assert_eq!(rule_stat(&d.status(), "scraper", "bans"), Some(1), "{}", d.status());
+    assert_eq!(d.status()["redis"]["connected"], true);
+    assert_eq!(d.status()["redis"]["used"], true);
 }

@@ -271,7 +271,10 @@ impl Pipeline {
                         let per_trip = started.elapsed().as_secs_f64() / trips as f64;
                         (0..trips).for_each(|_| self.stats.timings.redis_roundtrip.observe(per_trip));
                     }
-                    self.stats.redis_connected.store(true, Relaxed);
+                    // The embedded limiter is no Redis: `redis.connected` stays false.
+                    self.stats
+                        .redis_connected
+                        .store(matches!(self.limiter, Limiter::Redis(_)), Relaxed);
                     break;
                 }
                 Err(e) => {
