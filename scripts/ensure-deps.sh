@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the system tools the integration tests drive (real redis-server,
-# nft, nginx, ip, curl, logrotate) when any is missing. Never starts a service:
+# nft, nginx, ip, curl, logrotate, systemd-analyze, man) when any is missing. Never starts a service:
 # tests spawn their own instances.
 set -euo pipefail
 
@@ -13,11 +13,21 @@ declare -A PKG=(
   [ip]=iproute2
   [logrotate]=logrotate
   [curl]=curl
+  [systemd-analyze]=systemd
+  [man]=man-db
+  [unshare]=util-linux
+  [dpkg-deb]=dpkg
 )
 
 have() {
   command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]
 }
+
+# cargo-deb builds the Debian package that tests/package.rs installs.
+if ! command -v cargo-deb >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo-deb" ]; then
+  echo "ensure-deps: installing cargo-deb from crates.io"
+  cargo install cargo-deb --locked
+fi
 
 missing=()
 for bin in "${!PKG[@]}"; do

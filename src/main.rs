@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use fleetban::commands::{self, BanArgs};
 
 #[derive(Parser)]
@@ -86,6 +86,12 @@ enum Command {
         #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
     },
+    /// Print a shell completion script (packaging).
+    #[command(hide = true)]
+    Completions { shell: clap_complete::Shell },
+    /// Print the man page, roff (packaging).
+    #[command(hide = true)]
+    Manpage,
 }
 
 fn main() -> ExitCode {
@@ -118,6 +124,17 @@ fn main() -> ExitCode {
         ),
         Command::Unban { config, target } => commands::unban(&config, &target),
         Command::Flush { config } => commands::flush(&config),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "fleetban", &mut std::io::stdout());
+            0
+        }
+        Command::Manpage => match clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("fleetban: {e}");
+                1
+            }
+        },
     };
     ExitCode::from(code)
 }

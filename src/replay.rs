@@ -30,6 +30,21 @@ pub struct RuleStats {
     pub name: String,
     pub matched: u64,
     pub bans: u64,
+    /// The clients never banned by this rule whose window came closest to
+    /// its limit, fullest first (at most [`CLOSEST`]): what learning mode
+    /// looks at to choose a limit (the banned ones are the ban decisions).
+    pub closest: Vec<Closest>,
+}
+
+/// How many clients per rule [`RuleStats::closest`] keeps.
+pub const CLOSEST: usize = 10;
+
+/// One client's fullest window under one rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Closest {
+    pub addr: IpNet,
+    /// Most hits its window held at once.
+    pub peak: u32,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -54,6 +69,7 @@ pub fn replay(rules: &[Rule], files: &[&Path], allow: &AllowList, ipv6_prefix: u
         bans: crate::bans::BanList::memory(None),
         cache: BanCache::default(),
         wall: crate::now_ms(),
+        peaks: (0..rules.len()).map(|_| Default::default()).collect(),
         report: Report {
             rules: rules
                 .iter()
@@ -68,6 +84,16 @@ pub fn replay(rules: &[Rule], files: &[&Path], allow: &AllowList, ipv6_prefix: u
     for (i, f) in files.iter().enumerate() {
         r.file(i, f)?;
     }
+    for (stats, peaks) in r.report.rules.iter_mut().zip(&r.peaks) {
+        let mut all: Vec<Closest> = peaks
+            .iter()
+            .filter(|(_, &(_, banned))| !banned)
+            .map(|(addr, &(peak, _))| Closest { addr: *addr, peak })
+            .collect();
+        all.sort_by(|a, b| b.peak.cmp(&a.peak).then(a.addr.cmp(&b.addr)));
+        all.truncate(CLOSEST);
+        stats.closest = all;
+    }
     Ok(r.report)
 }
 
@@ -81,6 +107,8 @@ struct Replay<'a> {
     bans: crate::bans::BanList,
     cache: BanCache,
     wall: i64,
+    /// Per rule: each client's fullest window and whether it was banned.
+    peaks: Vec<foldhash::HashMap<IpNet, (u32, bool)>>,
     report: Report,
 }
 
@@ -141,8 +169,15 @@ impl Replay<'_> {
                     time_ms: time,
                     member: detect::member(origin, offset),
                 };
-                if let Verdict::Over { count, .. } = self.limiter.check(ri, key, &[hit], self.wall) {
-                    self.decide(ri, key, time, count + 1);
+                let (peak, over) = match self.limiter.check(ri, key, &[hit], self.wall) {
+                    Verdict::Over { count, .. } => (count + 1, true),
+                    Verdict::Under { count } => (count, false),
+                };
+                let p = self.peaks[ri].entry(key).or_insert((0, false));
+                p.0 = p.0.max(peak);
+                p.1 |= over;
+                if over {
+                    self.decide(ri, key, time, peak);
                 }
             }
         }

@@ -98,6 +98,12 @@ impl Control {
                 };
                 match self.bans.lock().await.ban(&r, now).await {
                     Ok(Outcome::Banned(rec)) => {
+                        let duration = rec.until.map_or("permanent".into(), |u| {
+                            humantime::format_duration(Duration::from_secs(((u - now).max(0) / 1000) as u64))
+                                .to_string()
+                        });
+                        tracing::info!(rule = "manual", addr = %crate::store::AddrText(&net), hits = 0u32,
+                            duration = %duration, reason = %r.reason, "Banned.");
                         self.send(Change::Add(vec![Element {
                             net,
                             until: rec.until(),
@@ -166,13 +172,24 @@ pub fn render_status(v: &Value) -> String {
         v["unparsed"],
         v["stale"]
     );
+    out += &format!(
+        "safety valve: {} ({} refused, limit {}/min)   reloads: {} ({} refused)\n",
+        v["safety"]["state"].as_str().unwrap_or("?"),
+        v["safety"]["refused"],
+        v["safety"]["max_bans_per_minute"],
+        v["reloads"],
+        v["reload_errors"]
+    );
     out += "sources:\n";
     for s in v["sources"].as_array().into_iter().flatten() {
         out += &format!(
-            "  {}  offset {}  lines {}\n",
+            "  {}  offset {}  lines {}  {} lines/s  lag {} ms  {} bytes behind\n",
             s["path"].as_str().unwrap_or("?"),
             s["offset"],
-            s["lines"]
+            s["lines"],
+            s["lines_per_s"],
+            s["lag_ms"],
+            s["bytes_behind"]
         );
     }
     out += "rules:\n";

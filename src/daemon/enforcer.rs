@@ -65,6 +65,7 @@ pub async fn run(
     mut enforcer: Enforcer,
     mut rx: UnboundedReceiver<Change>,
     allow: AllowList,
+    stats: std::sync::Arc<super::stats::Stats>,
     shutdown: CancellationToken,
 ) {
     let mut warned = 0u32;
@@ -90,6 +91,11 @@ pub async fn run(
         }
         let f = fold(queue);
         let now = crate::now_ms();
+        // One line per unban, whoever asked (manual, another host, the fleet's list).
+        for net in &f.removes {
+            tracing::info!(addr = %crate::store::AddrText(net), "Unbanned.");
+        }
+        let started = std::time::Instant::now();
         let result = match f.replace {
             Some(elems) => enforcer
                 .replace_all(&allowed(elems, &allow, &mut warned), now)
@@ -101,6 +107,7 @@ pub async fn run(
                     .await
             }
         };
+        stats.timings.nft_apply.observe(started.elapsed().as_secs_f64());
         if let Err(e) = result {
             tracing::warn!(error = %e, "Applying bans to the firewall failed; the next reconcile retries.");
         }

@@ -13,8 +13,10 @@
 
 pub mod control;
 mod enforcer;
+mod metrics;
 mod notify;
 mod pipeline;
+mod ratelog;
 pub mod stats;
 
 pub use enforcer::Change;
@@ -51,6 +53,8 @@ pub enum DaemonError {
     Enforce(#[from] EnforceError),
     #[error("log format: {0}")]
     Format(#[from] crate::parse::FormatError),
+    #[error("metrics endpoint {0}: {1}")]
+    Metrics(std::net::SocketAddr, std::io::Error),
     #[error("control socket {0}: {1}")]
     Control(PathBuf, std::io::Error),
 }
@@ -115,8 +119,9 @@ pub async fn signals() {
 }
 
 pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), DaemonError> {
-    let _ = &opts.config_path;
     tokio::pin!(shutdown);
+    // Installed first: SIGHUP's default action would end the process.
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     std::fs::create_dir_all(&config.state_dir).map_err(|e| DaemonError::StateDir(config.state_dir.clone(), e))?;
     let offsets =
         Arc::new(OffsetStore::open(&config.state_dir).map_err(|e| DaemonError::StateDir(config.state_dir.clone(), e))?);
@@ -125,6 +130,10 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     let tracker = TaskTracker::new();
     let names: Vec<String> = config.rules.iter().map(|r| r.name.clone()).collect();
     let stats = Arc::new(stats::Stats::new(&names));
+    stats.valve_limit.store(
+        u64::from(config.max_bans_per_minute),
+        std::sync::atomic::Ordering::Relaxed,
+    );
 
     let mut enforcer = enforcer_for(&config, opts.dry_run)?;
     enforcer.init(crate::now_ms()).await?;
@@ -170,6 +179,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
                 }
             };
             warn_listpack(&config, store::listpack_threshold(&mut con.clone()).await);
+            stats.redis_used.store(true, std::sync::atomic::Ordering::Relaxed);
             let limiter = Limiter::Redis(RedisLimiter::new(con.clone(), keys.clone(), &config.host_id, rules));
             (limiter, BanList::redis(con, keys), Some((fleet, last_id)), initial)
         }
@@ -207,12 +217,43 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         .store(cache.len() as u64, std::sync::atomic::Ordering::Relaxed);
     tracing::info!(bans = initial.len(), rules = config.rules.len(), "Ban list applied.");
 
-    tracker.spawn(enforcer::run(enforcer, enf_rx, allow.clone(), token.clone()));
+    tracker.spawn(enforcer::run(
+        enforcer,
+        enf_rx,
+        allow.clone(),
+        stats.clone(),
+        token.clone(),
+    ));
     if let Some((fleet, last_id)) = fleet {
         tracker.spawn(fleet.run(last_id, token.clone()));
     }
 
     let bans = Arc::new(Mutex::new(bans));
+    if let Some(addr) = config.metrics {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| DaemonError::Metrics(addr, e))?;
+        tracing::info!(%addr, "Prometheus metrics on /metrics.");
+        tracker.spawn(metrics::serve(listener, stats.clone(), token.clone()));
+    }
+
+    let patterns = config.log_patterns();
+    let plan = Plan::new(&config.rules)?;
+    // A few chunks of up to 1 MiB: enough to overlap reading with a flush, small
+    // enough that a large backlog costs no memory.
+    let (chunk_tx, chunk_rx) = tokio::sync::mpsc::channel(4);
+    let mut follower = Some(Following::start(patterns, &offsets, &chunk_tx, &token));
+    // Let the follower take its start positions before anyone is told we
+    // are up (control socket, READY=1): a line written after that is read.
+    // Bounded: logs that do not exist yet never show up here.
+    if let Some(f) = &follower {
+        for _ in 0..100 {
+            if !f.follower.stats().is_empty() || f.follower.is_finished() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
     let listener = control::bind(&config.control).map_err(|e| DaemonError::Control(config.control.clone(), e))?;
     let ctl = control::Control {
         stats: stats.clone(),
@@ -221,31 +262,10 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         sinks: vec![enf_tx.clone(), cache_tx.clone()],
     };
     tracker.spawn(ctl.serve(listener, token.clone()));
-
-    let patterns = config.log_patterns();
-    let plan = Plan::new(&config.rules)?;
-    // A few chunks of up to 1 MiB: enough to overlap reading with a flush, small
-    // enough that a large backlog costs no memory.
-    let (chunk_tx, chunk_rx) = tokio::sync::mpsc::channel(4);
-    let follower = crate::source::spawn(
-        patterns,
-        offsets.clone(),
-        FollowOptions::default(),
-        chunk_tx,
-        token.clone(),
-    );
+    let (reload_tx, reload_rx) = tokio::sync::mpsc::unbounded_channel();
     let pipeline = pipeline::Pipeline {
         host: config.host_id.clone(),
-        rules: config
-            .rules
-            .iter()
-            .map(|r| pipeline::RuleInfo {
-                name: r.name.clone(),
-                window_ms: r.limit.window_ms,
-                clock: r.limit.clock,
-                ban: r.ban,
-            })
-            .collect(),
+        rules: rule_infos(&config, &stats),
         plan,
         routes: Default::default(),
         allow,
@@ -255,20 +275,44 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         valve: SafetyValve::new(config.max_bans_per_minute),
         changes: enf_tx,
         updates: cache_rx,
-        offsets,
-        stats,
+        offsets: offsets.clone(),
+        stats: stats.clone(),
         cache,
         pending: Pending::default(),
         uncommitted: Vec::new(),
         outage: config.redis.is_some().then_some(outage),
+        reloads: reload_rx,
+        unparsed_warn: Default::default(),
     };
     drop(cache_tx);
     tracker.spawn(pipeline.run(chunk_rx, token.clone()));
+    if let Some(interval) = notify::watchdog_interval() {
+        tracker.spawn(notify::watchdog(stats.clone(), interval, token.clone()));
+    }
+    tracker.spawn(notify::status_updates(stats.clone(), token.clone()));
     tracker.close();
 
-    notify("READY=1\nSTATUS=following logs");
+    notify(&format!("READY=1\nSTATUS={}", notify::summary(&stats)));
     tracing::info!(host = %config.host_id, "fleetban running.");
-    shutdown.await;
+    let mut config = config;
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => None } } => {
+                notify(&format!("RELOADING=1\nMONOTONIC_USEC={}", notify::monotonic_usec()));
+                match reload(&config, &opts.config_path, &stats, &reload_tx, &mut follower, &offsets, &chunk_tx, &token).await {
+                    Some(new) => {
+                        stats.reloads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        config = new;
+                    }
+                    None => {
+                        stats.reload_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+                notify(&format!("READY=1\nSTATUS={}", notify::summary(&stats)));
+            }
+        }
+    }
     tracing::info!("Stopping.");
     notify("STOPPING=1");
     token.cancel();
@@ -280,6 +324,145 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     }
     drop(follower);
     Ok(())
+}
+
+/// What the pipeline knows of each rule, with its counters in `stats`.
+fn rule_infos(config: &Config, stats: &stats::Stats) -> Vec<pipeline::RuleInfo> {
+    let names: Vec<String> = config.rules.iter().map(|r| r.name.clone()).collect();
+    let counters = stats.set_rules(&names);
+    config
+        .rules
+        .iter()
+        .zip(counters)
+        .map(|(r, counters)| pipeline::RuleInfo {
+            name: r.name.clone(),
+            window_ms: r.limit.window_ms,
+            clock: r.limit.clock,
+            ban: r.ban,
+            counters,
+        })
+        .collect()
+}
+
+/// The log follower of the running rules; restarted when a reload changes
+/// which logs they name.
+struct Following {
+    patterns: Vec<String>,
+    token: CancellationToken,
+    follower: crate::source::Follower,
+}
+
+impl Following {
+    fn start(
+        patterns: Vec<String>,
+        offsets: &Arc<OffsetStore>,
+        tx: &tokio::sync::mpsc::Sender<crate::source::Chunk>,
+        parent: &CancellationToken,
+    ) -> Following {
+        let token = parent.child_token();
+        let follower = crate::source::spawn(
+            patterns.clone(),
+            offsets.clone(),
+            FollowOptions::default(),
+            tx.clone(),
+            token.clone(),
+        );
+        Following {
+            patterns,
+            token,
+            follower,
+        }
+    }
+
+    async fn stop(self) {
+        self.token.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.follower.join()).await;
+    }
+}
+
+/// SIGHUP: loads the config again. Invalid: every error is logged and the
+/// running config stays. Valid: the pipeline swaps rules (windows and bans
+/// stay: they are keyed by rule name and address), and the follower is
+/// restarted on the new list of logs if it changed. Settings that need a
+/// restart (store, firewall, sockets, allow list) are reported and kept.
+#[allow(clippy::too_many_arguments)]
+async fn reload(
+    old: &Config,
+    path: &std::path::Path,
+    stats: &Arc<stats::Stats>,
+    reload_tx: &tokio::sync::mpsc::UnboundedSender<pipeline::Reload>,
+    following: &mut Option<Following>,
+    offsets: &Arc<OffsetStore>,
+    chunk_tx: &tokio::sync::mpsc::Sender<crate::source::Chunk>,
+    parent: &CancellationToken,
+) -> Option<Config> {
+    tracing::info!(config = %path.display(), "SIGHUP: reloading the configuration.");
+    let new = match Config::load(path) {
+        Ok(c) => c,
+        Err(errors) => {
+            for e in &errors.0 {
+                tracing::error!(error = %e, "Reload refused: configuration error.");
+            }
+            tracing::warn!(
+                errors = errors.0.len(),
+                "Reload refused; the running configuration stays."
+            );
+            return None;
+        }
+    };
+    let plan = match Plan::new(&new.rules) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!(error = %e, "Reload refused: log format.");
+            return None;
+        }
+    };
+    for (what, changed) in [
+        ("redis", format!("{:?}", old.redis) != format!("{:?}", new.redis)),
+        (
+            "firewall",
+            format!("{:?}", old.firewall) != format!("{:?}", new.firewall),
+        ),
+        ("allow", old.allow != new.allow),
+        ("ipv6_prefix", old.ipv6_prefix != new.ipv6_prefix),
+        ("control", old.control != new.control),
+        ("metrics", old.metrics != new.metrics),
+        ("state_dir", old.state_dir != new.state_dir),
+        ("host_id", old.host_id != new.host_id),
+        ("safety", old.max_bans_per_minute != new.max_bans_per_minute),
+    ] {
+        if changed {
+            tracing::warn!(
+                setting = what,
+                "Changed in the configuration; takes effect at the next restart."
+            );
+        }
+    }
+    let patterns = new.log_patterns();
+    let restart_follower = following.as_ref().is_none_or(|f| f.patterns != patterns);
+    if restart_follower {
+        // Stop reading first: the pipeline then handles every chunk already
+        // read under the old rules before it swaps, and commits them.
+        if let Some(f) = following.take() {
+            f.stop().await;
+        }
+    }
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let msg = pipeline::Reload {
+        rules: rule_infos(&new, stats),
+        plan,
+        limits: RuleLimit::of(&new.rules),
+        done: done_tx,
+    };
+    if reload_tx.send(msg).is_err() || done_rx.await.is_err() {
+        tracing::warn!("The pipeline stopped during the reload.");
+    }
+    if restart_follower {
+        *following = Some(Following::start(patterns, offsets, chunk_tx, parent));
+    }
+    let names: Vec<&str> = new.rules.iter().map(|r| r.name.as_str()).collect();
+    tracing::info!(rules = ?names, logs_changed = restart_follower, "Configuration reloaded.");
+    Some(new)
 }
 
 /// Two connections (commands, and blocking event reads), connected lazily:

@@ -17,7 +17,7 @@ use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::enforcer::Change;
-use super::stats::Stats;
+use super::stats::{RuleCounters, Stats};
 use crate::bans::{BanCache, BanList, BanRequest, Mode, Outcome, SafetyValve, Until};
 use crate::config::OnDown;
 use crate::config::{BanPolicy, Clock};
@@ -36,6 +36,18 @@ pub struct RuleInfo {
     pub window_ms: i64,
     pub clock: Clock,
     pub ban: BanPolicy,
+    /// This rule's counters in `Stats` (kept across reloads by name).
+    pub counters: Arc<RuleCounters>,
+}
+
+/// A new set of rules to run from now on (SIGHUP). The pipeline first
+/// handles every chunk already read and flushes them under the old rules,
+/// then swaps, then answers on `done`.
+pub struct Reload {
+    pub rules: Vec<RuleInfo>,
+    pub plan: Plan,
+    pub limits: Vec<crate::limit::RuleLimit>,
+    pub done: tokio::sync::oneshot::Sender<()>,
 }
 
 pub struct Pipeline {
@@ -63,6 +75,10 @@ pub struct Pipeline {
     pub uncommitted: Vec<(Arc<Path>, FileId, u64)>,
     /// With Redis: what to do while it is down (`redis.on_down`).
     pub outage: Option<Outage>,
+    /// New rules from the daemon (SIGHUP).
+    pub reloads: UnboundedReceiver<Reload>,
+    /// At most one warning a minute about unparsed lines.
+    pub unparsed_warn: super::ratelog::Every,
 }
 
 impl Pipeline {
@@ -78,6 +94,15 @@ impl Pipeline {
                     Some(u) => self.update(u),
                     None => continue,
                 },
+                r = self.reloads.recv() => match r {
+                    Some(r) => {
+                        if !self.reload(r, &mut chunks, &shutdown).await {
+                            break;
+                        }
+                        continue;
+                    }
+                    None => continue,
+                },
                 c = chunks.recv() => match c {
                     Some(c) => {
                         self.ingest(&c);
@@ -91,6 +116,7 @@ impl Pipeline {
                     None => break,
                 },
             }
+            self.stats.busy_since_ms.store(crate::now_ms(), Relaxed);
             while let Ok(u) = self.updates.try_recv() {
                 self.update(u);
             }
@@ -102,6 +128,7 @@ impl Pipeline {
                 self.save_offsets();
                 last_save = tokio::time::Instant::now();
             }
+            self.stats.busy_since_ms.store(0, Relaxed);
         }
         // Hits already read are committed before stopping; offsets saved.
         while let Ok(c) = chunks.try_recv() {
@@ -162,6 +189,28 @@ impl Pipeline {
             }
         }
         self.stats.ban_queue.store(o.queued() as u64, Relaxed);
+    }
+
+    /// Applies a [`Reload`]: what was read under the old rules is counted
+    /// under them; windows live on in the limiter by rule name. False if
+    /// asked to stop meanwhile.
+    async fn reload(&mut self, r: Reload, chunks: &mut Receiver<Chunk>, shutdown: &CancellationToken) -> bool {
+        while let Ok(c) = chunks.try_recv() {
+            self.ingest(&c);
+        }
+        if !self.flush(shutdown).await {
+            return false;
+        }
+        self.save_offsets();
+        self.rules = r.rules;
+        self.plan = r.plan;
+        self.routes.clear();
+        if let Some(o) = &mut self.outage {
+            o.set_rules(r.limits.clone());
+        }
+        self.limiter.set_rules(r.limits);
+        let _ = r.done.send(());
+        true
     }
 
     fn save_offsets(&self) {
@@ -238,7 +287,7 @@ impl Pipeline {
                     if self.cache.is_banned(&key, time) {
                         continue;
                     }
-                    self.stats.rules[ri].hits.fetch_add(1, Relaxed);
+                    rule.counters.hits.fetch_add(1, Relaxed);
                     self.pending.push(
                         ri,
                         key,
@@ -255,12 +304,23 @@ impl Pipeline {
         }
         self.stats.lines.fetch_add(lines, Relaxed);
         self.stats.unparsed.fetch_add(unparsed, Relaxed);
+        if unparsed > 0 {
+            if let Some(n) = self.unparsed_warn.note(unparsed, Duration::from_secs(60)) {
+                tracing::warn!(path = %chunk.path.display(), unparsed = n,
+                    "Lines no rule's format could parse (counted and skipped; at most one warning a minute).");
+            }
+        }
         self.stats.stale.fetch_add(stale, Relaxed);
         self.stats.skipped_long.fetch_add(chunk.skipped_long, Relaxed);
         if let Some(t) = last_time {
             self.stats.lag_ms.store((wall - t).max(0), Relaxed);
         }
-        self.stats.source(&chunk.path.to_string_lossy(), chunk.end(), lines);
+        self.stats.source(
+            &chunk.path.to_string_lossy(),
+            chunk.end(),
+            lines,
+            last_time.map(|t| (wall - t).max(0)),
+        );
         self.uncommitted.push((chunk.path.clone(), chunk.file, chunk.end()));
     }
 
@@ -282,9 +342,18 @@ impl Pipeline {
                 decide_locally(o, &batches[done..], &mut verdicts, &self.stats);
                 break;
             }
+            let (started, trips) = (std::time::Instant::now(), self.round_trips());
             match self.limiter.check(&batches[done..], &mut verdicts).await {
                 Ok(()) => {
-                    self.stats.redis_connected.store(true, Relaxed);
+                    let trips = self.round_trips().saturating_sub(trips);
+                    if trips > 0 {
+                        let per_trip = started.elapsed().as_secs_f64() / trips as f64;
+                        (0..trips).for_each(|_| self.stats.timings.redis_roundtrip.observe(per_trip));
+                    }
+                    // The embedded limiter is no Redis: `redis.connected` stays false.
+                    self.stats
+                        .redis_connected
+                        .store(matches!(self.limiter, Limiter::Redis(_)), Relaxed);
                     if let Some(o) = &mut self.outage {
                         if o.succeeded() {
                             tracing::info!(
@@ -296,6 +365,7 @@ impl Pipeline {
                     break;
                 }
                 Err(e) => {
+                    self.stats.busy_since_ms.store(crate::now_ms(), Relaxed);
                     let n = self.stats.redis_errors.fetch_add(1, Relaxed);
                     self.stats.redis_connected.store(false, Relaxed);
                     if let Some(o) = self.outage.as_mut().filter(|o| o.mode == OnDown::Local) {
@@ -332,6 +402,13 @@ impl Pipeline {
         true
     }
 
+    fn round_trips(&self) -> u64 {
+        match &self.limiter {
+            Limiter::Redis(r) => r.round_trips,
+            Limiter::Memory(_) => 0,
+        }
+    }
+
     fn commit(&mut self) {
         for (path, file, end) in self.uncommitted.drain(..) {
             self.offsets.commit(&path, file, end);
@@ -346,6 +423,7 @@ impl Pipeline {
         let info = &self.rules[rule];
         if !self.valve.admit(now) {
             let n = self.stats.refused.fetch_add(1, Relaxed);
+            self.stats.valve_refused_at_ms.store(now, Relaxed);
             if n < 10 || n.is_power_of_two() {
                 tracing::warn!(rule = %info.name, addr = %key, refused = n + 1,
                     "Safety valve: too many bans this minute; ban not applied.");
@@ -371,8 +449,11 @@ impl Pipeline {
         let until = match outcome {
             Ok(Outcome::Banned(rec)) => {
                 self.stats.bans.fetch_add(1, Relaxed);
-                self.stats.rules[rule].bans.fetch_add(1, Relaxed);
-                tracing::info!(rule = %info.name, addr = %crate::store::AddrText(&key), hits,
+                info.counters.bans.fetch_add(1, Relaxed);
+                let duration = rec.until.map_or("permanent".into(), |u| {
+                    humantime::format_duration(Duration::from_secs(((u - now).max(0) / 1000) as u64)).to_string()
+                });
+                tracing::info!(rule = %info.name, addr = %crate::store::AddrText(&key), hits, duration = %duration,
                     at = %crate::rfc3339(at_ms), until = %rec.until.map_or("forever".into(), crate::rfc3339),
                     count = rec.count, "Banned.");
                 rec.until()
@@ -383,7 +464,7 @@ impl Pipeline {
                 // duration; written to the list when Redis answers again.
                 self.stats.redis_errors.fetch_add(1, Relaxed);
                 self.stats.bans.fetch_add(1, Relaxed);
-                self.stats.rules[rule].bans.fetch_add(1, Relaxed);
+                info.counters.bans.fetch_add(1, Relaxed);
                 tracing::warn!(rule = %info.name, addr = %key, error = %e, "Ban list unreachable; banning locally.");
                 let until = Until::At(now + info.ban.duration_ms);
                 if let Some(o) = &mut self.outage {

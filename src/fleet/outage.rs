@@ -41,6 +41,8 @@ pub struct Outage {
     pub held: Held,
     /// Bans dropped from a full queue (enforced here, never written to the list).
     pub dropped: u64,
+    /// Hosts sharing a `scope: fleet` limit (`redis.fleet_size`).
+    fleet_size: u32,
 }
 
 /// The fallback limits: a `scope: fleet` limit shared by `fleet_size` hosts
@@ -72,7 +74,13 @@ impl Outage {
             queue: VecDeque::new(),
             held: Held::default(),
             dropped: 0,
+            fleet_size,
         }
+    }
+
+    /// New rules (SIGHUP): the fallback's windows are kept by rule name.
+    pub fn set_rules(&mut self, rules: Vec<RuleLimit>) {
+        self.local.set_rules(local_limits(rules, self.fleet_size));
     }
 
     pub fn is_down(&self) -> bool {

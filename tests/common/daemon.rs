@@ -19,6 +19,11 @@ impl Daemon {
     /// Starts `fleetban run -c config` and waits until its control socket
     /// answers. `control` is the socket path the config names.
     pub fn start(ns: Option<&NetNs>, config: &Path, control: &Path) -> Daemon {
+        Daemon::start_with_env(ns, config, control, &[])
+    }
+
+    /// [`Daemon::start`] with extra environment variables (NOTIFY_SOCKET, ...).
+    pub fn start_with_env(ns: Option<&NetNs>, config: &Path, control: &Path, env: &[(&str, &str)]) -> Daemon {
         let log = config.with_extension("log");
         let err = std::fs::File::create(&log).unwrap();
         let mut cmd = match ns {
@@ -35,6 +40,7 @@ impl Daemon {
             .stdout(Stdio::null())
             .stderr(err);
         cmd.env("RUST_LOG", "fleetban=debug,info");
+        cmd.envs(env.iter().copied());
         let child = cmd.spawn().expect("spawn fleetban run");
         let mut d = Daemon {
             child: Some(child),
@@ -82,6 +88,12 @@ impl Daemon {
 
     pub fn pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()
+    }
+
+    /// Sends `sig` (SIGHUP, ...) to the daemon.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.pid() as i32, sig) };
     }
 
     /// SIGTERM, then wait (at most `limit`).

@@ -1,0 +1,169 @@
+//! The Prometheus endpoint (`metrics:` ADDRESS:PORT; off when absent): a
+//! minimal HTTP/1.0 responder on its own task. Every scrape reads `Stats` as
+//! they are (a `Collector`), so counting costs nothing extra; the two timing
+//! histograms are filled where the work happens (flush, nft transaction).
+//!
+//! Names (DESIGN §6): `fleetban_lines_total`, `fleetban_hits_total{rule}`,
+//! `fleetban_bans_total{rule}`, `fleetban_redis_errors_total`,
+//! `fleetban_redis_roundtrip_seconds`, `fleetban_nft_apply_seconds`,
+//! `fleetban_sync_lag_seconds` (wall clock minus the log time of the last hit
+//! read), plus `fleetban_unparsed_total`, `fleetban_stale_total`,
+//! `fleetban_safety_refused_total`, `fleetban_bans_active`,
+//! `fleetban_redis_connected`.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use super::stats::Stats;
+
+#[derive(Debug)]
+struct StatsCollector(Arc<Stats>);
+
+impl std::fmt::Debug for Stats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Stats")
+    }
+}
+
+fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
+    ConstCounter::new(v).encode(e.encode_descriptor(name, help, None, MetricType::Counter)?)
+}
+
+fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: f64) -> std::fmt::Result {
+    ConstGauge::new(v).encode(e.encode_descriptor(name, help, None, MetricType::Gauge)?)
+}
+
+impl prometheus_client::collector::Collector for StatsCollector {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        let s = &self.0;
+        counter(&mut e, "fleetban_lines", "Log lines read.", s.lines.load(Relaxed))?;
+        counter(
+            &mut e,
+            "fleetban_unparsed",
+            "Lines no format could parse.",
+            s.unparsed.load(Relaxed),
+        )?;
+        counter(
+            &mut e,
+            "fleetban_stale",
+            "Hits older than their window at arrival.",
+            s.stale.load(Relaxed),
+        )?;
+        counter(
+            &mut e,
+            "fleetban_redis_errors",
+            "Failed Redis operations.",
+            s.redis_errors.load(Relaxed),
+        )?;
+        counter(
+            &mut e,
+            "fleetban_safety_refused",
+            "Bans the safety valve did not apply.",
+            s.refused.load(Relaxed),
+        )?;
+        gauge(
+            &mut e,
+            "fleetban_bans_active",
+            "Bans in force on this host.",
+            s.bans_active.load(Relaxed) as f64,
+        )?;
+        gauge(
+            &mut e,
+            "fleetban_redis_connected",
+            "1 when the last Redis operation succeeded.",
+            if s.redis_connected.load(Relaxed) { 1.0 } else { 0.0 },
+        )?;
+        gauge(
+            &mut e,
+            "fleetban_sync_lag_seconds",
+            "Wall clock minus the log time of the last hit read.",
+            s.lag_ms.load(Relaxed) as f64 / 1000.0,
+        )?;
+        let rules = s.rule_counters();
+        {
+            let mut hits = e.encode_descriptor("fleetban_hits", "Hits counted per rule.", None, MetricType::Counter)?;
+            for r in &rules {
+                let labels = [("rule", r.name.as_str())];
+                ConstCounter::new(r.hits.load(Relaxed)).encode(hits.encode_family(&labels)?)?;
+            }
+        }
+        let mut bans = e.encode_descriptor("fleetban_bans", "Bans decided per rule.", None, MetricType::Counter)?;
+        for r in &rules {
+            let labels = [("rule", r.name.as_str())];
+            ConstCounter::new(r.bans.load(Relaxed)).encode(bans.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// The text exposition of `stats`.
+pub fn render(stats: &Arc<Stats>) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(StatsCollector(stats.clone())));
+    registry.register(
+        "fleetban_redis_roundtrip_seconds",
+        "Redis round trips of the limiter.",
+        stats.timings.redis_roundtrip.clone(),
+    );
+    registry.register(
+        "fleetban_nft_apply_seconds",
+        "nft transactions.",
+        stats.timings.nft_apply.clone(),
+    );
+    let mut out = String::new();
+    if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
+        out.clear();
+    }
+    out
+}
+
+pub async fn serve(listener: TcpListener, stats: Arc<Stats>, shutdown: CancellationToken) {
+    loop {
+        let (mut sock, _) = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            a = listener.accept() => match a {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "Metrics endpoint: accept failed.");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let stats = stats.clone();
+        tokio::spawn(async move {
+            // Read the request head (bounded in size and time), answer, close.
+            let mut buf = [0u8; 2048];
+            let mut n = 0;
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+            while n < buf.len() && !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                match tokio::time::timeout_at(deadline, sock.read(&mut buf[n..])).await {
+                    Ok(Ok(0)) | Ok(Err(_)) | Err(_) => break,
+                    Ok(Ok(k)) => n += k,
+                }
+            }
+            let head = String::from_utf8_lossy(&buf[..n]);
+            let path = head.split_whitespace().nth(1).unwrap_or("");
+            let (status, body) = if path == "/metrics" || path.starts_with("/metrics?") {
+                ("200 OK", render(&stats))
+            } else {
+                ("404 Not Found", "try /metrics\n".to_owned())
+            };
+            let resp = format!(
+                "HTTP/1.0 {status}\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = sock.write_all(resp.as_bytes()).await;
+            let _ = sock.shutdown().await;
+        });
+    }
+}
