@@ -5,7 +5,6 @@
 //! Resending is safe: members are deterministic, and the scripts do not
 //! count a member twice (fixed-window counters excepted; see the scripts).
 
-use ::redis::aio::ConnectionManager;
 use ::redis::Value;
 
 use super::{LimitError, RuleLimit, Verdict};
@@ -29,7 +28,7 @@ pub const MAX_CALLS_PER_TRIP: usize = 1024;
 pub const MAX_HITS_PER_TRIP: usize = 8192;
 
 pub struct RedisLimiter {
-    con: ConnectionManager,
+    con: store::Conn,
     keys: Keys,
     host: String,
     rules: Vec<RuleLimit>,
@@ -38,7 +37,7 @@ pub struct RedisLimiter {
 }
 
 impl RedisLimiter {
-    pub fn new(con: ConnectionManager, keys: Keys, host: &str, rules: Vec<RuleLimit>) -> RedisLimiter {
+    pub fn new(con: store::Conn, keys: Keys, host: &str, rules: Vec<RuleLimit>) -> RedisLimiter {
         RedisLimiter {
             con,
             keys,
