@@ -459,3 +459,97 @@ fn the_daemon_follows_a_sentinel_failover_to_the_promoted_replica() {
         d.status()["bans_active"].as_u64() == Some(1)
     });
 }
+
+#[test]
+fn the_daemon_bans_through_a_three_master_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes: Vec<Server> = (0..3)
+        .map(|i| {
+            Server::plain(
+                dir.path(),
+                &format!("node{i}"),
+                &[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ],
+            )
+        })
+        .collect();
+    let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+    let out = Command::new(require("redis-cli"))
+        .arg("--cluster")
+        .arg("create")
+        .args(&addrs)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cluster create: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    wait_until(Duration::from_secs(20), "cluster state ok on every node", || {
+        nodes
+            .iter()
+            .all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+    });
+    // Two rules: the sliding window with its prefilter tier and the fixed
+    // window, whose scripts derive counter keys from KEYS[1] (same slot).
+    let r = rig(&format!("redis: {{ cluster: ['redis://{}'] }}\n", addrs[0]));
+    std::fs::write(
+        r.dir.path().join("rules.yaml"),
+        format!(
+            "rules:\n  - name: r\n    logs: [{log}]\n    ignore: {{ path: ^/f }}\n    limit: {{ hits: 3, window: 60s, prefilter: 0.5 }}\n    ban: {{ duration: 1h }}\n\
+             \x20 - name: f\n    logs: [{log}]\n    match: {{ path: ^/f }}\n    limit: {{ hits: 3, window: 60s, algorithm: fixed_window }}\n    ban: {{ duration: 1h }}\n",
+            log = r.log.display()
+        ),
+    )
+    .unwrap();
+    let d = Daemon::start(None, &r.cfg, &r.control);
+    // Addresses spread over the three masters' slots, plus one under the limit.
+    let banned: Vec<String> = (1..=12).map(|i| format!("198.51.100.{i}")).collect();
+    let mut text = String::new();
+    for a in &banned {
+        text += &hits(a, 5);
+    }
+    text += &hits("198.51.100.200", 2);
+    let now = fleetban::now_ms();
+    for i in 0..5 {
+        text += &combined_line("203.0.113.9", now + i, "/f", 200);
+    }
+    append(&r.log, &text);
+    wait_until(Duration::from_secs(20), "every ban applied", || {
+        d.status()["bans_active"].as_u64() == Some(13)
+    });
+    let out = fleetban(&["bans", "--json"], &r.cfg);
+    let by_f = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|r| r["addr"].as_str().is_some_and(|a| a.starts_with("203.0.113.9")))
+        .map(|r| r["rule"].clone());
+    assert_eq!(by_f, Some(serde_json::json!("f")), "the fixed window banned it");
+    let mut l = listed(&r.cfg);
+    l.sort();
+    let mut want = banned.clone();
+    want.push("203.0.113.9".to_owned());
+    want.sort();
+    assert_eq!(l, want, "{}", d.log_text());
+    // The windows really are spread over the masters.
+    let holding = nodes
+        .iter()
+        .filter(|n| n.cli(&["DBSIZE"]).parse::<u64>().unwrap_or(0) > 0)
+        .count();
+    assert_eq!(holding, 3, "keys on every master");
+    let s = d.status();
+    assert_eq!(s["redis"]["connected"], true, "{s}");
+    assert_eq!(s["redis"]["errors"].as_u64(), Some(0), "{s}");
+    assert!(fleetban(&["unban", "198.51.100.1"], &r.cfg).status.success());
+    wait_until(Duration::from_secs(10), "unban applied", || {
+        d.status()["bans_active"].as_u64() == Some(12)
+    });
+}

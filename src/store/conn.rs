@@ -66,6 +66,11 @@ enum Current {
 }
 
 impl Conn {
+    /// True for a Redis Cluster: pipelines must not span slots.
+    pub fn is_cluster(&self) -> bool {
+        matches!(&self.0, Inner::Followed(f) if matches!(f.target, Target::Cluster(_)))
+    }
+
     /// Builds the connection without connecting. Fails only on a
     /// configuration the client refuses (bad URL, unreadable PEM).
     pub fn lazy(cfg: &RedisConfig, response_timeout: Option<Duration>) -> RedisResult<Conn> {
