@@ -277,6 +277,26 @@ fn make_certs(dir: &Path) {
     }
 }
 
+/// Creates on the server at `port` the user of `config/redis-acl.conf`
+/// (password `s3cret-pw`) with the `extra` rights its comment names for a
+/// topology: the daemon and the CLI then run as exactly that user.
+fn acl_user(port: u16, extra: &str) {
+    let acl = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/redis-acl.conf")).unwrap();
+    let line = acl
+        .lines()
+        .find(|l| l.starts_with("user fleetban "))
+        .expect("the user line");
+    assert!(acl.contains(extra), "config/redis-acl.conf names {extra}");
+    let mut args = vec!["ACL", "SETUSER", "fleetban"];
+    args.extend(
+        line["user fleetban ".len()..]
+            .split_whitespace()
+            .map(|w| if w == ">PASSWORD" { ">s3cret-pw" } else { w }),
+    );
+    args.push(extra);
+    assert_eq!(cli(port, &args), "OK");
+}
+
 fn zscore(port: u16, addr: &str) -> String {
     cli(port, &["ZSCORE", "{fleetban}:bans", addr])
 }
@@ -417,8 +437,12 @@ fn the_daemon_follows_a_sentinel_failover_to_the_promoted_replica() {
         sentinel.cli(&["SENTINEL", "replicas", "mymaster"]).contains(&rport)
     });
 
+    // The daemon logs in to the master as the minimal ACL user (not
+    // replicated: created on both).
+    acl_user(master.port, "+role");
+    acl_user(replica.port, "+role");
     let r = rig(&format!(
-        "redis: {{ sentinel: {{ service: mymaster, nodes: ['redis://127.0.0.1:{sport}'] }}, timeout: 500ms }}\n"
+        "redis: {{ sentinel: {{ service: mymaster, nodes: ['redis://127.0.0.1:{sport}'], user: fleetban, password: s3cret-pw }}, timeout: 500ms }}\n"
     ));
     let d = Daemon::start(None, &r.cfg, &r.control);
     append(&r.log, &hits("198.51.100.7", 5));
@@ -500,7 +524,13 @@ fn the_daemon_bans_through_a_three_master_cluster() {
     });
     // Two rules: the sliding window with its prefilter tier and the fixed
     // window, whose scripts derive counter keys from KEYS[1] (same slot).
-    let r = rig(&format!("redis: {{ cluster: ['redis://{}'] }}\n", addrs[0]));
+    for n in &nodes {
+        acl_user(n.port, "+cluster|slots");
+    }
+    let r = rig(&format!(
+        "redis: {{ cluster: ['redis://fleetban:s3cret-pw@{}'] }}\n",
+        addrs[0]
+    ));
     std::fs::write(
         r.dir.path().join("rules.yaml"),
         format!(
@@ -532,7 +562,12 @@ fn the_daemon_bans_through_a_three_master_cluster() {
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .find(|r| r["addr"].as_str().is_some_and(|a| a.starts_with("203.0.113.9")))
         .map(|r| r["rule"].clone());
-    assert_eq!(by_f, Some(serde_json::json!("f")), "the fixed window banned it");
+    assert_eq!(
+        by_f,
+        Some(serde_json::json!("f")),
+        "the fixed window banned it:\n{}",
+        d.log_text()
+    );
     let mut l = listed(&r.cfg);
     l.sort();
     let mut want = banned.clone();

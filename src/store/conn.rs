@@ -245,7 +245,7 @@ impl Followed {
                 tracing::info!(service = %service, master = %format!("{host}:{port}"), sentinel = %node, "Redis master from Sentinel.");
                 Ok::<_, RedisError>(m)
             };
-            match tokio::time::timeout(self.connect_timeout * 2, asked).await {
+            match tokio::time::timeout(self.connect_timeout, asked).await {
                 Ok(Ok(m)) => return Ok(m),
                 Ok(Err(e)) => {
                     tracing::debug!(sentinel = %node, error = %e, "Sentinel did not give a usable master.");
