@@ -406,6 +406,10 @@ fn a_tls_file_that_cannot_be_read_is_a_config_error_at_its_line() {
     let r = rig("redis:\n  url: redis://127.0.0.1:6379/0\n  cluster: [redis://127.0.0.1:7000]\n");
     let err = String::from_utf8_lossy(&fleetban(&["check"], &r.cfg).stderr).into_owned();
     assert!(err.contains("exactly one of `url`, `cluster` or `sentinel`"), "{err}");
+    let r = rig("redis:\n  url: redis://127.0.0.1:6379/0\n  tls: { ca: ca.pem }\n");
+    std::fs::write(r.dir.path().join("ca.pem"), "-----BEGIN CERTIFICATE-----\n").unwrap();
+    let err = String::from_utf8_lossy(&fleetban(&["check"], &r.cfg).stderr).into_owned();
+    assert!(err.contains("TLS needs `rediss://`"), "{err}");
 }
 
 #[test]

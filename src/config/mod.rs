@@ -354,6 +354,17 @@ fn redis_config(
         .tls
         .as_ref()
         .and_then(|t| tls_files(file, base, section.referenced, t, errors));
+    let urls: Vec<&str> = match &servers {
+        Servers::Url => vec![url.as_str()],
+        Servers::Cluster(n) | Servers::Sentinel { nodes: n, .. } => n.iter().map(String::as_str).collect(),
+    };
+    if r.tls.is_some() && !urls.iter().any(|u| u.starts_with("rediss://")) {
+        errors.push(ConfigError::at(
+            file,
+            section.referenced,
+            "redis.tls is set but no URL uses it: TLS needs `rediss://`",
+        ));
+    }
     if errors.len() > before {
         return None;
     }
