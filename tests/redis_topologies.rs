@@ -412,17 +412,17 @@ fn a_tls_file_that_cannot_be_read_is_a_config_error_at_its_line() {
     assert!(err.contains("TLS needs `rediss://`"), "{err}");
 }
 
-#[test]
-fn the_daemon_follows_a_sentinel_failover_to_the_promoted_replica() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut master = Server::plain(dir.path(), "master", &[]);
+/// A master, its replica and one sentinel watching them (quorum 1, down
+/// after 1 s), all on loopback; returns when the sentinel knows the replica.
+fn sentinel_trio(dir: &Path) -> (Server, Server, Server) {
+    let master = Server::plain(dir, "master", &[]);
     let mport = master.port.to_string();
-    let replica = Server::plain(dir.path(), "replica", &["--replicaof", "127.0.0.1", &mport]);
+    let replica = Server::plain(dir, "replica", &["--replicaof", "127.0.0.1", &mport]);
     wait_until(Duration::from_secs(10), "replica in sync", || {
         replica.cli(&["INFO", "replication"]).contains("master_link_status:up")
     });
     let sport = free_port();
-    let sdir = dir.path().join("sentinel");
+    let sdir = dir.join("sentinel");
     std::fs::create_dir_all(&sdir).unwrap();
     let conf = sdir.join("sentinel.conf");
     std::fs::write(
@@ -440,14 +440,26 @@ fn the_daemon_follows_a_sentinel_failover_to_the_promoted_replica() {
     wait_until(Duration::from_secs(20), "the sentinel knows the replica", || {
         sentinel.cli(&["SENTINEL", "replicas", "mymaster"]).contains(&rport)
     });
-
     // The daemon logs in to the master as the minimal ACL user (not
     // replicated: created on both).
     acl_user(master.port, "+role");
     acl_user(replica.port, "+role");
-    let r = rig(&format!(
-        "redis: {{ sentinel: {{ service: mymaster, nodes: ['redis://127.0.0.1:{sport}'], user: fleetban, password: s3cret-pw }}, timeout: 500ms }}\n"
-    ));
+    (master, replica, sentinel)
+}
+
+fn sentinel_rig(sentinel: &Server) -> Rig {
+    rig(&format!(
+        "redis: {{ sentinel: {{ service: mymaster, nodes: ['redis://127.0.0.1:{}'], user: fleetban, password: s3cret-pw }}, timeout: 500ms }}\n",
+        sentinel.port
+    ))
+}
+
+#[test]
+fn the_daemon_follows_a_sentinel_failover_to_the_promoted_replica() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut master, replica, sentinel) = sentinel_trio(dir.path());
+    let rport = replica.port.to_string();
+    let r = sentinel_rig(&sentinel);
     let d = Daemon::start(None, &r.cfg, &r.control);
     append(&r.log, &hits("198.51.100.7", 5));
     wait_until(Duration::from_secs(10), "ban on the first master", || {
@@ -486,6 +498,44 @@ fn the_daemon_follows_a_sentinel_failover_to_the_promoted_replica() {
     wait_until(Duration::from_secs(10), "unban applied", || {
         d.status()["bans_active"].as_u64() == Some(1)
     });
+}
+
+#[test]
+fn a_switchover_demoting_the_master_is_followed() {
+    // SENTINEL FAILOVER: the old master stays up as a replica (writes to it
+    // answer READONLY, or its clients are disconnected); the daemon must move.
+    let dir = tempfile::tempdir().unwrap();
+    let (master, replica, sentinel) = sentinel_trio(dir.path());
+    let r = sentinel_rig(&sentinel);
+    let d = Daemon::start(None, &r.cfg, &r.control);
+    append(&r.log, &hits("198.51.100.7", 5));
+    wait_until(Duration::from_secs(10), "ban on the first master", || {
+        !zscore(master.port, "198.51.100.7").is_empty()
+    });
+    assert_eq!(sentinel.cli(&["SENTINEL", "FAILOVER", "mymaster"]), "OK");
+    let rport = replica.port.to_string();
+    wait_until(
+        Duration::from_secs(30),
+        "the replica promoted, the master demoted",
+        || {
+            sentinel
+                .cli(&["SENTINEL", "get-master-addr-by-name", "mymaster"])
+                .ends_with(&rport)
+                && master.cli(&["INFO", "replication"]).contains("master_link_status:up")
+        },
+    );
+    append(&r.log, &hits("198.51.100.8", 5));
+    wait_until(Duration::from_secs(30), "ban on the new master", || {
+        !zscore(replica.port, "198.51.100.8").is_empty()
+    });
+    wait_until(Duration::from_secs(10), "both bans applied, Redis connected", || {
+        let s = d.status();
+        s["bans_active"].as_u64() == Some(2) && s["redis"]["connected"] == true
+    });
+    let mut l = listed(&r.cfg);
+    l.sort();
+    assert_eq!(l, vec!["198.51.100.7".to_owned(), "198.51.100.8".to_owned()]);
+    assert!(d.log_text().contains("asking the sentinels again"), "{}", d.log_text());
 }
 
 #[test]
