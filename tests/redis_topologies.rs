@@ -543,6 +543,8 @@ fn the_daemon_bans_through_a_three_master_cluster() {
     let dir = tempfile::tempdir().unwrap();
     let nodes: Vec<Server> = (0..3)
         .map(|i| {
+            // The bus port explicitly: the default (port + 10000) may not exist.
+            let bus = free_port().to_string();
             Server::plain(
                 dir.path(),
                 &format!("node{i}"),
@@ -553,6 +555,8 @@ fn the_daemon_bans_through_a_three_master_cluster() {
                     "nodes.conf",
                     "--cluster-node-timeout",
                     "2000",
+                    "--cluster-port",
+                    &bus,
                 ],
             )
         })
