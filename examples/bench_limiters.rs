@@ -28,7 +28,7 @@ fn addr(i: u32, base: u32) -> IpNet {
     IpNet::from(std::net::IpAddr::from((base + i).to_be_bytes()))
 }
 
-async fn info(con: &mut redis::aio::ConnectionManager, section: &str, field: &str) -> f64 {
+async fn info(con: &mut store::Conn, section: &str, field: &str) -> f64 {
     let text: String = redis::cmd("INFO").arg(section).query_async(con).await.expect("INFO");
     text.lines()
         .find_map(|l| l.strip_prefix(&format!("{field}:")))
@@ -36,7 +36,7 @@ async fn info(con: &mut redis::aio::ConnectionManager, section: &str, field: &st
         .unwrap_or(f64::NAN)
 }
 
-async fn cpu(con: &mut redis::aio::ConnectionManager) -> f64 {
+async fn cpu(con: &mut store::Conn) -> f64 {
     info(con, "cpu", "used_cpu_user").await + info(con, "cpu", "used_cpu_sys").await
 }
 
@@ -64,6 +64,8 @@ async fn main() {
     let addresses: u32 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(10_000);
     let cfg = RedisConfig {
         url,
+        servers: Default::default(),
+        tls: None,
         prefix: "fleetban".into(),
         timeout: Duration::from_secs(30),
         on_down: OnDown::Local,

@@ -8,6 +8,8 @@ set -euo pipefail
 declare -A PKG=(
   [redis-server]=redis-server
   [redis-cli]=redis-tools
+  [redis-sentinel]=redis-sentinel
+  [openssl]=openssl
   [nft]=nftables
   [nginx]=nginx
   [ip]=iproute2

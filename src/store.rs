@@ -7,9 +7,11 @@
 use std::time::Duration;
 
 use ipnet::IpNet;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::config::RedisConfig;
+
+mod conn;
+pub use conn::Conn;
 
 /// The stream keeps about this many events; a host further behind reconciles.
 pub const STREAM_MAXLEN: u64 = 100_000;
@@ -104,33 +106,23 @@ pub fn parse_member(s: &str) -> Option<IpNet> {
     (n.trunc() == n).then_some(n)
 }
 
-/// Connects with automatic reconnection; every command times out after
-/// `response_timeout` so a slow Redis is treated as a down one.
-pub async fn connect(cfg: &RedisConfig, response_timeout: Option<Duration>) -> redis::RedisResult<ConnectionManager> {
-    let client = redis::Client::open(cfg.url.as_str())?;
-    ConnectionManager::new_with_config(client, manager_config(cfg, response_timeout)).await
+/// Connects now (fails if Redis does not answer); every command times out
+/// after `response_timeout` so a slow Redis is treated as a down one.
+pub async fn connect(cfg: &RedisConfig, response_timeout: Option<Duration>) -> redis::RedisResult<Conn> {
+    Conn::connect(cfg, response_timeout).await
 }
 
 /// As [`connect`], without waiting for the first connection: a Redis that is
 /// down at start costs the daemon nothing but errors (handled by
-/// `redis.on_down`) until it answers. Fails only on a bad URL.
-pub fn connect_lazy(cfg: &RedisConfig, response_timeout: Option<Duration>) -> redis::RedisResult<ConnectionManager> {
-    let client = redis::Client::open(cfg.url.as_str())?;
-    ConnectionManager::new_lazy_with_config(client, manager_config(cfg, response_timeout))
-}
-
-fn manager_config(cfg: &RedisConfig, response_timeout: Option<Duration>) -> ConnectionManagerConfig {
-    ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(cfg.timeout.max(Duration::from_millis(100)) * 4))
-        .set_response_timeout(response_timeout)
-        .set_number_of_retries(2)
-        .set_max_delay(Duration::from_secs(2))
+/// `redis.on_down`) until it answers. Fails only on a bad configuration.
+pub fn connect_lazy(cfg: &RedisConfig, response_timeout: Option<Duration>) -> redis::RedisResult<Conn> {
+    Conn::lazy(cfg, response_timeout)
 }
 
 /// The server's `zset-max-listpack-entries` (`zset-max-ziplist-entries`
 /// before Redis 7), or None when the server refuses CONFIG (managed services
 /// often rename or forbid it) or answers something else.
-pub async fn listpack_threshold(con: &mut ConnectionManager) -> Option<u64> {
+pub async fn listpack_threshold(con: &mut Conn) -> Option<u64> {
     for name in ["zset-max-listpack-entries", "zset-max-ziplist-entries"] {
         let reply: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG").arg("GET").arg(name).query_async(con).await;
         match reply {
@@ -188,17 +180,13 @@ impl LuaScript {
         c
     }
 
-    pub async fn load(&self, con: &mut ConnectionManager) -> redis::RedisResult<()> {
+    pub async fn load(&self, con: &mut Conn) -> redis::RedisResult<()> {
         let _: String = redis::cmd("SCRIPT").arg("LOAD").arg(self.src).query_async(con).await?;
         Ok(())
     }
 
     /// Runs one prepared call, loading the script once if the server lost it.
-    pub async fn run<T: redis::FromRedisValue>(
-        &self,
-        con: &mut ConnectionManager,
-        cmd: &redis::Cmd,
-    ) -> redis::RedisResult<T> {
+    pub async fn run<T: redis::FromRedisValue>(&self, con: &mut Conn, cmd: &redis::Cmd) -> redis::RedisResult<T> {
         match cmd.query_async(con).await {
             Err(e) if is_noscript(&e) => {
                 self.load(con).await?;

@@ -66,6 +66,8 @@ fn escalation_is_the_same_in_redis_and_embedded() {
         .unwrap();
     let cfg = RedisConfig {
         url: redis.url(),
+        servers: Default::default(),
+        tls: None,
         prefix: "fleetban".into(),
         timeout: Duration::from_secs(2),
         on_down: OnDown::Local,

@@ -236,6 +236,8 @@ fn redis_script_agrees_with_model_and_memory() {
         .unwrap();
     let cfg = RedisConfig {
         url: redis.url(),
+        servers: Default::default(),
+        tls: None,
         prefix: "fbtest".into(),
         timeout: Duration::from_secs(2),
         on_down: OnDown::Local,
@@ -281,6 +283,8 @@ fn redis_window_is_the_seeds_zset_with_pexpire() {
         .unwrap();
     let cfg = RedisConfig {
         url: redis.url(),
+        servers: Default::default(),
+        tls: None,
         prefix: "fleetban".into(),
         timeout: Duration::from_secs(2),
         on_down: OnDown::Local,
@@ -376,6 +380,8 @@ fn a_large_flush_is_split_into_bounded_round_trips() {
         .unwrap();
     let cfg = RedisConfig {
         url: redis.url(),
+        servers: Default::default(),
+        tls: None,
         prefix: "fleetban".into(),
         timeout: Duration::from_millis(250),
         on_down: OnDown::Local,
@@ -420,6 +426,8 @@ fn a_large_flush_is_split_into_bounded_round_trips() {
 fn redis_limiter(redis: &Redis, rt: &tokio::runtime::Runtime, prefix: &str, rules: Vec<RuleLimit>) -> RedisLimiter {
     let cfg = RedisConfig {
         url: redis.url(),
+        servers: Default::default(),
+        tls: None,
         prefix: prefix.into(),
         timeout: Duration::from_secs(2),
         on_down: OnDown::Local,
@@ -665,6 +673,8 @@ fn the_listpack_threshold_is_read_and_a_forbidden_config_is_tolerated() {
     let connect = |url: String| {
         let cfg = RedisConfig {
             url,
+            servers: Default::default(),
+            tls: None,
             prefix: "t".into(),
             timeout: Duration::from_secs(2),
             on_down: OnDown::Local,

@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use ipnet::IpNet;
-use redis::aio::ConnectionManager;
 
 use super::{BanRecord, BanRequest, Mode, Outcome, Until};
 use crate::store::{self, AddrText, Keys, BAN, STREAM_MAXLEN, UNBAN};
@@ -23,12 +22,12 @@ pub enum BanListError {
 }
 
 pub enum BanList {
-    Redis { con: ConnectionManager, keys: Keys },
+    Redis { con: crate::store::Conn, keys: Keys },
     Memory(MemoryBans),
 }
 
 impl BanList {
-    pub fn redis(con: ConnectionManager, keys: Keys) -> BanList {
+    pub fn redis(con: crate::store::Conn, keys: Keys) -> BanList {
         BanList::Redis { con, keys }
     }
 

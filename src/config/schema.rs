@@ -18,7 +18,7 @@ use crate::parse::{Format, Parser};
 pub struct MainFile {
     pub host_id: Option<String>,
     pub state_dir: Option<PathBuf>,
-    pub redis: Option<RedisSection>,
+    pub redis: Option<Spanned<RedisSection>>,
     #[serde(default)]
     pub firewall: FirewallSection,
     #[serde(default)]
@@ -34,7 +34,13 @@ pub struct MainFile {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisSection {
-    pub url: Spanned<String>,
+    /// One server (exactly one of `url`, `cluster`, `sentinel`).
+    pub url: Option<Spanned<String>>,
+    /// Seed nodes of a Redis Cluster.
+    pub cluster: Option<Spanned<Vec<Spanned<String>>>>,
+    pub sentinel: Option<Spanned<SentinelSection>>,
+    /// CA and client certificate for `rediss://`.
+    pub tls: Option<TlsSection>,
     #[serde(default = "default_prefix")]
     pub prefix: Spanned<String>,
     pub timeout: Option<Dur>,
@@ -43,6 +49,28 @@ pub struct RedisSection {
     pub fleet_size: Option<NonZeroU32>,
     /// How often the full ban list is compared with the local set (drift repair).
     pub reconcile_every: Option<Dur>,
+}
+
+/// `redis.sentinel`: the sentinels to ask for the master of `service`, and
+/// how to log in to that master (sentinels' own credentials go in their URLs).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SentinelSection {
+    pub service: Spanned<String>,
+    pub nodes: Spanned<Vec<Spanned<String>>>,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    #[serde(default)]
+    pub db: i64,
+}
+
+/// `redis.tls`: PEM files. Without `ca` the system's roots are trusted.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    pub ca: Option<Spanned<PathBuf>>,
+    pub cert: Option<Spanned<PathBuf>>,
+    pub key: Option<Spanned<PathBuf>>,
 }
 
 fn default_prefix() -> Spanned<String> {

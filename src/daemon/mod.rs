@@ -469,9 +469,7 @@ async fn reload(
 /// a Redis that is down at start is handled like one that goes down later
 /// (`redis.on_down`), so the daemon follows its logs from the first second.
 /// Only a URL the client refuses is retried here (logged, never an exit).
-async fn connect_until_up(
-    r: &crate::config::RedisConfig,
-) -> (redis::aio::ConnectionManager, redis::aio::ConnectionManager) {
+async fn connect_until_up(r: &crate::config::RedisConfig) -> (store::Conn, store::Conn) {
     let mut backoff = Duration::from_millis(100);
     loop {
         let cmd = store::connect_lazy(r, Some(r.timeout));

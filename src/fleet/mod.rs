@@ -14,7 +14,6 @@ pub mod outage;
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use redis::streams::{StreamReadOptions, StreamReadReply};
 use redis::AsyncCommands;
 use tokio::sync::mpsc::UnboundedSender;
@@ -31,7 +30,7 @@ const BLOCK_MS: usize = 1000;
 
 pub struct FleetSync {
     /// Dedicated to blocking reads.
-    pub events: ConnectionManager,
+    pub events: crate::store::Conn,
     /// Reads the full list on reconcile.
     pub list: BanList,
     pub keys: Keys,

@@ -4,8 +4,9 @@
 //! loaded again and the failed calls resent when the server answers NOSCRIPT.
 //! Resending is safe: members are deterministic, and the scripts do not
 //! count a member twice (fixed-window counters excepted; see the scripts).
+//! On a Redis Cluster the calls of a slice go out concurrently, one per key,
+//! instead of as one pipeline (which may not span slots).
 
-use ::redis::aio::ConnectionManager;
 use ::redis::Value;
 
 use super::{LimitError, RuleLimit, Verdict};
@@ -29,7 +30,7 @@ pub const MAX_CALLS_PER_TRIP: usize = 1024;
 pub const MAX_HITS_PER_TRIP: usize = 8192;
 
 pub struct RedisLimiter {
-    con: ConnectionManager,
+    con: store::Conn,
     keys: Keys,
     host: String,
     rules: Vec<RuleLimit>,
@@ -38,7 +39,7 @@ pub struct RedisLimiter {
 }
 
 impl RedisLimiter {
-    pub fn new(con: ConnectionManager, keys: Keys, host: &str, rules: Vec<RuleLimit>) -> RedisLimiter {
+    pub fn new(con: store::Conn, keys: Keys, host: &str, rules: Vec<RuleLimit>) -> RedisLimiter {
         RedisLimiter {
             con,
             keys,
@@ -133,12 +134,26 @@ impl RedisLimiter {
             if todo.is_empty() {
                 break;
             }
-            let mut pipe = ::redis::pipe();
-            pipe.ignore_errors();
-            for &i in &todo {
-                pipe.add_command(self.call(&batches[i]));
-            }
-            let replies: Vec<Value> = pipe.query_async(&mut self.con).await?;
+            let replies: Vec<Value> = if self.con.is_cluster() {
+                // A Cluster refuses pipelines across slots: one call per
+                // key, all at once (the client pipelines them per node).
+                let calls: Vec<::redis::Cmd> = todo.iter().map(|&i| self.call(&batches[i])).collect();
+                let sent = calls.iter().map(|c| {
+                    let mut con = self.con.clone();
+                    async move { ::redis::aio::ConnectionLike::req_packed_command(&mut con, c).await }
+                });
+                futures_util::future::join_all(sent)
+                    .await
+                    .into_iter()
+                    .collect::<Result<_, _>>()?
+            } else {
+                let mut pipe = ::redis::pipe();
+                pipe.ignore_errors();
+                for &i in &todo {
+                    pipe.add_command(self.call(&batches[i]));
+                }
+                pipe.query_async(&mut self.con).await?
+            };
             self.round_trips += 1;
             let mut again = Vec::new();
             let mut reload: Vec<&'static LuaScript> = Vec::new();
