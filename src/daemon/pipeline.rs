@@ -84,6 +84,8 @@ impl Pipeline {
                     }
                     None => break,
                 },
+                // Idle: offsets committed by the last flush still get saved.
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
             while let Ok(u) = self.updates.try_recv() {
                 self.update(u);

@@ -6,6 +6,10 @@
 //! file) are held beyond what sits in the channel. Between steps it sleeps for
 //! `poll_interval`, unless a step filled a read buffer (more is waiting) or a
 //! [`WakeHandle`] wakes it: the hook for a notify/inotify watcher.
+//! While a send waits, the paths are still looked at every `poll_interval`
+//! (`Tracker::watch`: stat, open a new file, retire the old one, no reads), so
+//! a consumer lagging by more than a rotation interval loses no file: each
+//! file that was at a path is held open until it has been read.
 //!
 //! Shutdown: the token stops the task at its next await; chunks read but not
 //! sent are dropped, which loses nothing since only committed offsets persist.
@@ -139,13 +143,40 @@ async fn run(
             },
         };
         for chunk in step.chunks {
-            tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => return,
-                sent = tx.send(chunk) => if sent.is_err() {
-                    debug!("Chunk receiver gone; follower stops.");
-                    return;
-                },
+            let send = tx.send(chunk);
+            tokio::pin!(send);
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => return,
+                    sent = &mut send => {
+                        if sent.is_err() {
+                            debug!("Chunk receiver gone; follower stops.");
+                            return;
+                        }
+                        break;
+                    }
+                    // While the consumer is slow, still notice rotations:
+                    // a file that came and went at the path while we were
+                    // paused would otherwise never be opened, and be lost.
+                    _ = tokio::time::sleep(poll) => {
+                        let watching = tokio::task::spawn_blocking(move || {
+                            tracker.watch();
+                            tracker
+                        });
+                        tracker = tokio::select! {
+                            biased;
+                            _ = shutdown.cancelled() => return,
+                            done = watching => match done {
+                                Ok(t) => t,
+                                Err(e) => {
+                                    error!(error = %e, "Log follower step failed; following stopped.");
+                                    return;
+                                }
+                            },
+                        };
+                    }
+                }
             }
         }
         if !step.more {

@@ -114,6 +114,21 @@ impl Tracker {
         Step { chunks, more }
     }
 
+    /// Looks at every path without reading: a file that replaced the one
+    /// being read is opened (so it is held, whatever happens to its path
+    /// next) and the old one joins the draining list. Run while the consumer
+    /// is too slow for a step to run.
+    pub(crate) fn watch(&mut self) {
+        let now = Instant::now();
+        for i in 0..self.paths.len() {
+            let Some(meta) = self.stat_path(i, now) else { continue };
+            let same = self.paths[i].current.as_ref().is_some_and(|r| r.id.matches_meta(&meta));
+            if !same {
+                self.switch_file(i, &meta, now);
+            }
+        }
+    }
+
     /// Expands the patterns again; new paths are followed from the next poll.
     fn rescan(&mut self, first: bool) {
         let mut known: HashMap<Arc<Path>, usize> = HashMap::default();
