@@ -340,7 +340,7 @@ async fn globs_and_missing_paths_pick_up_files_created_later() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restart_resumes_exactly_and_reads_a_file_rotated_meanwhile_from_zero() {
+async fn a_restart_resumes_exactly_and_drains_a_file_rotated_meanwhile() {
     let (logs, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let log = logs.path().join("access.log");
     fs::write(&log, "history\n").unwrap();
@@ -368,12 +368,22 @@ async fn a_restart_resumes_exactly_and_reads_a_file_rotated_meanwhile_from_zero(
     fs::rename(&log, logs.path().join("access.log.1")).unwrap();
     append(&logs.path().join("access.log.1"), "late write to the old file\n");
     append(&log, &numbered(15, 18));
+    // The old file is found beside the path and drained from where we were.
     let mut rig = Rig::start(state.path(), &[&log], opts(), 16);
-    let got = rig.recv(3).await;
+    let mut got = rig.recv(4).await;
+    let late = got.iter().position(|l| l.text.starts_with("late")).expect("late line");
+    let late = got.remove(late);
+    assert_eq!((late.path.as_path(), late.offset), (log.as_path(), 8 + 10 + 15 * 23));
     assert_eq!(seqs(&got), [15, 16, 17]);
     assert_eq!(got[0].offset, 0);
     rig.quiet(Duration::from_millis(150)).await;
     rig.stop().await;
+    // Drained and closed: forgotten, never read again.
+    let mut rig = Rig::start(state.path(), &[&log], opts(), 16);
+    rig.quiet(Duration::from_millis(400)).await;
+    rig.stop().await;
+    let saved = fs::read_to_string(state.path().join("offsets.json")).unwrap();
+    assert!(!saved.contains("rotated"), "{saved}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

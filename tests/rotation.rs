@@ -74,10 +74,14 @@ struct Rig {
     cfg: PathBuf,
     control: PathBuf,
     state: PathBuf,
+    /// Held while a crash would lose lines whatever the daemon does.
+    no_kill: Arc<Mutex<()>>,
+    /// The daemon gets killed: wait for deleted files to be drained.
+    kills: bool,
 }
 
 impl Rig {
-    fn new(redis: &Redis) -> Rig {
+    fn new(redis: &Redis, kills: bool) -> Rig {
         let dir = tempfile::Builder::new().prefix("fbt-rot-").tempdir().unwrap();
         let logs = dir.path().join("logs");
         fs::create_dir(&logs).unwrap();
@@ -120,6 +124,8 @@ impl Rig {
             cfg,
             control,
             state,
+            no_kill: Arc::default(),
+            kills,
         }
     }
 
@@ -149,6 +155,15 @@ impl Rig {
         let v: serde_json::Value = serde_json::from_str(&text).ok()?;
         let e = &v["files"][path.to_str()?];
         Some((e["ino"].as_u64()?, e["offset"].as_u64()?))
+    }
+
+    /// `offsets.json` still has the rotated file `ino` to drain.
+    fn draining(&self, ino: u64) -> bool {
+        let text = fs::read_to_string(self.state.join("offsets.json")).unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        v["rotated"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|e| e["ino"].as_u64() == Some(ino)))
     }
 
     /// Waits until the daemon has committed the file at the log path up to
@@ -212,6 +227,8 @@ fn write_all(log: PathBuf, w: Arc<Writer>, t0: i64) {
         while w.pause.load(Ordering::SeqCst) || w.rotated.load(Ordering::SeqCst) < need.min(ROTATIONS) {
             if w.pause.load(Ordering::SeqCst) {
                 w.parked.store(true, Ordering::SeqCst);
+            } else if fs::metadata(&log).is_err() {
+                file = open_append(&log); // deleted: nginx would reopen on a signal
             }
             thread::sleep(Duration::from_millis(1));
         }
@@ -266,7 +283,18 @@ fn rotate(rig: &Rig, style: Style, w: &Writer, daemon: &Mutex<Option<Daemon>>) {
                 .set_len(0)
                 .unwrap();
         }),
-        Style::DeleteRecreate => fs::remove_file(&rig.log).unwrap(),
+        Style::DeleteRecreate => {
+            let _guard = rig.no_kill.lock().unwrap();
+            let old = fs::metadata(&rig.log).unwrap().ino();
+            fs::remove_file(&rig.log).unwrap();
+            if !rig.kills {
+                return;
+            }
+            wait_until(Duration::from_secs(60), "daemon to finish the deleted file", || {
+                let now = fs::metadata(&rig.log).map(|m| m.ino()).ok();
+                now.is_some() && rig.committed(&rig.log).map(|(i, _)| i) == now && !rig.draining(old)
+            });
+        }
         Style::LogrotateCreate => rig.logrotate("create.conf"),
         Style::LogrotateCopyTruncate => copytruncate(&|| rig.logrotate("copytruncate.conf")),
     }
@@ -345,7 +373,7 @@ impl Rng {
 
 fn torture(kills: usize) {
     let redis = Redis::start();
-    let rig = Rig::new(&redis);
+    let rig = Rig::new(&redis, kills > 0);
     let daemon = Arc::new(Mutex::new(Some(rig.start())));
     warm_up(&rig, &redis);
 
@@ -356,35 +384,19 @@ fn torture(kills: usize) {
         thread::spawn(move || write_all(log, w, t0))
     };
 
-    // The killer: SIGKILL at random moments while the writer runs, restart
-    // after a random pause.
-    let stop_killing = Arc::new(AtomicBool::new(false));
+    // The killer: SIGKILL at random moments (while the writer runs, or the
+    // daemon catches up), restart after a random pause. Not while a deleted
+    // file still has lines to read: nothing can open it after a restart.
     let killed = Arc::new(AtomicU64::new(0));
     let killer = {
-        let (daemon, stop, killed, w) = (
-            Arc::clone(&daemon),
-            Arc::clone(&stop_killing),
-            Arc::clone(&killed),
-            Arc::clone(&w),
-        );
+        let (daemon, killed, no_kill) = (Arc::clone(&daemon), Arc::clone(&killed), Arc::clone(&rig.no_kill));
         let (cfg, control) = (rig.cfg.clone(), rig.control.clone());
         thread::spawn(move || {
             let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ t0 as u64);
             let mut sleep_ms = |max: u64| thread::sleep(Duration::from_millis(200 + rng.below(max)));
             for _ in 0..kills {
-                // Spread the kills over the run: wait for the writer to move.
-                let from = w.written.load(Ordering::SeqCst);
-                let t = Instant::now();
-                while w.written.load(Ordering::SeqCst) < from + LINES / (kills as u64 + 1)
-                    && !w.done.load(Ordering::SeqCst)
-                    && t.elapsed() < Duration::from_secs(60)
-                {
-                    thread::sleep(Duration::from_millis(10));
-                }
-                sleep_ms(1500);
-                if stop.load(Ordering::SeqCst) {
-                    break;
-                }
+                sleep_ms(3000);
+                let _guard = no_kill.lock().unwrap();
                 let mut d = daemon.lock().unwrap();
                 if let Some(d) = d.as_mut() {
                     d.kill9();
@@ -415,7 +427,6 @@ fn torture(kills: usize) {
     writer.join().unwrap();
     eprintln!("{:?}: writer done", started.elapsed());
     assert_eq!(w.written.load(Ordering::SeqCst), LINES);
-    stop_killing.store(true, Ordering::SeqCst);
     killer.join().unwrap();
     assert_eq!(killed.load(Ordering::SeqCst), kills as u64, "kills done");
 

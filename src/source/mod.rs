@@ -20,8 +20,16 @@
 //!   has been quiet for `drain_quiet`, while the new file is read from 0.
 //!   Copytruncate (same inode, shorter, or other first bytes): restart at 0.
 //!   Lines written between logrotate's copy and its truncation are lost by
-//!   copytruncate itself; nothing else is lost as long as a file stays at its
-//!   path longer than a poll interval.
+//!   copytruncate itself, and so are lines not yet read when the truncation
+//!   happens; nothing else is lost as long as a file stays at its path longer
+//!   than a poll interval (paths are looked at even while reading is paused by
+//!   backpressure, so a lagging consumer does not make files go unseen).
+//! - Old files being drained have their own entries in the offset store
+//!   ("rotated", by device + inode). After a restart (or a crash) each is
+//!   looked for in the directory of its path and drained from its committed
+//!   offset; so is the file a path named when we stopped if the path now
+//!   names another one. A deleted or compressed one cannot be found: its
+//!   unread lines are lost (logged).
 //! - Only complete lines are sent; lines longer than `max_line` are counted
 //!   and skipped. An unterminated tail of a drained-and-closed file is sent as
 //!   a line (with a `\n` added); at shutdown it is not (it is read on restart).
