@@ -22,7 +22,8 @@
 //! README, "Log rotation"); nothing else waits for the daemon.
 //!
 //! `torture_with_sigkills` does the same while killing the daemon with SIGKILL
-//! at random moments and restarting it.
+//! at random moments and restarting it. `nginx_reopen_after_rename_loses_no_request`
+//! has Debian's nginx write the log, renamed away and reopened with SIGUSR1.
 
 mod common;
 
@@ -36,7 +37,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{require, wait_until, Daemon, Redis};
+use common::{http_get, require, veth_pair, wait_until, Daemon, NetNs, Nginx, Redis};
 
 const LINES: u64 = 1_000_000;
 const PER_ROTATION: u64 = 100_000;
@@ -502,4 +503,85 @@ fn torture_a_million_lines_through_every_rotation_style() {
 #[test]
 fn torture_with_sigkills() {
     torture(3);
+}
+
+/// nginx writes the log; it is renamed, nginx goes on writing to the renamed
+/// file until `nginx -s reopen` (SIGUSR1), then writes a new one. Every
+/// request is counted once: the client's window holds one member per request.
+#[test]
+fn nginx_reopen_after_rename_loses_no_request() {
+    const T: Duration = Duration::from_secs(5);
+    let redis = Redis::start();
+    let web = NetNs::new("rotweb");
+    let client = NetNs::new("rotcli");
+    veth_pair(&web, "10.213.31.1/24", &client, "10.213.31.2/24");
+    let nginx = Nginx::start(&web, "10.213.31.1:8080", None);
+    let log = nginx.access_log();
+    let rotated = log.with_extension("log.1");
+
+    let dir = tempfile::Builder::new().prefix("fbt-rotng-").tempdir().unwrap();
+    let control = dir.path().join("control.sock");
+    fs::write(
+        dir.path().join("rules.yaml"),
+        format!(
+            "rules:\n  - name: {RULE}\n    logs: [{}]\n    limit: {{ hits: 1000, window: 1h }}\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    let cfg = dir.path().join("fleetban.yaml");
+    fs::write(
+        &cfg,
+        format!(
+            "state_dir: {}\ncontrol: {}\nfirewall: {{ backend: log }}\nredis: {{ url: '{}' }}\nrules: [rules.yaml]\n",
+            dir.path().join("state").display(),
+            control.display(),
+            redis.url()
+        ),
+    )
+    .unwrap();
+    let daemon = Daemon::start(None, &cfg, &control);
+    let key = format!("fleetban:win:{{10.213.31.2}}:{RULE}");
+    let zcard = || redis.cli(&["ZCARD", &key]).parse::<u64>().unwrap();
+    let get = |n: usize, what: &str| {
+        for i in 0..n {
+            assert_eq!(http_get(&client, &nginx.url(&format!("/{what}/{i}")), T), Ok(200));
+        }
+    };
+    // Requests until one is counted: from then on the daemon reads the log
+    // (a log first seen at startup is read from its end).
+    wait_until(Duration::from_secs(20), "a first request counted", || {
+        get(1, "warmup");
+        zcard() > 0
+    });
+    // Then let the last warm-up requests settle before taking the baseline.
+    wait_until(Duration::from_secs(20), "daemon to read the whole log", || {
+        let size = fs::metadata(&log).unwrap().len();
+        daemon.status()["sources"][0]["offset"].as_u64() == Some(size)
+    });
+    let mut base = zcard();
+    wait_until(Duration::from_secs(20), "the count to settle", || {
+        thread::sleep(Duration::from_millis(300));
+        let now = zcard();
+        std::mem::replace(&mut base, now) == now
+    });
+
+    get(20, "before");
+    fs::rename(&log, &rotated).unwrap();
+    get(20, "between"); // still written to access.log.1
+    assert!(!log.exists(), "nginx writes the renamed file until it reopens");
+    nginx.reopen();
+    get(20, "after");
+    assert!(log.exists());
+    let between = fs::read_to_string(&rotated).unwrap().matches("GET /between/").count();
+    assert_eq!(between, 20, "the renamed file got the requests made before the reopen");
+
+    wait_until(Duration::from_secs(20), "every request counted", || {
+        zcard() >= base + 60
+    });
+    thread::sleep(Duration::from_secs(1));
+    assert_eq!(zcard(), base + 60, "each request counted once");
+    let st = daemon.status();
+    assert_eq!(st["unparsed"], 0, "{st}");
+    assert_eq!(st["bans"], 0, "{st}");
 }
