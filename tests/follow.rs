@@ -30,6 +30,7 @@ fn opts() -> FollowOptions {
         max_line: 1024,
         drain_quiet: Duration::from_millis(300),
         rescan_interval: Duration::from_millis(50),
+        inotify: true,
     }
 }
 
@@ -569,16 +570,56 @@ enum Rotation {
 }
 
 /// 200,000 numbered lines, rotated every 20,000 in turn by each style: every
-/// line arrives exactly once.
+/// line arrives exactly once. With inotify wake-ups (and polling)...
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stress_200k_lines_through_mixed_rotations_arrive_exactly_once() {
+    stress(opts()).await;
+}
+
+/// ...and by polling alone (NFS, inotify limits exhausted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stress_by_polling_only() {
+    stress(FollowOptions {
+        inotify: false,
+        ..opts()
+    })
+    .await;
+}
+
+/// inotify wakes the follower: with a poll interval longer than the test's
+/// timeout, appends, a rename+create and a new file still arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inotify_wakes_the_follower_without_waiting_for_the_poll() {
+    let (logs, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let log = logs.path().join("access.log");
+    File::create(&log).unwrap();
+    let slow = FollowOptions {
+        poll_interval: Duration::from_secs(3600),
+        rescan_interval: Duration::from_secs(3600),
+        ..opts()
+    };
+    let mut rig = Rig::start(state.path(), &[&log], slow, 16);
+    assert!(rig.follower.is_watching());
+    rig.wait_following(&log).await;
+    append(&log, &numbered(0, 3));
+    assert_eq!(seqs(&rig.recv(3).await), [0, 1, 2]);
+    fs::rename(&log, logs.path().join("access.log.1")).unwrap();
+    append(&logs.path().join("access.log.1"), &numbered(3, 4));
+    append(&log, &numbered(4, 6));
+    let mut got = seqs(&rig.recv(3).await);
+    got.sort();
+    assert_eq!(got, [3, 4, 5]);
+    rig.stop().await;
+}
+
+async fn stress(opts: FollowOptions) {
     const N: usize = 200_000;
     const PER_FILE: usize = 20_000;
     let (logs, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let log = logs.path().join("access.log");
     let rotated = logs.path().join("access.log.1");
     File::create(&log).unwrap();
-    let rig = Rig::start(state.path(), &[&log], opts(), 64);
+    let rig = Rig::start(state.path(), &[&log], opts, 64);
     rig.wait_following(&log).await;
     let Rig {
         store,

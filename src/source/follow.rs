@@ -70,6 +70,8 @@ impl WakeHandle {
 pub struct Follower {
     task: JoinHandle<()>,
     shared: Arc<Shared>,
+    /// The inotify watcher, kept alive as long as the follower.
+    watcher: Option<notify::RecommendedWatcher>,
 }
 
 impl Follower {
@@ -78,6 +80,11 @@ impl Follower {
         let mut v: Vec<SourceStat> = self.shared.lock_stats().values().cloned().collect();
         v.sort_by(|a, b| (a.source, &a.path).cmp(&(b.source, &b.path)));
         v
+    }
+
+    /// An inotify watcher is running (else: polling only).
+    pub fn is_watching(&self) -> bool {
+        self.watcher.is_some()
     }
 
     pub fn waker(&self) -> WakeHandle {
@@ -109,10 +116,15 @@ pub fn spawn(
     shutdown: CancellationToken,
 ) -> Follower {
     let shared = Arc::new(Shared::default());
+    let watcher = if opts.inotify {
+        super::watch::watch(&patterns, WakeHandle(Arc::clone(&shared)))
+    } else {
+        None
+    };
     let poll = opts.poll_interval;
     let tracker = Tracker::new(patterns, offsets, opts, Arc::clone(&shared));
     let task = tokio::spawn(run(tracker, poll, tx, shutdown, Arc::clone(&shared)));
-    Follower { task, shared }
+    Follower { task, shared, watcher }
 }
 
 async fn run(

@@ -41,7 +41,8 @@
 //! Layout: `identity.rs` (FileId, fingerprint), `split.rs` (bytes -> lines),
 //! `reader.rs` (one open file), `patterns.rs` (paths and globs),
 //! `tracker.rs` (which file each path names, rotation, draining),
-//! `follow.rs` (the task, backpressure, stats), `offsets.rs` (persistence).
+//! `follow.rs` (the task, backpressure, stats), `watch.rs` (inotify wake-ups),
+//! `offsets.rs` (persistence).
 
 mod follow;
 mod identity;
@@ -50,6 +51,7 @@ mod patterns;
 mod reader;
 mod split;
 mod tracker;
+mod watch;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -76,6 +78,11 @@ pub struct FollowOptions {
     pub drain_quiet: Duration,
     /// How often globs are expanded again to find new files (1 s).
     pub rescan_interval: Duration,
+    /// Wake up on inotify events in the directories holding the logs (true).
+    /// Polling every `poll_interval` goes on either way: it is the fallback
+    /// where inotify says nothing (NFS, a directory that does not exist yet,
+    /// a glob in a directory part, inotify limits exhausted).
+    pub inotify: bool,
 }
 
 impl Default for FollowOptions {
@@ -86,6 +93,7 @@ impl Default for FollowOptions {
             max_line: 64 << 10,
             drain_quiet: Duration::from_secs(5),
             rescan_interval: Duration::from_secs(1),
+            inotify: true,
         }
     }
 }
