@@ -113,7 +113,7 @@ impl Rig {
             fs::write(
                 dir.path().join(name),
                 format!(
-                    "{} {{\n    rotate 3\n    {mode}\n    missingok\n    nocompress\n}}\n",
+                    "{} {{\n    rotate 10\n    {mode}\n    missingok\n    nocompress\n}}\n",
                     log.display()
                 ),
             )
@@ -253,14 +253,17 @@ fn write_all(log: PathBuf, w: Arc<Writer>, t0: i64) {
 }
 
 /// Runs one rotation of `style` on the log.
-fn rotate(rig: &Rig, style: Style, w: &Writer, daemon: &Mutex<Option<Daemon>>) {
+fn rotate(rig: &Rig, round: u64, style: Style, w: &Writer, daemon: &Mutex<Option<Daemon>>) {
     // A file rotated away before the follower ever saw it cannot be read:
     // in real life a log stays at its path far longer than a poll interval.
     wait_until(Duration::from_secs(60), "daemon to open the current log", || {
         let ino = fs::metadata(&rig.log).map(|m| m.ino()).ok();
         ino.is_some() && rig.committed(&rig.log).map(|(i, _)| i) == ino
     });
-    let rotated = rig.log.with_extension("log.1");
+    // Our own rotations name the old file after the round (like `dateext`):
+    // writing a copy over an older rotated file still being drained would
+    // destroy lines no follower has read yet.
+    let rotated = rig.log.with_extension(format!("log.r{round}"));
     let copytruncate = |f: &dyn Fn()| {
         w.pause.store(true, Ordering::SeqCst);
         wait_until(Duration::from_secs(10), "writer to pause", || {
@@ -417,7 +420,7 @@ fn torture(kills: usize) {
             w.written.load(Ordering::SeqCst) >= round * PER_ROTATION
         });
         let style = STYLES[i % STYLES.len()];
-        rotate(&rig, style, &w, &daemon);
+        rotate(&rig, round, style, &w, &daemon);
         w.rotated.fetch_add(1, Ordering::SeqCst);
         eprintln!(
             "{:?}: rotation {round} by {style:?} at line {}",
