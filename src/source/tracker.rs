@@ -295,6 +295,12 @@ impl Tracker {
                 t.initial = false;
                 t.errors.clear(&t.path);
                 t.current = Some(r);
+                // Where this file starts (its end, if first seen at startup)
+                // and the rotated entry of the old one must survive a crash
+                // before the consumer's next save.
+                if let Err(e) = self.offsets.save() {
+                    warn!(error = %e, "Saving log offsets failed.");
+                }
                 true
             }
             Err(e) => {
