@@ -557,6 +557,58 @@ proptest! {
     }
 }
 
+proptest! {
+    /// Random bytes (NUL, invalid UTF-8, `\r`, lines longer than the limit,
+    /// no newline at all), split in random pieces, then a real line: the
+    /// splitter never panics, and the line after the garbage comes out whole
+    /// and parses exactly as it does alone.
+    #[test]
+    fn garbage_never_costs_the_next_good_line(
+        garbage in proptest::collection::vec(any::<u8>(), 0..3000),
+        newlines in proptest::collection::vec(0usize..3000, 0..8),
+        cuts in proptest::collection::vec(1usize..700, 1..20),
+        n in 0u32..1_000_000,
+    ) {
+        let parser = fleetban::parse::Parser::new(&fleetban::parse::Format::Combined).unwrap();
+        let good = format!(
+            "203.0.{}.{} - - [17/May/2015:10:05:{:02} +0000] \"GET /p/{n} HTTP/1.1\" 200 12 \"-\" \"ua\"",
+            n % 250, n / 250 % 250, n % 60
+        );
+        let mut input = garbage;
+        for i in newlines {
+            if let Some(b) = input.get_mut(i) {
+                *b = b'\n';
+            }
+        }
+        input.push(b'\n'); // the garbage ends as a line of its own (maybe too long)
+        input.extend_from_slice(good.as_bytes());
+        input.push(b'\n');
+        let path: Arc<Path> = Path::new("/x").into();
+        let id = FileId { dev: 1, ino: 2, fingerprint: 3 };
+        let mut split = LineSplitter::new(1024, 0);
+        let mut chunks = Vec::new();
+        let mut rest = &input[..];
+        for len in cuts.iter().cycle().take(10_000) {
+            if rest.is_empty() {
+                break;
+            }
+            let (piece, tail) = rest.split_at((*len).min(rest.len()));
+            split.push(piece);
+            split.take(0, &path, id, &mut chunks);
+            rest = tail;
+        }
+        let lines: Vec<&[u8]> = chunks.iter().flat_map(|c| c.lines().map(|(_, l)| l)).collect();
+        for l in &lines {
+            let _ = parser.parse(l);
+        }
+        prop_assert_eq!(lines.last().copied(), Some(good.as_bytes()));
+        let req = parser.parse(good.as_bytes());
+        prop_assert!(req.is_some());
+        prop_assert_eq!(parser.parse(lines[lines.len() - 1]), req);
+        prop_assert_eq!(split.position(), input.len() as u64);
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Rotation {
     /// logrotate's default; the old handle is written a little longer.
