@@ -164,16 +164,6 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         tracker.spawn(fleet.run(last_id, token.clone()));
     }
 
-    let bans = Arc::new(Mutex::new(bans));
-    let listener = control::bind(&config.control).map_err(|e| DaemonError::Control(config.control.clone(), e))?;
-    let ctl = control::Control {
-        stats: stats.clone(),
-        bans: bans.clone(),
-        host: config.host_id.clone(),
-        sinks: vec![enf_tx.clone(), cache_tx.clone()],
-    };
-    tracker.spawn(ctl.serve(listener, token.clone()));
-
     let patterns = config.log_patterns();
     let plan = Plan::new(&config.rules)?;
     // A few chunks of up to 1 MiB: enough to overlap reading with a flush, small
@@ -186,6 +176,24 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         chunk_tx,
         token.clone(),
     );
+    // The control socket answers once the logs are open (tests and scripts
+    // take an answer as "appended lines will be read").
+    let bans = Arc::new(Mutex::new(bans));
+    let listener = match control::bind(&config.control) {
+        Ok(l) => l,
+        Err(e) => {
+            token.cancel();
+            return Err(DaemonError::Control(config.control.clone(), e));
+        }
+    };
+    let ctl = control::Control {
+        stats: stats.clone(),
+        bans: bans.clone(),
+        host: config.host_id.clone(),
+        sinks: vec![enf_tx.clone(), cache_tx.clone()],
+    };
+    tracker.spawn(ctl.serve(listener, token.clone()));
+
     let pipeline = pipeline::Pipeline {
         host: config.host_id.clone(),
         rules: config

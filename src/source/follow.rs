@@ -105,7 +105,8 @@ impl Follower {
 }
 
 /// Starts following `patterns` (paths or globs; a chunk's `source` is the
-/// index in this list) on the current tokio runtime. A path matched by several
+/// index in this list) on the current tokio runtime. Files that exist are
+/// opened before it returns: whatever is appended afterwards is read. A path matched by several
 /// patterns is followed once, under the first. The task ends when `shutdown`
 /// is cancelled or the receiver of `tx` is dropped.
 pub fn spawn(
@@ -122,7 +123,10 @@ pub fn spawn(
         None
     };
     let poll = opts.poll_interval;
-    let tracker = Tracker::new(patterns, offsets, opts, Arc::clone(&shared));
+    let mut tracker = Tracker::new(patterns, offsets, opts, Arc::clone(&shared));
+    // Blocking, but short and once: when spawn returns, every file that
+    // exists is open and its start fixed.
+    tracker.prime();
     let task = tokio::spawn(run(tracker, poll, tx, shutdown, Arc::clone(&shared)));
     Follower { task, shared, watcher }
 }

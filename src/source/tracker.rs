@@ -88,6 +88,20 @@ impl Tracker {
         }
     }
 
+    /// The start-of-day work, before anything else may write to the logs
+    /// unseen: expand the patterns, find rotated files left unfinished, and
+    /// open every file, fixing where each starts (a file first seen starts
+    /// at its end: lines appended after this returns are read).
+    pub(crate) fn prime(&mut self) {
+        let now = Instant::now();
+        if self.next_rescan.is_none() {
+            self.rescan(true);
+            self.recover(now);
+            self.next_rescan = Some(now + self.opts.rescan_interval);
+        }
+        self.watch();
+    }
+
     pub(crate) fn step(&mut self) -> Step {
         let now = Instant::now();
         let due = self.next_rescan.is_none_or(|t| now >= t);
