@@ -15,7 +15,11 @@
 //! The writer behaves like nginx: it keeps writing to the file it has open and
 //! only notices a rotation (another inode, or no file at the path) every
 //! `REOPEN_EVERY` lines, so every rename or delete leaves lines to drain from
-//! the old file. Copytruncate is the one exception, because it loses lines by
+//! the old file; it never reopens in the middle of a rotation (nginx reopens
+//! when logrotate's postrotate signals it): a file the writer created in the
+//! instant between logrotate's rename and its create would be replaced by
+//! logrotate's before any follower could open it. The daemon is never killed
+//! while a deleted file still has unread lines: nothing can open it again. Copytruncate is the one exception, because it loses lines by
 //! design: whatever is written between the copy and the truncation exists only
 //! in the copy. For both copytruncate rotations the writer pauses and the test
 //! waits until the daemon has committed the whole file before copying (see
@@ -210,6 +214,10 @@ struct Writer {
     done: AtomicBool,
     /// Rotations done so far.
     rotated: AtomicU64,
+    /// The rotator is between its first and last step (logrotate running, a
+    /// rename not yet followed by its create): the writer does not reopen
+    /// now, as nginx reopens only when logrotate's postrotate tells it to.
+    rotating: AtomicBool,
 }
 
 fn open_append(path: &Path) -> File {
@@ -228,13 +236,13 @@ fn write_all(log: PathBuf, w: Arc<Writer>, t0: i64) {
         while w.pause.load(Ordering::SeqCst) || w.rotated.load(Ordering::SeqCst) < need.min(ROTATIONS) {
             if w.pause.load(Ordering::SeqCst) {
                 w.parked.store(true, Ordering::SeqCst);
-            } else if fs::metadata(&log).is_err() {
+            } else if !w.rotating.load(Ordering::SeqCst) && fs::metadata(&log).is_err() {
                 file = open_append(&log); // deleted: nginx would reopen on a signal
             }
             thread::sleep(Duration::from_millis(1));
         }
         w.parked.store(false, Ordering::SeqCst);
-        if seq % REOPEN_EVERY == 0 {
+        if seq % REOPEN_EVERY == 0 && !w.rotating.load(Ordering::SeqCst) {
             let ours = file.metadata().unwrap().ino();
             match fs::metadata(&log) {
                 Ok(m) if m.ino() == ours => {}
@@ -273,6 +281,7 @@ fn rotate(rig: &Rig, round: u64, style: Style, w: &Writer, daemon: &Mutex<Option
         f();
         w.pause.store(false, Ordering::SeqCst);
     };
+    w.rotating.store(true, Ordering::SeqCst);
     match style {
         Style::RenameCreate => {
             fs::rename(&rig.log, &rotated).unwrap();
@@ -291,6 +300,7 @@ fn rotate(rig: &Rig, round: u64, style: Style, w: &Writer, daemon: &Mutex<Option
             let _guard = rig.no_kill.lock().unwrap();
             let old = fs::metadata(&rig.log).unwrap().ino();
             fs::remove_file(&rig.log).unwrap();
+            w.rotating.store(false, Ordering::SeqCst); // the writer recreates it
             if !rig.kills {
                 return;
             }
@@ -302,6 +312,7 @@ fn rotate(rig: &Rig, round: u64, style: Style, w: &Writer, daemon: &Mutex<Option
         Style::LogrotateCreate => rig.logrotate("create.conf"),
         Style::LogrotateCopyTruncate => copytruncate(&|| rig.logrotate("copytruncate.conf")),
     }
+    w.rotating.store(false, Ordering::SeqCst);
 }
 
 /// Sum of the members of every counted window (the warm-up one excluded).
