@@ -162,9 +162,11 @@ fn a_client_spread_over_three_hosts_is_banned_by_all_and_unbanned_everywhere() {
         ));
     }
 
-    // Four pages from each host: 4 < 10 on every host, 12 > 10 in the fleet.
+    // Pages spread 4, 4, 3 over the hosts: under 10 on every host, 11 > 10 in
+    // the fleet. The 11th is served (nginx answers before its line is read);
+    // a 12th could already be dropped, so it is not sent here.
     for round in 0..4 {
-        for h in &hosts {
+        for h in hosts.iter().take(if round == 3 { 2 } else { 3 }) {
             assert_eq!(
                 get(&client, h, Duration::from_secs(2)),
                 Ok(200),
@@ -185,7 +187,7 @@ fn a_client_spread_over_three_hosts_is_banned_by_all_and_unbanned_everywhere() {
             h.addr
         );
     }
-    // One host decided (whichever saw the 11th hit); none saw more than 4.
+    // One host decided (the one that saw the 11th hit); none saw more than 4.
     let bans: u64 = hosts
         .iter()
         .map(|h| h.daemon.status()["rules"][0]["bans"].as_u64().unwrap())

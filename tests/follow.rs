@@ -30,6 +30,7 @@ fn opts() -> FollowOptions {
         max_line: 1024,
         drain_quiet: Duration::from_millis(300),
         rescan_interval: Duration::from_millis(50),
+        inotify: true,
     }
 }
 
@@ -340,7 +341,7 @@ async fn globs_and_missing_paths_pick_up_files_created_later() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restart_resumes_exactly_and_reads_a_file_rotated_meanwhile_from_zero() {
+async fn a_restart_resumes_exactly_and_drains_a_file_rotated_meanwhile() {
     let (logs, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let log = logs.path().join("access.log");
     fs::write(&log, "history\n").unwrap();
@@ -368,12 +369,22 @@ async fn a_restart_resumes_exactly_and_reads_a_file_rotated_meanwhile_from_zero(
     fs::rename(&log, logs.path().join("access.log.1")).unwrap();
     append(&logs.path().join("access.log.1"), "late write to the old file\n");
     append(&log, &numbered(15, 18));
+    // The old file is found beside the path and drained from where we were.
     let mut rig = Rig::start(state.path(), &[&log], opts(), 16);
-    let got = rig.recv(3).await;
+    let mut got = rig.recv(4).await;
+    let late = got.iter().position(|l| l.text.starts_with("late")).expect("late line");
+    let late = got.remove(late);
+    assert_eq!((late.path.as_path(), late.offset), (log.as_path(), 8 + 10 + 15 * 23));
     assert_eq!(seqs(&got), [15, 16, 17]);
     assert_eq!(got[0].offset, 0);
     rig.quiet(Duration::from_millis(150)).await;
     rig.stop().await;
+    // Drained and closed: forgotten, never read again.
+    let mut rig = Rig::start(state.path(), &[&log], opts(), 16);
+    rig.quiet(Duration::from_millis(400)).await;
+    rig.stop().await;
+    let saved = fs::read_to_string(state.path().join("offsets.json")).unwrap();
+    assert!(!saved.contains("rotated"), "{saved}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -546,6 +557,58 @@ proptest! {
     }
 }
 
+proptest! {
+    /// Random bytes (NUL, invalid UTF-8, `\r`, lines longer than the limit,
+    /// no newline at all), split in random pieces, then a real line: the
+    /// splitter never panics, and the line after the garbage comes out whole
+    /// and parses exactly as it does alone.
+    #[test]
+    fn garbage_never_costs_the_next_good_line(
+        garbage in proptest::collection::vec(any::<u8>(), 0..3000),
+        newlines in proptest::collection::vec(0usize..3000, 0..8),
+        cuts in proptest::collection::vec(1usize..700, 1..20),
+        n in 0u32..1_000_000,
+    ) {
+        let parser = fleetban::parse::Parser::new(&fleetban::parse::Format::Combined).unwrap();
+        let good = format!(
+            "203.0.{}.{} - - [17/May/2015:10:05:{:02} +0000] \"GET /p/{n} HTTP/1.1\" 200 12 \"-\" \"ua\"",
+            n % 250, n / 250 % 250, n % 60
+        );
+        let mut input = garbage;
+        for i in newlines {
+            if let Some(b) = input.get_mut(i) {
+                *b = b'\n';
+            }
+        }
+        input.push(b'\n'); // the garbage ends as a line of its own (maybe too long)
+        input.extend_from_slice(good.as_bytes());
+        input.push(b'\n');
+        let path: Arc<Path> = Path::new("/x").into();
+        let id = FileId { dev: 1, ino: 2, fingerprint: 3 };
+        let mut split = LineSplitter::new(1024, 0);
+        let mut chunks = Vec::new();
+        let mut rest = &input[..];
+        for len in cuts.iter().cycle().take(10_000) {
+            if rest.is_empty() {
+                break;
+            }
+            let (piece, tail) = rest.split_at((*len).min(rest.len()));
+            split.push(piece);
+            split.take(0, &path, id, &mut chunks);
+            rest = tail;
+        }
+        let lines: Vec<&[u8]> = chunks.iter().flat_map(|c| c.lines().map(|(_, l)| l)).collect();
+        for l in &lines {
+            let _ = parser.parse(l);
+        }
+        prop_assert_eq!(lines.last().copied(), Some(good.as_bytes()));
+        let req = parser.parse(good.as_bytes());
+        prop_assert!(req.is_some());
+        prop_assert_eq!(parser.parse(lines[lines.len() - 1]), req);
+        prop_assert_eq!(split.position(), input.len() as u64);
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Rotation {
     /// logrotate's default; the old handle is written a little longer.
@@ -559,16 +622,56 @@ enum Rotation {
 }
 
 /// 200,000 numbered lines, rotated every 20,000 in turn by each style: every
-/// line arrives exactly once.
+/// line arrives exactly once. With inotify wake-ups (and polling)...
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stress_200k_lines_through_mixed_rotations_arrive_exactly_once() {
+    stress(opts()).await;
+}
+
+/// ...and by polling alone (NFS, inotify limits exhausted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stress_by_polling_only() {
+    stress(FollowOptions {
+        inotify: false,
+        ..opts()
+    })
+    .await;
+}
+
+/// inotify wakes the follower: with a poll interval longer than the test's
+/// timeout, appends, a rename+create and a new file still arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inotify_wakes_the_follower_without_waiting_for_the_poll() {
+    let (logs, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let log = logs.path().join("access.log");
+    File::create(&log).unwrap();
+    let slow = FollowOptions {
+        poll_interval: Duration::from_secs(3600),
+        rescan_interval: Duration::from_secs(3600),
+        ..opts()
+    };
+    let mut rig = Rig::start(state.path(), &[&log], slow, 16);
+    assert!(rig.follower.is_watching());
+    rig.wait_following(&log).await;
+    append(&log, &numbered(0, 3));
+    assert_eq!(seqs(&rig.recv(3).await), [0, 1, 2]);
+    fs::rename(&log, logs.path().join("access.log.1")).unwrap();
+    append(&logs.path().join("access.log.1"), &numbered(3, 4));
+    append(&log, &numbered(4, 6));
+    let mut got = seqs(&rig.recv(3).await);
+    got.sort();
+    assert_eq!(got, [3, 4, 5]);
+    rig.stop().await;
+}
+
+async fn stress(opts: FollowOptions) {
     const N: usize = 200_000;
     const PER_FILE: usize = 20_000;
     let (logs, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let log = logs.path().join("access.log");
     let rotated = logs.path().join("access.log.1");
     File::create(&log).unwrap();
-    let rig = Rig::start(state.path(), &[&log], opts(), 64);
+    let rig = Rig::start(state.path(), &[&log], opts, 64);
     rig.wait_following(&log).await;
     let Rig {
         store,

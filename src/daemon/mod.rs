@@ -254,7 +254,13 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
-    let listener = control::bind(&config.control).map_err(|e| DaemonError::Control(config.control.clone(), e))?;
+    let listener = match control::bind(&config.control) {
+        Ok(l) => l,
+        Err(e) => {
+            token.cancel();
+            return Err(DaemonError::Control(config.control.clone(), e));
+        }
+    };
     let ctl = control::Control {
         stats: stats.clone(),
         bans: bans.clone(),

@@ -115,6 +115,8 @@ impl Pipeline {
                     }
                     None => break,
                 },
+                // Idle: offsets committed by the last flush still get saved.
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
             self.stats.busy_since_ms.store(crate::now_ms(), Relaxed);
             while let Ok(u) = self.updates.try_recv() {

@@ -20,8 +20,16 @@
 //!   has been quiet for `drain_quiet`, while the new file is read from 0.
 //!   Copytruncate (same inode, shorter, or other first bytes): restart at 0.
 //!   Lines written between logrotate's copy and its truncation are lost by
-//!   copytruncate itself; nothing else is lost as long as a file stays at its
-//!   path longer than a poll interval.
+//!   copytruncate itself, and so are lines not yet read when the truncation
+//!   happens; nothing else is lost as long as a file stays at its path longer
+//!   than a poll interval (paths are looked at even while reading is paused by
+//!   backpressure, so a lagging consumer does not make files go unseen).
+//! - Old files being drained have their own entries in the offset store
+//!   ("rotated", by device + inode). After a restart (or a crash) each is
+//!   looked for in the directory of its path and drained from its committed
+//!   offset; so is the file a path named when we stopped if the path now
+//!   names another one. A deleted or compressed one cannot be found: its
+//!   unread lines are lost (logged).
 //! - Only complete lines are sent; lines longer than `max_line` are counted
 //!   and skipped. An unterminated tail of a drained-and-closed file is sent as
 //!   a line (with a `\n` added); at shutdown it is not (it is read on restart).
@@ -33,7 +41,8 @@
 //! Layout: `identity.rs` (FileId, fingerprint), `split.rs` (bytes -> lines),
 //! `reader.rs` (one open file), `patterns.rs` (paths and globs),
 //! `tracker.rs` (which file each path names, rotation, draining),
-//! `follow.rs` (the task, backpressure, stats), `offsets.rs` (persistence).
+//! `follow.rs` (the task, backpressure, stats), `watch.rs` (inotify wake-ups),
+//! `offsets.rs` (persistence).
 
 mod follow;
 mod identity;
@@ -42,6 +51,7 @@ mod patterns;
 mod reader;
 mod split;
 mod tracker;
+mod watch;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -68,6 +78,11 @@ pub struct FollowOptions {
     pub drain_quiet: Duration,
     /// How often globs are expanded again to find new files (1 s).
     pub rescan_interval: Duration,
+    /// Wake up on inotify events in the directories holding the logs (true).
+    /// Polling every `poll_interval` goes on either way: it is the fallback
+    /// where inotify says nothing (NFS, a directory that does not exist yet,
+    /// a glob in a directory part, inotify limits exhausted).
+    pub inotify: bool,
 }
 
 impl Default for FollowOptions {
@@ -78,6 +93,7 @@ impl Default for FollowOptions {
             max_line: 64 << 10,
             drain_quiet: Duration::from_secs(5),
             rescan_interval: Duration::from_secs(1),
+            inotify: true,
         }
     }
 }

@@ -13,6 +13,15 @@
 //! at its end) nor re-reads them. Commits for any other file at that path (an
 //! old file still being drained after a rename) are ignored: the old file is no
 //! longer at the path, and its entry would make a restart re-read the new one.
+//!
+//! Old files still being drained are kept apart, as *rotated* entries keyed by
+//! device + inode: [`OffsetStore::retire`] moves the path's entry there when
+//! the follower sees the file leave its path, commits for that file move it
+//! on, and it is dropped once the follower has closed the file and everything
+//! it sent is committed. A restart looks for each rotated file beside the path
+//! it had (`access.log.1`) and drains it from its offset, so a crash while an
+//! old file still had unread lines loses none of them (unless the file was
+//! deleted or compressed meanwhile: then nothing can read it).
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -41,6 +50,8 @@ pub struct OffsetStore {
 #[derive(Debug, Default)]
 struct Inner {
     entries: HashMap<PathBuf, Entry>,
+    /// Old files being drained, by (device, inode).
+    rotated: HashMap<(u64, u64), Rotated>,
     /// Something changed since the last successful save.
     dirty: bool,
 }
@@ -56,12 +67,37 @@ struct Entry {
     gone: bool,
 }
 
+/// A file rotated away from its path and still being drained.
+#[derive(Clone, Debug)]
+pub(crate) struct Rotated {
+    /// The path it had.
+    pub(crate) path: PathBuf,
+    pub(crate) file: FileId,
+    /// Processed up to here.
+    pub(crate) offset: u64,
+    /// Set when the follower closed it: the offset just past its last line.
+    closed_at: Option<u64>,
+}
+
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct OnDisk {
     version: u32,
     /// Keyed by path; paths that are not UTF-8 are not persisted.
     files: BTreeMap<String, Saved>,
+    /// Old files still being drained (absent in files of older versions).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    rotated: Vec<SavedRotated>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SavedRotated {
+    path: String,
+    dev: u64,
+    ino: u64,
+    fingerprint: u64,
+    offset: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -96,6 +132,20 @@ impl OffsetStore {
                         };
                         inner.entries.insert(PathBuf::from(path), entry);
                     }
+                    for r in disk.rotated {
+                        let file = FileId {
+                            dev: r.dev,
+                            ino: r.ino,
+                            fingerprint: r.fingerprint,
+                        };
+                        let rotated = Rotated {
+                            path: PathBuf::from(r.path),
+                            file,
+                            offset: r.offset,
+                            closed_at: None,
+                        };
+                        inner.rotated.insert((file.dev, file.ino), rotated);
+                    }
                 }
                 Ok(disk) => {
                     set_aside(&file, &format!("unknown version {}", disk.version))?;
@@ -121,7 +171,21 @@ impl OffsetStore {
     /// (normally [`Chunk::end`](super::Chunk::end)). Ignored when `file` is
     /// not the file the follower currently reads at `path`.
     pub fn commit(&self, path: &Path, file: FileId, offset: u64) {
-        let mut inner = self.lock();
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let key = (file.dev, file.ino);
+        if let Some(r) = inner.rotated.get_mut(&key).filter(|r| r.file.same_file(&file)) {
+            // An old file being drained.
+            if offset > r.offset {
+                r.offset = offset;
+                inner.dirty = true;
+            }
+            if r.closed_at.is_some_and(|end| r.offset >= end) {
+                inner.rotated.remove(&key);
+                inner.dirty = true;
+            }
+            return;
+        }
         let entry = match inner.entries.get_mut(path) {
             Some(e) => e,
             None => inner.entries.entry(path.to_path_buf()).or_default(),
@@ -156,9 +220,23 @@ impl OffsetStore {
                     files.insert(path.to_owned(), saved);
                 }
             }
+            let rotated = inner
+                .rotated
+                .values()
+                .filter_map(|r| {
+                    Some(SavedRotated {
+                        path: r.path.to_str()?.to_owned(),
+                        dev: r.file.dev,
+                        ino: r.file.ino,
+                        fingerprint: r.file.fingerprint,
+                        offset: r.offset,
+                    })
+                })
+                .collect();
             let disk = OnDisk {
                 version: FORMAT_VERSION,
                 files,
+                rotated,
             };
             serde_json::to_vec_pretty(&disk).map_err(io::Error::other)
         };
@@ -185,6 +263,59 @@ impl OffsetStore {
                 id.fingerprint = file.fingerprint;
                 inner.dirty = true;
             }
+        }
+    }
+
+    /// The file the follower read at `path` left it (renamed or deleted) and
+    /// is drained from now on: what was committed of it moves to a rotated
+    /// entry, so commits of its last lines are kept and survive a restart.
+    pub(crate) fn retire(&self, path: &Path, file: FileId) {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let Some(entry) = inner.entries.get_mut(path) else {
+            return;
+        };
+        let Some((saved, offset)) = entry.saved.filter(|(id, _)| id.same_file(&file)) else {
+            return;
+        };
+        // The path has no file until the follower opens the next one.
+        entry.current = None;
+        let rotated = Rotated {
+            path: path.to_path_buf(),
+            file: if saved.fingerprint == 0 { file } else { saved },
+            offset,
+            closed_at: None,
+        };
+        inner.rotated.insert((file.dev, file.ino), rotated);
+        inner.dirty = true;
+    }
+
+    /// A rotated file found again at start, to be drained from `offset`.
+    pub(crate) fn rotated(&self) -> Vec<Rotated> {
+        self.lock().rotated.values().cloned().collect()
+    }
+
+    /// The follower closed a drained file; its last line ends at `end`. Its
+    /// entry goes once everything up to `end` is committed.
+    pub(crate) fn closed(&self, file: FileId, end: u64) {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let key = (file.dev, file.ino);
+        if let Some(r) = inner.rotated.get_mut(&key) {
+            if r.offset >= end {
+                inner.rotated.remove(&key);
+                inner.dirty = true;
+            } else {
+                r.closed_at = Some(end);
+            }
+        }
+    }
+
+    /// A rotated file that cannot be found or read any more.
+    pub(crate) fn drop_rotated(&self, file: FileId) {
+        let mut inner = self.lock();
+        if inner.rotated.remove(&(file.dev, file.ino)).is_some() {
+            inner.dirty = true;
         }
     }
 

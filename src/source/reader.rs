@@ -160,10 +160,14 @@ impl Reader {
     }
 
     /// The file is being closed for good (drained after rotation): an
-    /// unterminated last line is sent as a line.
-    pub(crate) fn finish(mut self, out: &mut Vec<Chunk>) {
+    /// unterminated last line is sent as a line. `offsets` learns where the
+    /// file ends, so its rotated entry goes once that much is committed.
+    pub(crate) fn finish(mut self, out: &mut Vec<Chunk>, offsets: &OffsetStore) {
+        let before = out.len();
         self.split.finish();
         self.split.take(self.source, &self.path, self.id, out);
+        let end = out[before..].last().map_or(self.position(), Chunk::end);
+        offsets.closed(self.id, end);
     }
 
     /// Follows the same descriptor under another path (a rotated file that a
@@ -171,7 +175,45 @@ impl Reader {
     pub(crate) fn adopt(&mut self, source: usize, path: Arc<Path>, offsets: &OffsetStore) {
         self.source = source;
         self.path = path;
+        offsets.drop_rotated(self.id);
         offsets.begin(&self.path, self.id, self.position(), false);
+    }
+}
+
+impl Reader {
+    /// A file rotated away from `path` before a restart, found again at
+    /// `found`: read from `offset` if it is still the file `want`, else None.
+    pub(crate) fn resume(
+        source: usize,
+        path: Arc<Path>,
+        found: &Path,
+        want: FileId,
+        offset: u64,
+        max_line: usize,
+    ) -> io::Result<Option<Reader>> {
+        let file = File::open(found)?;
+        let meta = file.metadata()?;
+        let mut buf = [0u8; FINGERPRINT_BYTES];
+        let n = read_head(&file, &mut buf)?;
+        let head = &buf[..n];
+        let id = FileId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            fingerprint: fingerprint_of(head),
+        };
+        if !meta.is_file() || !want.same_file(&id) {
+            return Ok(None);
+        }
+        let start = if offset <= meta.len() { offset } else { 0 };
+        Ok(Some(Reader {
+            source,
+            path,
+            id,
+            file,
+            head: head.to_vec(),
+            split: LineSplitter::new(max_line, start),
+            last_data: Instant::now(),
+        }))
     }
 }
 

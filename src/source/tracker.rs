@@ -88,11 +88,29 @@ impl Tracker {
         }
     }
 
+    /// The start-of-day work, before anything else may write to the logs
+    /// unseen: expand the patterns, find rotated files left unfinished, and
+    /// open every file, fixing where each starts (a file first seen starts
+    /// at its end: lines appended after this returns are read).
+    pub(crate) fn prime(&mut self) {
+        let now = Instant::now();
+        if self.next_rescan.is_none() {
+            self.rescan(true);
+            self.recover(now);
+            self.next_rescan = Some(now + self.opts.rescan_interval);
+        }
+        self.watch();
+    }
+
     pub(crate) fn step(&mut self) -> Step {
         let now = Instant::now();
         let due = self.next_rescan.is_none_or(|t| now >= t);
         if due || self.shared.take_rescan_request() {
-            self.rescan(self.next_rescan.is_none());
+            let first = self.next_rescan.is_none();
+            self.rescan(first);
+            if first {
+                self.recover(now);
+            }
             self.next_rescan = Some(now + self.opts.rescan_interval);
         }
         let mut chunks = Vec::new();
@@ -112,6 +130,59 @@ impl Tracker {
         });
         self.publish_stats(&chunks);
         Step { chunks, more }
+    }
+
+    /// At start: files that were being read when we stopped but are no
+    /// longer at their path (rotated while we were down, or still being
+    /// drained) are looked for beside it and drained from their offset.
+    fn recover(&mut self, now: Instant) {
+        for t in &self.paths {
+            let Some((saved, _)) = self.offsets.get(&t.path) else {
+                continue;
+            };
+            let moved = fs::metadata(&t.path).map_or(true, |m| !saved.matches_meta(&m));
+            if moved {
+                self.offsets.retire(&t.path, saved);
+            }
+        }
+        for r in self.offsets.rotated() {
+            let source = self.paths.iter().find(|t| *t.path == *r.path).map_or(0, |t| t.source);
+            let path: Arc<Path> = r.path.as_path().into();
+            let found = find_inode(&r.path, r.file.dev, r.file.ino).and_then(|f| {
+                Reader::resume(source, Arc::clone(&path), &f, r.file, r.offset, self.opts.max_line)
+                    .ok()
+                    .flatten()
+                    .map(|reader| (f, reader))
+            });
+            match found {
+                Some((f, mut reader)) => {
+                    info!(path = %r.path.display(), now_at = %f.display(), offset = reader.position(),
+                        "Draining a rotated file left unfinished at the last stop.");
+                    reader.last_data = now;
+                    self.draining.push(reader);
+                }
+                None => {
+                    warn!(path = %r.path.display(), offset = r.offset,
+                        "A rotated file left unfinished at the last stop is gone (deleted or compressed); its unread lines are lost.");
+                    self.offsets.drop_rotated(r.file);
+                }
+            }
+        }
+    }
+
+    /// Looks at every path without reading: a file that replaced the one
+    /// being read is opened (so it is held, whatever happens to its path
+    /// next) and the old one joins the draining list. Run while the consumer
+    /// is too slow for a step to run.
+    pub(crate) fn watch(&mut self) {
+        let now = Instant::now();
+        for i in 0..self.paths.len() {
+            let Some(meta) = self.stat_path(i, now) else { continue };
+            let same = self.paths[i].current.as_ref().is_some_and(|r| r.id.matches_meta(&meta));
+            if !same {
+                self.switch_file(i, &meta, now);
+            }
+        }
     }
 
     /// Expands the patterns again; new paths are followed from the next poll.
@@ -197,7 +268,7 @@ impl Tracker {
         t.initial = false;
         if let Some(r) = t.current.take() {
             debug!(path = %t.path.display(), "File gone from its path; draining it.");
-            retire(&mut self.draining, r, now);
+            retire(&mut self.draining, r, now, &self.offsets);
         }
         None
     }
@@ -207,7 +278,7 @@ impl Tracker {
     fn switch_file(&mut self, i: usize, meta: &Metadata, now: Instant) -> bool {
         if let Some(r) = self.paths[i].current.take() {
             debug!(path = %r.path.display(), "File rotated; draining the old one.");
-            retire(&mut self.draining, r, now);
+            retire(&mut self.draining, r, now, &self.offsets);
         }
         let (dev, ino) = (meta.dev(), meta.ino());
         let held = |r: &Reader| r.id.same_inode(dev, ino);
@@ -238,6 +309,12 @@ impl Tracker {
                 t.initial = false;
                 t.errors.clear(&t.path);
                 t.current = Some(r);
+                // Where this file starts (its end, if first seen at startup)
+                // and the rotated entry of the old one must survive a crash
+                // before the consumer's next save.
+                if let Err(e) = self.offsets.save() {
+                    warn!(error = %e, "Saving log offsets failed.");
+                }
                 true
             }
             Err(e) => {
@@ -261,6 +338,7 @@ impl Tracker {
                 // Someone rewrote a file that is no longer a log (a copy
                 // made onto the rotated name): its content is not ours.
                 debug!(path = %r.path.display(), "Rotated file rewritten in place; closed.");
+                self.offsets.drop_rotated(r.id);
                 self.draining.swap_remove(i);
                 continue;
             }
@@ -280,7 +358,7 @@ impl Tracker {
             if failed || now.duration_since(r.last_data) >= self.opts.drain_quiet {
                 let r = self.draining.swap_remove(i);
                 debug!(path = %r.path.display(), offset = r.position(), "Rotated file drained; closed.");
-                r.finish(out);
+                r.finish(out, &self.offsets);
                 continue;
             }
             i += 1;
@@ -330,7 +408,8 @@ impl Tracker {
 /// A truncation that happened while the file was still at its path (a
 /// copytruncate just before the rename or delete) is caught here, so its new
 /// lines are drained from 0.
-fn retire(draining: &mut Vec<Reader>, mut r: Reader, now: Instant) {
+fn retire(draining: &mut Vec<Reader>, mut r: Reader, now: Instant, offsets: &OffsetStore) {
+    offsets.retire(&r.path, r.id);
     match r.check_truncated(None) {
         Ok(true) => {
             debug!(path = %r.path.display(), "Rotated file had been truncated; draining it from 0.")
@@ -340,6 +419,21 @@ fn retire(draining: &mut Vec<Reader>, mut r: Reader, now: Instant) {
     }
     r.last_data = now;
     draining.push(r);
+}
+
+/// A regular file in the directory of `path` with this device and inode
+/// (where rotation tools move a log: `access.log.1`, `access.log-20261130`).
+fn find_inode(path: &Path, dev: u64, ino: u64) -> Option<std::path::PathBuf> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    fs::read_dir(dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .take(100_000)
+        .map(|e| e.path())
+        .find(|p| fs::metadata(p).is_ok_and(|m| m.is_file() && m.dev() == dev && m.ino() == ino))
 }
 
 /// Logs an I/O error for a path once, again when it changes or every
