@@ -36,6 +36,9 @@ cleanup() {
 }
 trap cleanup EXIT
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+# CPU seconds (user + system) of a process, and of the redis-server.
+cpu_s() { awk '{printf "%.2f", ($14 + $15) / 100}' "/proc/$1/stat"; }
+redis_cpu_s() { redis-cli -s "$work/redis.sock" info cpu | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.2f", s}'; }
 rss_mb() { awk '/VmRSS/ {printf "%.1f", $2/1024}' "/proc/$1/status"; }
 row() { printf '| %-58s | %14s | %s\n' "$1" "$2" "$3" >> "$work/table"; }
 
@@ -85,7 +88,8 @@ rpid=$!
 for _ in $(seq 100); do redis-cli -s "$work/redis.sock" ping >/dev/null 2>&1 && break; sleep 0.05; done
 # One run: a fresh Redis and state, the daemon idle, then N lines appended at
 # once with current times (`run` skips hits older than the window).
-# Prints "lines secs lines_per_s trips_per_1000 hits bans rss_idle rss_after".
+# Prints "lines secs lines_per_s trips_per_1000 hits bans rss_idle rss_after
+# daemon_cpu_s redis_cpu_s" (CPU used while the lines were processed).
 run_once() {
   local n=$1 extra=$2 i=$3
   redis-cli -s "$work/redis.sock" flushall >/dev/null
@@ -103,7 +107,8 @@ run_once() {
   sleep 1
   local idle
   idle=$(rss_mb "$dpid")
-  local t0 t1
+  local t0 t1 c0 r0
+  c0=$(cpu_s "$dpid"); r0=$(redis_cpu_s)
   t0=$(date +%s%N)
   cat "$d/live.log" >> "$d/access.log"
   for _ in $(seq 12000); do
@@ -111,30 +116,34 @@ run_once() {
     sleep 0.05
   done
   t1=$(date +%s%N)
+  local c1 r1
+  c1=$(cpu_s "$dpid"); r1=$(redis_cpu_s)
   "$BIN" status -c "$d/run.yaml" --json > "$d/status.json"
   local after
   after=$(rss_mb "$dpid")
   kill "$dpid"; wait "$dpid" 2>/dev/null || true; dpid=""
-  python3 - "$d/status.json" "$t0" "$t1" "$idle" "$after" <<'PY'
+  python3 - "$d/status.json" "$t0" "$t1" "$idle" "$after" "$c0" "$c1" "$r0" "$r1" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1])); secs = (int(sys.argv[3]) - int(sys.argv[2])) / 1e9
 hits = sum(r["hits"] for r in s["rules"]); rt = s["redis"]["round_trips"]
-print(s["lines"], f"{secs:.2f}", f"{s['lines'] / secs:.0f}", f"{1000 * rt / max(hits, 1):.2f}", hits, s["bans"], sys.argv[4], sys.argv[5])
+dcpu = float(sys.argv[7]) - float(sys.argv[6]); rcpu = float(sys.argv[9]) - float(sys.argv[8])
+print(s["lines"], f"{secs:.2f}", f"{s['lines'] / secs:.0f}", f"{1000 * rt / max(hits, 1):.2f}", hits, s["bans"],
+      sys.argv[4], sys.argv[5], f"{dcpu:.2f}", f"{rcpu:.2f}")
 PY
 }
 for i in $(seq "$REPS"); do run_once "$LINES" "" "p$i" >> "$work/run.res"; done
 for i in $(seq "$REPS"); do run_once "$BASE_LINES" "--bench-one-call-per-hit" "b$i" >> "$work/base.res"; done
 run_lps=$(cut -d' ' -f3 "$work/run.res" | median)
 base_lps=$(cut -d' ' -f3 "$work/base.res" | median)
-read -r _ _ _ rt hits bans idle after < <(sort -k3 -g "$work/run.res" | sed -n "$(((REPS + 1) / 2))p")
-read -r _ _ _ brt bhits _ _ _ < <(sort -k3 -g "$work/base.res" | sed -n "$(((REPS + 1) / 2))p")
+read -r _ secs _ rt hits bans idle after dcpu rcpu < <(sort -k3 -g "$work/run.res" | sed -n "$(((REPS + 1) / 2))p")
+read -r _ bsecs _ brt bhits _ _ _ bdcpu brcpu < <(sort -k3 -g "$work/base.res" | sed -n "$(((REPS + 1) / 2))p")
 row "fleetban run + Redis, end to end, $CLIENTS clients" "$run_lps" \
-  "$rt round trips / 1,000 hits ($hits hits, $bans bans, $LINES lines)"
+  "$rt round trips / 1,000 hits ($hits hits, $bans bans, $LINES lines); wall ${secs} s, CPU daemon ${dcpu} s, redis ${rcpu} s"
 row "baseline: one EVALSHA per hit, unpipelined" "$base_lps" \
-  "$brt round trips / 1,000 hits ($bhits hits, $BASE_LINES-line prefix)"
+  "$brt round trips / 1,000 hits ($bhits hits, $BASE_LINES-line prefix); wall ${bsecs} s, CPU daemon ${bdcpu} s, redis ${brcpu} s"
 row "  ratio fleetban run / baseline" "$(awk -v a="$run_lps" -v b="$base_lps" 'BEGIN {printf "%.0fx", a / b}')" ""
 row "daemon RSS idle (Redis, no bans) / after the run" "${idle} / ${after} MB" ""
-echo "runs (lines secs lines/s trips/1000 hits bans rss_idle rss_after):"
+echo "runs (lines secs lines/s trips/1000 hits bans rss_idle rss_after cpu_daemon cpu_redis):"
 sed 's/^/  pipelined /' "$work/run.res"; sed 's/^/  baseline  /' "$work/base.res"
 kill "$rpid"; wait "$rpid" 2>/dev/null || true; rpid=""
 
