@@ -38,6 +38,7 @@ trap cleanup EXIT
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 # CPU seconds (user + system) of a process, and of the redis-server.
 cpu_s() { awk '{printf "%.2f", ($14 + $15) / 100}' "/proc/$1/stat"; }
+evalsha_calls() { redis-cli -s "$work/redis.sock" info commandstats | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p' | grep . || echo 0; }
 redis_cpu_s() { redis-cli -s "$work/redis.sock" info cpu | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.2f", s}'; }
 rss_mb() { awk '/VmRSS/ {printf "%.1f", $2/1024}' "/proc/$1/status"; }
 row() { printf '| %-58s | %14s | %s\n' "$1" "$2" "$3" >> "$work/table"; }
@@ -89,10 +90,12 @@ for _ in $(seq 100); do redis-cli -s "$work/redis.sock" ping >/dev/null 2>&1 && 
 # One run: a fresh Redis and state, the daemon idle, then N lines appended at
 # once with current times (`run` skips hits older than the window).
 # Prints "lines secs lines_per_s trips_per_1000 hits bans rss_idle rss_after
-# daemon_cpu_s redis_cpu_s" (CPU used while the lines were processed).
+# daemon_cpu_s redis_cpu_s calls_per_1000_hits" (CPU used while the lines
+# were processed; script calls counted by Redis's commandstats).
 run_once() {
   local n=$1 extra=$2 i=$3
   redis-cli -s "$work/redis.sock" flushall >/dev/null
+  redis-cli -s "$work/redis.sock" config resetstat >/dev/null
   local d="$work/run$i"
   mkdir -p "$d"
   : > "$d/access.log"
@@ -118,32 +121,34 @@ run_once() {
   t1=$(date +%s%N)
   local c1 r1
   c1=$(cpu_s "$dpid"); r1=$(redis_cpu_s)
+  local calls
+  calls=$(evalsha_calls)
   "$BIN" status -c "$d/run.yaml" --json > "$d/status.json"
   local after
   after=$(rss_mb "$dpid")
   kill "$dpid"; wait "$dpid" 2>/dev/null || true; dpid=""
-  python3 - "$d/status.json" "$t0" "$t1" "$idle" "$after" "$c0" "$c1" "$r0" "$r1" <<'PY'
+  python3 - "$d/status.json" "$t0" "$t1" "$idle" "$after" "$c0" "$c1" "$r0" "$r1" "$calls" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1])); secs = (int(sys.argv[3]) - int(sys.argv[2])) / 1e9
 hits = sum(r["hits"] for r in s["rules"]); rt = s["redis"]["round_trips"]
 dcpu = float(sys.argv[7]) - float(sys.argv[6]); rcpu = float(sys.argv[9]) - float(sys.argv[8])
 print(s["lines"], f"{secs:.2f}", f"{s['lines'] / secs:.0f}", f"{1000 * rt / max(hits, 1):.2f}", hits, s["bans"],
-      sys.argv[4], sys.argv[5], f"{dcpu:.2f}", f"{rcpu:.2f}")
+      sys.argv[4], sys.argv[5], f"{dcpu:.2f}", f"{rcpu:.2f}", f"{1000 * int(sys.argv[10]) / max(hits, 1):.0f}")
 PY
 }
 for i in $(seq "$REPS"); do run_once "$LINES" "" "p$i" >> "$work/run.res"; done
 for i in $(seq "$REPS"); do run_once "$BASE_LINES" "--bench-one-call-per-hit" "b$i" >> "$work/base.res"; done
 run_lps=$(cut -d' ' -f3 "$work/run.res" | median)
 base_lps=$(cut -d' ' -f3 "$work/base.res" | median)
-read -r _ secs _ rt hits bans idle after dcpu rcpu < <(sort -k3 -g "$work/run.res" | sed -n "$(((REPS + 1) / 2))p")
-read -r _ bsecs _ brt bhits _ _ _ bdcpu brcpu < <(sort -k3 -g "$work/base.res" | sed -n "$(((REPS + 1) / 2))p")
+read -r _ secs _ rt hits bans idle after dcpu rcpu calls < <(sort -k3 -g "$work/run.res" | sed -n "$(((REPS + 1) / 2))p")
+read -r _ bsecs _ brt bhits _ _ _ bdcpu brcpu bcalls < <(sort -k3 -g "$work/base.res" | sed -n "$(((REPS + 1) / 2))p")
 row "fleetban run + Redis, end to end, $CLIENTS clients" "$run_lps" \
-  "$rt round trips / 1,000 hits ($hits hits, $bans bans, $LINES lines); wall ${secs} s, CPU daemon ${dcpu} s, redis ${rcpu} s"
+  "$rt round trips, $calls EVALSHA / 1,000 hits ($hits hits, $bans bans, $LINES lines); wall ${secs} s, CPU daemon ${dcpu} s, redis ${rcpu} s"
 row "baseline: one EVALSHA per hit, unpipelined" "$base_lps" \
-  "$brt round trips / 1,000 hits ($bhits hits, $BASE_LINES-line prefix); wall ${bsecs} s, CPU daemon ${bdcpu} s, redis ${brcpu} s"
+  "$brt round trips, $bcalls EVALSHA / 1,000 hits ($bhits hits, $BASE_LINES-line prefix); wall ${bsecs} s, CPU daemon ${bdcpu} s, redis ${brcpu} s"
 row "  ratio fleetban run / baseline" "$(awk -v a="$run_lps" -v b="$base_lps" 'BEGIN {printf "%.0fx", a / b}')" ""
 row "daemon RSS idle (Redis, no bans) / after the run" "${idle} / ${after} MB" ""
-echo "runs (lines secs lines/s trips/1000 hits bans rss_idle rss_after cpu_daemon cpu_redis):"
+echo "runs (lines secs lines/s trips/1000hits hits bans rss_idle rss_after cpu_daemon cpu_redis evalsha/1000hits):"
 sed 's/^/  pipelined /' "$work/run.res"; sed 's/^/  baseline  /' "$work/base.res"
 kill "$rpid"; wait "$rpid" 2>/dev/null || true; rpid=""
 
@@ -151,11 +156,12 @@ kill "$rpid"; wait "$rpid" 2>/dev/null || true; rpid=""
 if [ "${SKIP_NFT:-0}" != 1 ]; then
   ONE_BY_ONE=${ONE_BY_ONE:-20} scripts/bench-fleet.sh 20 100000 | tee "$work/fleet.out" | sed 's/^/  /'
   start=$(sed -n 's/.*ban list applied \([0-9]*\) ms.*/\1/p' "$work/fleet.out")
-  tx=$(grep -m1 -o 'nft transaction applied.*' "$work/fleet.out" | head -1 | cut -c1-80)
+  tx=$(grep -o 'added=[0-9]\{5,\} .*seconds=[0-9.]*' "$work/fleet.out" | head -1 | sed 's/.*seconds=\([0-9.]\{5\}\).*/\1/')
+  nft1=$(grep -o 'added=1 deleted=0 seconds=[0-9.]*' "$work/fleet.out" | sed 's/.*seconds=//' | awk '{printf "%.2f\n", $1 * 1000}' | median)
   one=$(sed -n 's/.*median \([0-9.]*\) ms.*/\1/p' "$work/fleet.out")
   rss100k=$(sed -n 's/.*RSS with [0-9]* active bans: \([0-9.]*\) MB.*/\1/p' "$work/fleet.out")
-  row "nft: 100,000 bans at start (spawn -> applied)" "$start ms" "$tx"
-  row "nft: one more ban on top of 100,000 (median)" "$one ms" "CLI -> ban.lua -> stream -> nft transaction"
+  row "nft: 100,000 bans at start (spawn -> applied)" "$start ms" "of which the nft transaction $tx s"
+  row "nft: one ban at a time on top of 100,000 (median)" "$nft1 ms" "nft transaction; CLI -> ban.lua -> stream -> nft logged ${one} ms (test polls every 50 ms)"
   row "daemon RSS with 100,000 active bans" "$rss100k MB" ""
 fi
 
