@@ -29,7 +29,10 @@ if server_clock then
 end
 local swept = nil
 local added = false
-local count = 0
+-- The ZSET's cardinality, kept in step with what this call removes and adds
+-- (ZREMRANGEBYSCORE and ZADD NX return how many): one ZCARD per call, and no
+-- ZSCORE unless the window is full (a hit over the limit may be a re-read).
+local count = nil
 local i = 0
 for a = 5, #ARGV, 2 do
   i = i + 1
@@ -47,19 +50,21 @@ for a = 5, #ARGV, 2 do
     -- Members at or before now - window leave the window; a later hit can only
     -- remove more, so the sweep is skipped when time has not advanced.
     if swept == nil or now > swept then
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+      local removed = redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
       swept = now
+      if count then count = count - removed end
     end
-    if not redis.call('ZSCORE', key, member) then
-      count = redis.call('ZCARD', key)
-      if count + prefilter >= limit then
+    if count == nil then count = redis.call('ZCARD', key) end
+    if count + prefilter >= limit then
+      if not redis.call('ZSCORE', key, member) then
         if added then redis.call('PEXPIRE', key, window + 1000) end
         return {i, count + prefilter}
       end
-      redis.call('ZADD', key, now, member)
+    elseif redis.call('ZADD', key, 'NX', now, member) == 1 then
+      count = count + 1
       added = true
     end
   end
 end
 if added then redis.call('PEXPIRE', key, window + 1000) end
-return {0, redis.call('ZCARD', key)}
+return {0, count or redis.call('ZCARD', key)}

@@ -93,7 +93,7 @@ fn stderr_id() -> Option<(u64, u64)> {
     Some((m.dev(), m.ino()))
 }
 
-pub fn run(path: &Path, dry_run: bool) -> u8 {
+pub fn run(path: &Path, dry_run: bool, bench_one_call_per_hit: bool) -> u8 {
     init_logging();
     let config = match load(path) {
         Ok(c) => c,
@@ -105,6 +105,7 @@ pub fn run(path: &Path, dry_run: bool) -> u8 {
         crate::daemon::Options {
             dry_run,
             config_path: path.to_path_buf(),
+            bench_one_call_per_hit,
         },
         crate::daemon::signals(),
     )) {

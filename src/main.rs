@@ -26,6 +26,10 @@ enum Command {
         /// Decide and record bans, but never touch the firewall.
         #[arg(long)]
         dry_run: bool,
+        /// Benchmark baseline only (scripts/bench-compare.sh): one EVALSHA
+        /// per hit, each awaited, no pipeline. Not a user feature.
+        #[arg(long, hide = true)]
+        bench_one_call_per_hit: bool,
     },
     /// Validate the configuration and the rules; exit 0, or 2 with every error.
     Check {
@@ -97,7 +101,11 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let code = match cli.command {
-        Command::Run { config, dry_run } => commands::run(&config, dry_run),
+        Command::Run {
+            config,
+            dry_run,
+            bench_one_call_per_hit,
+        } => commands::run(&config, dry_run, bench_one_call_per_hit),
         Command::Check { config } => commands::check(&config),
         Command::Test {
             config,

@@ -90,8 +90,15 @@ pub fn replay(rules: &[Rule], files: &[&Path], allow: &AllowList, ipv6_prefix: u
             .filter(|(_, &(_, banned))| !banned)
             .map(|(addr, &(peak, _))| Closest { addr: *addr, peak })
             .collect();
-        all.sort_by(|a, b| b.peak.cmp(&a.peak).then(a.addr.cmp(&b.addr)));
-        all.truncate(CLOSEST);
+        // A total order (peak down, then address): selecting the first
+        // CLOSEST then sorting them gives what sorting all of them gave,
+        // without sorting every client of a large log (callgrind: 4%).
+        let order = |a: &Closest, b: &Closest| b.peak.cmp(&a.peak).then(a.addr.cmp(&b.addr));
+        if all.len() > CLOSEST {
+            all.select_nth_unstable_by(CLOSEST, order);
+            all.truncate(CLOSEST);
+        }
+        all.sort_by(order);
         stats.closest = all;
     }
     Ok(r.report)

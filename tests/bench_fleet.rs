@@ -190,21 +190,36 @@ fn start_with_100k_bans() {
         println!("  {}", strip_ansi(l.trim()));
     }
     assert_eq!(v4 + v6, n);
-    // One more ban on top of 100k: what every later transaction costs.
+    println!("daemon RSS with {n} active bans: {:.1} MB", rss_mb(d.pid()));
+    // Bans one by one on top of 100k: what every later transaction costs.
     let before = text.matches("nft transaction applied").count();
-    let t = Instant::now();
-    Command::new(fleetban_bin_path())
-        .args(["ban", "198.18.0.1", "--for", "1h", "-c"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    common::wait_until(Duration::from_secs(30), "one more ban", || {
-        d.log_text().matches("nft transaction applied").count() > before
-    });
+    let one_by_one: usize = std::env::var("ONE_BY_ONE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
+    let mut ms = Vec::new();
+    for i in 0..one_by_one {
+        let seen = d.log_text().matches("nft transaction applied").count();
+        let t = Instant::now();
+        Command::new(fleetban_bin_path())
+            .args(["ban", &format!("198.18.{}.{}", i / 256, i % 256), "--for", "1h", "-c"])
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        common::wait_until(Duration::from_secs(30), "one more ban", || {
+            d.log_text().matches("nft transaction applied").count() > seen
+        });
+        ms.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    ms.sort_by(f64::total_cmp);
     println!(
-        "one more ban on top of {n}: {:.0} ms from the CLI to the transaction logged",
-        t.elapsed().as_secs_f64() * 1000.0
+        "bans one by one on top of {n}: median {:.1} ms (min {:.1}, max {:.1}, {} bans) from the CLI to the transaction logged",
+        ms[ms.len() / 2],
+        ms[0],
+        ms[ms.len() - 1],
+        ms.len()
     );
+    println!("daemon RSS after them: {:.1} MB", rss_mb(d.pid()));
     for l in d
         .log_text()
         .lines()
@@ -213,6 +228,18 @@ fn start_with_100k_bans() {
     {
         println!("  {}", strip_ansi(l.trim()));
     }
+}
+
+/// Resident set of a process in MB (VmRSS).
+fn rss_mb(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kb / 1024.0
 }
 
 fn fleetban_bin_path() -> std::path::PathBuf {

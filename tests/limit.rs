@@ -742,3 +742,63 @@ fn every_algorithm_takes_the_server_clock_when_asked() {
         assert_eq!(m.check(0, b.key, &b.hits, fleetban::now_ms()), v[0], "{algo:?} memory");
     }
 }
+
+/// The benchmark baseline (`run --bench-one-call-per-hit`: one unpipelined
+/// EVALSHA per hit) decides exactly as the pipelined batches, for every
+/// algorithm, and makes one round trip per hit sent (a batch stops at its
+/// first hit over the limit).
+#[test]
+fn one_call_per_hit_baseline_decides_as_the_pipelined_batches() {
+    let redis = Redis::start();
+    let rt = runtime();
+    for (n, algorithm) in [
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+        Algorithm::SlidingCounter,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let rule = match algorithm {
+            Algorithm::TokenBucket => RuleLimit::bucket("r", 3, 10_000_000),
+            a => RuleLimit::new("r", a, 3, 10_000),
+        };
+        let mut piped = redis_limiter(&redis, &rt, &format!("p{n}"), vec![rule.clone()]);
+        let mut one = redis_limiter(&redis, &rt, &format!("o{n}"), vec![rule]);
+        one.one_call_per_hit = true;
+        let t0 = 1_700_000_000_000_i64;
+        let flushes: Vec<Vec<Batch>> = (0..4u32)
+            .map(|f| {
+                (0..3u32)
+                    .map(|k| {
+                        let hits = (0..1 + (k + f) % 4).map(|i| {
+                            let t = t0 + i64::from(f) * 4_000 + i64::from(i) * 700 + i64::from(k) * 300;
+                            (t, u64::from(f * 100 + k * 10 + i))
+                        });
+                        batch(&format!("192.0.2.{k}"), hits)
+                    })
+                    .collect()
+            })
+            .collect();
+        let (mut sent, mut overs) = (0, 0);
+        for batches in &flushes {
+            let p = check(&rt, &mut piped, batches);
+            let o = check(&rt, &mut one, batches);
+            assert_eq!(p, o, "{algorithm:?}");
+            for (b, v) in batches.iter().zip(&o) {
+                sent += match v {
+                    Verdict::Over { index, .. } => {
+                        overs += 1;
+                        index + 1
+                    }
+                    Verdict::Under { .. } => b.hits.len(),
+                } as u64;
+            }
+        }
+        // Comparing verdicts proves little unless some went over the limit.
+        assert!(overs > 0, "{algorithm:?}: the sequence never went over the limit");
+        assert_eq!(one.round_trips, sent, "{algorithm:?}");
+        assert!(piped.round_trips <= 4 + 1, "{algorithm:?}");
+    }
+}

@@ -686,6 +686,18 @@ fn times_convert_to_known_epoch_values() {
     ] {
         assert_eq!(parse_time_local(bad), None, "{}", String::from_utf8_lossy(bad));
     }
+    // `parse_time_local` keeps the last text and value: repeating, going
+    // back, and a bad time right after a good one all give the same answers.
+    for _ in 0..2 {
+        for (text, ms) in local.iter().chain(local.iter().rev()) {
+            assert_eq!(parse_time_local(text), Some(*ms));
+            assert_eq!(parse_time_local(text), Some(*ms));
+            assert_eq!(parse_time_local(b"29/Feb/2015:10:05:03 +0000"), None);
+            let mut other_zone = text.to_vec();
+            other_zone[25] = b'1';
+            assert_ne!(parse_time_local(&other_zone), Some(*ms));
+        }
+    }
 
     let iso: &[(&[u8], i64)] = &[
         (b"2015-05-17T10:05:03+00:00", 1_431_857_103_000),

@@ -43,6 +43,9 @@ use crate::store::{self, Keys};
 pub struct Options {
     pub dry_run: bool,
     pub config_path: PathBuf,
+    /// Benchmark baseline only (hidden `run --bench-one-call-per-hit`): the
+    /// Redis limiter sends one EVALSHA per hit, unpipelined.
+    pub bench_one_call_per_hit: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -180,7 +183,9 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
             };
             warn_listpack(&config, store::listpack_threshold(&mut con.clone()).await);
             stats.redis_used.store(true, std::sync::atomic::Ordering::Relaxed);
-            let limiter = Limiter::Redis(RedisLimiter::new(con.clone(), keys.clone(), &config.host_id, rules));
+            let mut redis_limiter = RedisLimiter::new(con.clone(), keys.clone(), &config.host_id, rules);
+            redis_limiter.one_call_per_hit = opts.bench_one_call_per_hit;
+            let limiter = Limiter::Redis(redis_limiter);
             (limiter, BanList::redis(con, keys), Some((fleet, last_id)), initial)
         }
         None => {

@@ -4,17 +4,54 @@
 //! (an empty `ignore` ignores nothing).
 
 use regex::bytes::Regex;
+use regex_automata::meta;
 
 use crate::config::{MatchSpec, StatusPat};
 use crate::parse::Request;
+
+/// A condition's regex, matched against one short field (a path, a host, a
+/// user agent). `regex::bytes::Regex` is regex-automata's meta engine with a
+/// literal prefilter that, on haystacks this short, costs more than it saves
+/// (on the shipped rule's `ignore: path`: ~80 -> ~55 ns per path). This is the
+/// same engine built exactly as `regex::bytes::Regex::new` builds it, minus
+/// the prefilter; a prefilter never changes whether a regex matches. Should
+/// that build ever fail, the `regex` one serves.
+#[derive(Clone, Debug)]
+enum Field {
+    Plain(meta::Regex),
+    Regex(Regex),
+}
+
+impl Field {
+    fn new(re: &Regex) -> Field {
+        let config = meta::Config::new()
+            .nfa_size_limit(Some(10 * (1 << 20)))
+            .hybrid_cache_capacity(2 * (1 << 20))
+            .match_kind(regex_automata::MatchKind::LeftmostFirst)
+            .utf8_empty(false)
+            .auto_prefilter(false);
+        meta::Builder::new()
+            .configure(config)
+            .syntax(regex_automata::util::syntax::Config::new().utf8(false))
+            .build(re.as_str())
+            .map_or_else(|_| Field::Regex(re.clone()), Field::Plain)
+    }
+
+    fn is_match(&self, field: &[u8]) -> bool {
+        match self {
+            Field::Plain(re) => re.is_match(field),
+            Field::Regex(re) => re.is_match(field),
+        }
+    }
+}
 
 #[derive(Clone, Debug)]
 struct Conditions {
     methods: Option<Vec<Vec<u8>>>,
     statuses: Option<Vec<StatusPat>>,
-    path: Option<Regex>,
-    user_agent: Option<Regex>,
-    host: Option<Regex>,
+    path: Option<Field>,
+    user_agent: Option<Field>,
+    host: Option<Field>,
     limit_req_status: Option<Vec<Vec<u8>>>,
 }
 
@@ -26,9 +63,9 @@ impl Conditions {
                 .as_ref()
                 .map(|l| l.0.iter().map(|m| m.0.as_bytes().to_vec()).collect()),
             statuses: spec.status.as_ref().map(|l| l.0.clone()),
-            path: spec.path.as_ref().map(|r| r.0.clone()),
-            user_agent: spec.user_agent.as_ref().map(|r| r.0.clone()),
-            host: spec.host.as_ref().map(|r| r.0.clone()),
+            path: spec.path.as_ref().map(|r| Field::new(&r.0)),
+            user_agent: spec.user_agent.as_ref().map(|r| Field::new(&r.0)),
+            host: spec.host.as_ref().map(|r| Field::new(&r.0)),
             limit_req_status: spec
                 .limit_req_status
                 .as_ref()
@@ -98,5 +135,59 @@ impl RuleFilter {
 
     pub fn accepts(&self, r: &Request<'_>) -> bool {
         self.matches.matches(r) && !self.ignore.as_ref().is_some_and(|i| i.matches(r))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The prefilter-free build decides exactly as `regex::bytes::Regex`,
+    /// including Unicode classes and case folding on bytes that are not UTF-8.
+    #[test]
+    fn field_regex_decides_as_the_regex_crate() {
+        let patterns = [
+            r"\.(css|js|mjs|map|png|jpe?g|gif|webp|avif|ico|svg|woff2?|ttf)(\?|$)",
+            r"(?i)(bot|crawl|spider|python-requests|curl)",
+            r"^/(api|admin)/",
+            r"\bwp-login\.php$",
+            r"^\w+$",
+            r"(?-u:\xff)",
+            r"é",
+            r"",
+            r"^$",
+            r"[[:upper:]]{3}",
+        ];
+        let fields: [&[u8]; 16] = [
+            b"/",
+            b"",
+            b"/static/app.css",
+            b"/static/app.css?v=3",
+            b"/static/app.cssx",
+            b"/img/a.JPG",
+            b"/api/users",
+            b"/x/api/users",
+            b"/wp-login.php",
+            b"Mozilla/5.0 (compatible; Googlebot/2.1)",
+            b"python-requests/2.31",
+            b"CURL/8",
+            b"\xff\xfe/bad\xc3",
+            b"caf\xc3\xa9",
+            b"abc_DEF",
+            b"ABC",
+        ];
+        for p in patterns {
+            let re = Regex::new(p).unwrap();
+            let field = Field::new(&re);
+            assert!(matches!(field, Field::Plain(_)), "{p}");
+            for f in fields {
+                assert_eq!(
+                    field.is_match(f),
+                    re.is_match(f),
+                    "{p} on {}",
+                    String::from_utf8_lossy(f)
+                );
+            }
+        }
     }
 }

@@ -36,6 +36,10 @@ pub struct RedisLimiter {
     rules: Vec<RuleLimit>,
     /// Round trips made, for `status` and benchmarks.
     pub round_trips: u64,
+    /// Benchmark baseline only (`run --bench-one-call-per-hit`, hidden): the
+    /// seeds' textbook form, one EVALSHA per hit, each awaited before the
+    /// next. Same decisions, for comparison in scripts/bench-compare.sh.
+    pub one_call_per_hit: bool,
 }
 
 impl RedisLimiter {
@@ -46,6 +50,7 @@ impl RedisLimiter {
             host: host.to_owned(),
             rules,
             round_trips: 0,
+            one_call_per_hit: false,
         }
     }
 
@@ -103,6 +108,9 @@ impl RedisLimiter {
     /// timeout however large the backlog). On error `out` holds the verdicts
     /// of the slices that completed; the caller retries from there.
     pub async fn check(&mut self, batches: &[Batch], out: &mut Vec<Verdict>) -> Result<(), LimitError> {
+        if self.one_call_per_hit {
+            return self.one_by_one(batches, out).await;
+        }
         let mut rest = batches;
         while !rest.is_empty() {
             let mut n = 0;
@@ -175,6 +183,39 @@ impl RedisLimiter {
         }
         for v in got {
             out.push(v.ok_or_else(|| LimitError::Reply("NOSCRIPT after reloading the script".into()))?);
+        }
+        Ok(())
+    }
+}
+
+impl RedisLimiter {
+    /// The benchmark baseline: every hit its own script call and round trip.
+    /// A batch stops at its first hit over the limit, as the script does.
+    async fn one_by_one(&mut self, batches: &[Batch], out: &mut Vec<Verdict>) -> Result<(), LimitError> {
+        for b in batches {
+            if b.rule >= self.rules.len() {
+                out.push(Verdict::Under { count: 0 });
+                continue;
+            }
+            let mut verdict_of_batch = Verdict::Under { count: 0 };
+            for (j, h) in b.hits.iter().enumerate() {
+                let one = Batch {
+                    rule: b.rule,
+                    key: b.key,
+                    hits: vec![*h],
+                };
+                let cmd = self.call(&one);
+                let v: Value = script(self.rules[b.rule].algorithm).run(&mut self.con, &cmd).await?;
+                self.round_trips += 1;
+                match verdict(v)? {
+                    Verdict::Over { count, .. } => {
+                        verdict_of_batch = Verdict::Over { index: j, count };
+                        break;
+                    }
+                    under => verdict_of_batch = under,
+                }
+            }
+            out.push(verdict_of_batch);
         }
         Ok(())
     }

@@ -3,8 +3,8 @@
 //! Three spellings: nginx `$time_local` (`17/May/2015:10:05:03 +0000`), ISO
 //! 8601 / RFC 3339 as in `$time_iso8601` (`2015-05-17T10:05:03+00:00`), and
 //! epoch seconds with an optional fraction as in `$msec` (`1431857103.123`).
-//! Each parser reads fixed positions digit by digit (a line's time costs a few
-//! nanoseconds, so nothing is cached) and rejects anything out of range rather
+//! Each parser reads fixed positions digit by digit (`$time_local` keeps the
+//! last text and value per thread, as consecutive lines share their second) and rejects anything out of range rather
 //! than guessing: a bad time makes the line unparsed, never a wrong window.
 
 /// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's
@@ -19,9 +19,27 @@ pub fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
+thread_local! {
+    /// The last `$time_local` parsed on this thread and its value: lines come
+    /// in bursts within one second, and comparing 26 bytes costs a fraction
+    /// of parsing them (callgrind: ~8% of `fleetban test`'s instructions).
+    static LAST_TIME_LOCAL: std::cell::Cell<Option<([u8; 26], i64)>> = const { std::cell::Cell::new(None) };
+}
+
 /// nginx `$time_local`, exactly `DD/Mon/YYYY:HH:MM:SS ±HHMM` (26 bytes).
 pub fn parse_time_local(s: &[u8]) -> Option<i64> {
     let s: &[u8; 26] = s.try_into().ok()?;
+    if let Some((text, ms)) = LAST_TIME_LOCAL.get() {
+        if text == *s {
+            return Some(ms);
+        }
+    }
+    let ms = parse_time_local_uncached(s)?;
+    LAST_TIME_LOCAL.set(Some((*s, ms)));
+    Some(ms)
+}
+
+fn parse_time_local_uncached(s: &[u8; 26]) -> Option<i64> {
     if s[2] != b'/' || s[6] != b'/' || s[11] != b':' || s[14] != b':' || s[17] != b':' {
         return None;
     }
