@@ -14,7 +14,7 @@
 
 use std::time::{Duration, Instant};
 
-use fleetban::config::{Algorithm, OnDown, RedisConfig};
+use fleetban::config::{Algorithm, RedisConfig};
 use fleetban::detect::{member, Batch, Hit};
 use fleetban::limit::{RedisLimiter, RuleLimit, Verdict};
 use fleetban::store::{self, Keys};
@@ -62,16 +62,7 @@ async fn main() {
         .cloned()
         .expect("usage: bench_limiters REDIS_URL [ADDRESSES]");
     let addresses: u32 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(10_000);
-    let cfg = RedisConfig {
-        url,
-        servers: Default::default(),
-        tls: None,
-        prefix: "fleetban".into(),
-        timeout: Duration::from_secs(30),
-        on_down: OnDown::Local,
-        fleet_size: 1,
-        reconcile_every: Duration::from_secs(60),
-    };
+    let cfg = RedisConfig::single(url, Duration::from_secs(30));
     let mut con = store::connect(&cfg, Some(Duration::from_secs(60)))
         .await
         .expect("connect");

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{combined_line, veth_pair, wait_until, Daemon, NetNs, Redis};
 use fleetban::bans::{BanList, BanRequest, Mode, Outcome};
-use fleetban::config::{BanPolicy, OnDown, RedisConfig};
+use fleetban::config::{BanPolicy, RedisConfig};
 use fleetban::store::{self, Keys};
 
 fn policy() -> BanPolicy {
@@ -64,16 +64,7 @@ fn escalation_is_the_same_in_redis_and_embedded() {
         .enable_all()
         .build()
         .unwrap();
-    let cfg = RedisConfig {
-        url: redis.url(),
-        servers: Default::default(),
-        tls: None,
-        prefix: "fleetban".into(),
-        timeout: Duration::from_secs(2),
-        on_down: OnDown::Local,
-        fleet_size: 1,
-        reconcile_every: Duration::from_secs(60),
-    };
+    let cfg = RedisConfig::single(redis.url(), Duration::from_secs(2));
     rt.block_on(async {
         let con = store::connect(&cfg, Some(Duration::from_secs(2))).await.unwrap();
         escalation(&mut BanList::redis(con, Keys::new("fleetban"))).await;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::model::{model, Algo, ModelHit, ModelRule};
 use common::Redis;
-use fleetban::config::{Algorithm, OnDown, RedisConfig};
+use fleetban::config::{Algorithm, RedisConfig};
 use fleetban::detect::{Batch, Hit};
 use fleetban::limit::{MemoryLimiter, RedisLimiter, RuleLimit, Verdict};
 use fleetban::store::{self, Keys};
@@ -235,14 +235,8 @@ fn redis_script_agrees_with_model_and_memory() {
         .build()
         .unwrap();
     let cfg = RedisConfig {
-        url: redis.url(),
-        servers: Default::default(),
-        tls: None,
         prefix: "fbtest".into(),
-        timeout: Duration::from_secs(2),
-        on_down: OnDown::Local,
-        fleet_size: 1,
-        reconcile_every: Duration::from_secs(60),
+        ..RedisConfig::single(redis.url(), Duration::from_secs(2))
     };
     let con = rt
         .block_on(store::connect(&cfg, Some(Duration::from_secs(5))))
@@ -281,16 +275,7 @@ fn redis_window_is_the_seeds_zset_with_pexpire() {
         .enable_all()
         .build()
         .unwrap();
-    let cfg = RedisConfig {
-        url: redis.url(),
-        servers: Default::default(),
-        tls: None,
-        prefix: "fleetban".into(),
-        timeout: Duration::from_secs(2),
-        on_down: OnDown::Local,
-        fleet_size: 1,
-        reconcile_every: Duration::from_secs(60),
-    };
+    let cfg = RedisConfig::single(redis.url(), Duration::from_secs(2));
     let con = rt.block_on(store::connect(&cfg, Some(Duration::from_secs(5)))).unwrap();
     let rules = vec![ModelRule {
         limit: 3,
@@ -378,16 +363,7 @@ fn a_large_flush_is_split_into_bounded_round_trips() {
         .enable_all()
         .build()
         .unwrap();
-    let cfg = RedisConfig {
-        url: redis.url(),
-        servers: Default::default(),
-        tls: None,
-        prefix: "fleetban".into(),
-        timeout: Duration::from_millis(250),
-        on_down: OnDown::Local,
-        fleet_size: 1,
-        reconcile_every: Duration::from_secs(60),
-    };
+    let cfg = RedisConfig::single(redis.url(), Duration::from_millis(250));
     let con = rt.block_on(store::connect(&cfg, Some(cfg.timeout))).unwrap();
     let rules = vec![ModelRule {
         limit: 2,
@@ -425,14 +401,8 @@ fn a_large_flush_is_split_into_bounded_round_trips() {
 
 fn redis_limiter(redis: &Redis, rt: &tokio::runtime::Runtime, prefix: &str, rules: Vec<RuleLimit>) -> RedisLimiter {
     let cfg = RedisConfig {
-        url: redis.url(),
-        servers: Default::default(),
-        tls: None,
         prefix: prefix.into(),
-        timeout: Duration::from_secs(2),
-        on_down: OnDown::Local,
-        fleet_size: 1,
-        reconcile_every: Duration::from_secs(60),
+        ..RedisConfig::single(redis.url(), Duration::from_secs(2))
     };
     let con = rt.block_on(store::connect(&cfg, Some(Duration::from_secs(5)))).unwrap();
     RedisLimiter::new(con, Keys::new(prefix), "h1", rules)
@@ -672,14 +642,8 @@ fn the_listpack_threshold_is_read_and_a_forbidden_config_is_tolerated() {
     );
     let connect = |url: String| {
         let cfg = RedisConfig {
-            url,
-            servers: Default::default(),
-            tls: None,
             prefix: "t".into(),
-            timeout: Duration::from_secs(2),
-            on_down: OnDown::Local,
-            fleet_size: 1,
-            reconcile_every: Duration::from_secs(60),
+            ..RedisConfig::single(url, Duration::from_secs(2))
         };
         rt.block_on(store::connect(&cfg, Some(Duration::from_secs(5)))).unwrap()
     };

@@ -70,6 +70,23 @@ pub struct RedisConfig {
     pub reconcile_every: Duration,
 }
 
+impl RedisConfig {
+    /// One server at `url` with the defaults of the `redis:` section and a
+    /// per-command `timeout` (tests, benchmarks, tools).
+    pub fn single(url: impl Into<String>, timeout: Duration) -> RedisConfig {
+        RedisConfig {
+            url: url.into(),
+            servers: Servers::Url,
+            tls: None,
+            prefix: "fleetban".to_owned(),
+            timeout,
+            on_down: OnDown::Local,
+            fleet_size: 1,
+            reconcile_every: Duration::from_secs(60),
+        }
+    }
+}
+
 /// Where the Redis servers are.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Servers {
