@@ -258,6 +258,8 @@ impl Pipeline {
             .entry(chunk.path.clone())
             .or_insert_with(|| plan.groups_for(&chunk.path));
         let (mut lines, mut unparsed, mut stale) = (0u64, 0u64, 0u64);
+        // Hits per rule, published once per chunk: no atomic per hit.
+        let mut hits = vec![0u64; self.rules.len()];
         let mut last_time = None;
         for (offset, line) in chunk.lines() {
             if line.is_empty() {
@@ -289,7 +291,7 @@ impl Pipeline {
                     if self.cache.is_banned(&key, time) {
                         continue;
                     }
-                    rule.counters.hits.fetch_add(1, Relaxed);
+                    hits[ri] += 1;
                     self.pending.push(
                         ri,
                         key,
@@ -302,6 +304,11 @@ impl Pipeline {
             }
             if !parsed {
                 unparsed += 1;
+            }
+        }
+        for (rule, n) in self.rules.iter().zip(hits) {
+            if n > 0 {
+                rule.counters.hits.fetch_add(n, Relaxed);
             }
         }
         self.stats.lines.fetch_add(lines, Relaxed);
