@@ -512,7 +512,14 @@ fn a_switchover_demoting_the_master_is_followed() {
     wait_until(Duration::from_secs(10), "ban on the first master", || {
         !zscore(master.port, "198.51.100.7").is_empty()
     });
-    assert_eq!(sentinel.cli(&["SENTINEL", "FAILOVER", "mymaster"]), "OK");
+    // The sentinel learns of the replica from the master's INFO (every 10 s
+    // at first): until then it answers NOGOODSLAVE. Ask again until it can.
+    let mut answer = String::new();
+    wait_until(Duration::from_secs(30), "the sentinel to accept a failover", || {
+        answer = sentinel.cli(&["SENTINEL", "FAILOVER", "mymaster"]);
+        !answer.starts_with("NOGOODSLAVE")
+    });
+    assert_eq!(answer, "OK");
     let rport = replica.port.to_string();
     wait_until(
         Duration::from_secs(30),
