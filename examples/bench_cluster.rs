@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use fleetban::config::{Algorithm, OnDown, RedisConfig, Servers};
+use fleetban::config::{Algorithm, RedisConfig, Servers};
 use fleetban::detect::{member, Batch, Hit};
 use fleetban::limit::{RedisLimiter, RuleLimit};
 use fleetban::store::{self, Keys};
@@ -19,14 +19,8 @@ const T0: i64 = 1_700_000_040_000;
 
 fn config(url: &str, servers: Servers) -> RedisConfig {
     RedisConfig {
-        url: url.to_owned(),
         servers,
-        tls: None,
-        prefix: "fleetban".into(),
-        timeout: Duration::from_secs(30),
-        on_down: OnDown::Local,
-        fleet_size: 1,
-        reconcile_every: Duration::from_secs(60),
+        ..RedisConfig::single(url, Duration::from_secs(30))
     }
 }
 

@@ -181,7 +181,7 @@ async fn main() {
                 let key = keys.window(&addr(i, 0x0a00_0000), "bench", None);
                 let fw = keys.fixed(&addr(i, 0x0a00_0000), "bench", None);
                 let mut c = store::SLIDING_WINDOW.cmd(&[&key, &fw]);
-                c.arg(WINDOW_MS).arg(100).arg(0).arg(0);
+                c.arg(WINDOW_MS).arg(100).arg(0).arg(0).arg(1).arg(100);
                 for k in 0..100u64 {
                     let m = member(u64::from(i), k * 200) & mask;
                     // As Redis parses it: a signed value of `bits` bits.

@@ -1,13 +1,20 @@
--- Sliding window for one (rule, address): DESIGN §2, one call per batch of hits.
--- KEYS[1]  the window ZSET ({prefix}:win:{ADDR}:RULE)
--- KEYS[2]  prefilter counters' base ({prefix}:fw:{ADDR}:RULE); window N is KEYS[2]..':'..N
+-- Sliding window (DESIGN §2) for several (rule, address) groups of one rule
+-- in one call, each group's hits processed in order as if alone: one
+-- EVALSHA per rule and flush slice instead of one per address (outside a
+-- Redis Cluster; on a Cluster a call carries one group, one hash slot).
+-- KEYS[2g-1]  group g's window ZSET ({prefix}:win:{ADDR}:RULE)
+-- KEYS[2g]    group g's prefilter counters' base ({prefix}:fw:{ADDR}:RULE);
+--             window N is KEYS[2g]..':'..N
 -- ARGV[1]  window in ms
 -- ARGV[2]  limit: hits allowed within one window
 -- ARGV[3]  1 = take `now` from the server's TIME (clock: redis), 0 = from the hits
 -- ARGV[4]  prefilter threshold P = floor(prefilter x limit); 0 = no prefilter
--- ARGV[5], ARGV[6], ...  pairs (time ms, member) in log order
--- Returns {i, n}: i = 1-based index of the first hit over the limit (0: none),
--- n = the count it was judged on (over) or the members in the ZSET (under).
+-- ARGV[5]  G, the number of groups
+-- ARGV[6] .. ARGV[5+G]  each group's number of hits
+-- then each group's pairs (time ms, member) in log order, group after group
+-- Returns {i1, n1, i2, n2, ...}, per group: i = 1-based index of the first
+-- hit over the limit (0: none), n = the count it was judged on (over) or the
+-- members in the ZSET (under).
 -- Hits after the first one over the limit are not counted: the address is
 -- being banned. A member already present is a line read again after a
 -- crash: it is neither counted again nor judged again.
@@ -16,55 +23,66 @@
 -- `window`) are only counted in a plain counter and never judged; from the
 -- (P+1)-th on, a hit goes to the ZSET and is judged on ZCARD + P, a lower
 -- bound of the exact count (those P hits lie within the sliding window).
-local key = KEYS[1]
-local fw = KEYS[2]
 local window = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
-local server_clock = ARGV[3] == '1'
 local prefilter = tonumber(ARGV[4])
 local server_now
-if server_clock then
+if ARGV[3] == '1' then
   local t = redis.call('TIME')
   server_now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local swept = nil
-local added = false
--- The ZSET's cardinality, kept in step with what this call removes and adds
--- (ZREMRANGEBYSCORE and ZADD NX return how many): one ZCARD per call, and no
--- ZSCORE unless the window is full (a hit over the limit may be a re-read).
-local count = nil
-local i = 0
-for a = 5, #ARGV, 2 do
-  i = i + 1
-  local now = server_now or tonumber(ARGV[a])
-  local member = ARGV[a + 1]
-  local screened = false
-  if prefilter > 0 then
-    local fk = fw .. ':' .. string.format('%d', math.floor(now / window))
-    if tonumber(redis.call('GET', fk) or '0') < prefilter then
-      if redis.call('INCR', fk) == 1 then redis.call('PEXPIRE', fk, window + 1000) end
-      screened = true
-    end
-  end
-  if not screened then
-    -- Members at or before now - window leave the window; a later hit can only
-    -- remove more, so the sweep is skipped when time has not advanced.
-    if swept == nil or now > swept then
-      local removed = redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
-      swept = now
-      if count then count = count - removed end
-    end
-    if count == nil then count = redis.call('ZCARD', key) end
-    if count + prefilter >= limit then
-      if not redis.call('ZSCORE', key, member) then
-        if added then redis.call('PEXPIRE', key, window + 1000) end
-        return {i, count + prefilter}
+
+-- One group: the pairs ARGV[first], ARGV[first + 1] .. ARGV[last + 1].
+local function one(key, fw, first, last)
+  local swept = nil
+  local added = false
+  -- The ZSET's cardinality, kept in step with what this call removes and adds
+  -- (ZREMRANGEBYSCORE and ZADD NX return how many): one ZCARD per group, and
+  -- no ZSCORE unless the window is full (a hit over the limit may be a re-read).
+  local count = nil
+  local i = 0
+  for a = first, last, 2 do
+    i = i + 1
+    local now = server_now or tonumber(ARGV[a])
+    local member = ARGV[a + 1]
+    local screened = false
+    if prefilter > 0 then
+      local fk = fw .. ':' .. string.format('%d', math.floor(now / window))
+      if tonumber(redis.call('GET', fk) or '0') < prefilter then
+        if redis.call('INCR', fk) == 1 then redis.call('PEXPIRE', fk, window + 1000) end
+        screened = true
       end
-    elseif redis.call('ZADD', key, 'NX', now, member) == 1 then
-      count = count + 1
-      added = true
+    end
+    if not screened then
+      -- Members at or before now - window leave the window; a later hit can
+      -- only remove more, so the sweep is skipped when time has not advanced.
+      if swept == nil or now > swept then
+        local removed = redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+        swept = now
+        if count then count = count - removed end
+      end
+      if count == nil then count = redis.call('ZCARD', key) end
+      if count + prefilter >= limit then
+        if not redis.call('ZSCORE', key, member) then
+          if added then redis.call('PEXPIRE', key, window + 1000) end
+          return i, count + prefilter
+        end
+      elseif redis.call('ZADD', key, 'NX', now, member) == 1 then
+        count = count + 1
+        added = true
+      end
     end
   end
+  if added then redis.call('PEXPIRE', key, window + 1000) end
+  return 0, count or redis.call('ZCARD', key)
 end
-if added then redis.call('PEXPIRE', key, window + 1000) end
-return {0, count or redis.call('ZCARD', key)}
+
+local groups = tonumber(ARGV[5])
+local out = {}
+local a = 6 + groups
+for g = 1, groups do
+  local n = tonumber(ARGV[5 + g])
+  out[2 * g - 1], out[2 * g] = one(KEYS[2 * g - 1], KEYS[2 * g], a, a + 2 * n - 2)
+  a = a + 2 * n
+end
+return out

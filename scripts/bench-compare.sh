@@ -13,7 +13,8 @@
 #     (tests/bench_fleet.rs through scripts/bench-fleet.sh; root, namespaces)
 #  6. Redis memory per tracked address (scripts/bench-limiters.sh)
 # Usage: scripts/bench-compare.sh [LINES] [REPS]   (defaults 1000000, 3)
-# Env: CLIENTS (50000), F2B_LINES (200000), BASE_LINES (50000), SKIP_NFT=1.
+# Env: CLIENTS (50000), F2B_LINES (200000), BASE_LINES (50000), SKIP_NFT=1,
+# ONLY_RUN=1 (part 4 alone, for quick iterations on the Redis path).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LINES=${1:-1000000}
@@ -53,6 +54,7 @@ sed -e "s#/var/log/nginx/access.log#$work/access.log#" rules/nginx-scraper.yaml 
 printf 'rules: [rules.yaml]\nstate_dir: %s/state\ncontrol: %s/control.sock\n' "$work" "$work" > "$work/test.yaml"
 : > "$work/table"
 
+if [ "${ONLY_RUN:-0}" != 1 ]; then
 # 1 and 2: the same file, the page cache warm for both.
 cat "$work/replay.log" > /dev/null
 for _ in $(seq "$REPS"); do
@@ -82,6 +84,7 @@ fw=$(cut -d' ' -f1 "$work/f2b.times" | median)
 f2b_lps=$(awk -v n="$F2B_LINES" -v w="$fw" 'BEGIN {printf "%.0f", n / w}')
 row "fail2ban-regex, filter matching every request" "$f2b_lps" "wall ${fw} s, $F2B_LINES-line prefix, all matched"
 row "  ratio fleetban test / fail2ban-regex" "$(awk -v a="$test_lps" -v b="$f2b_lps" 'BEGIN {printf "%.0fx", a / b}')" ""
+fi
 
 # 4: fleetban run end to end against a private redis-server.
 redis-server --port 0 --unixsocket "$work/redis.sock" --save '' --appendonly no --dir "$work" >/dev/null &
@@ -153,7 +156,7 @@ sed 's/^/  pipelined /' "$work/run.res"; sed 's/^/  baseline  /' "$work/base.res
 kill "$rpid"; wait "$rpid" 2>/dev/null || true; rpid=""
 
 # 5: nft (root; network namespaces).
-if [ "${SKIP_NFT:-0}" != 1 ]; then
+if [ "${SKIP_NFT:-0}" != 1 ] && [ "${ONLY_RUN:-0}" != 1 ]; then
   ONE_BY_ONE=${ONE_BY_ONE:-20} scripts/bench-fleet.sh 20 100000 | tee "$work/fleet.out" | sed 's/^/  /'
   start=$(sed -n 's/.*ban list applied \([0-9]*\) ms.*/\1/p' "$work/fleet.out")
   tx=$(grep -o 'added=[0-9]\{5,\} .*seconds=[0-9.]*' "$work/fleet.out" | head -1 | sed 's/.*seconds=\([0-9.]\{5\}\).*/\1/')
@@ -166,9 +169,11 @@ if [ "${SKIP_NFT:-0}" != 1 ]; then
 fi
 
 # 6: Redis memory per tracked address.
-scripts/bench-limiters.sh 10000 | tee "$work/lim.out" | sed 's/^/  /'
-sw=$(grep -m1 '^| sliding_window' "$work/lim.out" || true)
-row "Redis memory per address (bench-limiters, first row)" "" "${sw:-see above}"
+if [ "${ONLY_RUN:-0}" != 1 ]; then
+  scripts/bench-limiters.sh 10000 | tee "$work/lim.out" | sed 's/^/  /'
+  sw=$(grep -m1 '^| sliding_window' "$work/lim.out" || true)
+  row "Redis memory per address (bench-limiters, first row)" "" "${sw:-see above}"
+fi
 
 echo
 printf '| %-58s | %14s | %s\n' "measure" "lines/s" "detail"

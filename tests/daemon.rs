@@ -270,3 +270,82 @@ fn without_redis_the_embedded_store_bans_and_keeps_bans_across_restart() {
     assert_eq!(d2.status()["lines"], 0);
     assert_eq!(d2.status()["bans_active"], 2);
 }
+
+/// `redis.hold`: hits of an address far below its limit wait in the daemon
+/// to share one script call, an address at half its limit is judged at
+/// once, and held hits are never lost: SIGKILL leaves their lines
+/// uncommitted (read again at restart, counted once), SIGTERM sends them.
+#[test]
+fn held_hits_wait_urgent_ones_do_not_and_none_is_lost_or_doubled() {
+    let redis = Redis::start();
+    let ns = NetNs::new("hold");
+    let r = rig_with(Some(&redis), "{ hits: 10, window: 60s }");
+    let cfg = std::fs::read_to_string(&r.cfg).unwrap();
+    std::fs::write(
+        &r.cfg,
+        cfg.replace("reconcile_every: 2s", "reconcile_every: 2s, hold: 60s"),
+    )
+    .unwrap();
+    let offsets = r.dir.path().join("state/offsets.json");
+    let mut d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    // The log is registered (read from here on after a restart) before any line.
+    wait_until(Duration::from_secs(10), "offsets saved", || {
+        std::fs::read_to_string(&offsets).is_ok_and(|o| o.contains("access.log"))
+    });
+
+    let (slow, fast) = ("203.0.113.20", "203.0.113.21");
+    let now = fleetban::now_ms();
+    let mut lines = String::new();
+    for i in 0..3 {
+        lines += &combined_line(slow, now + i, "/page", 200);
+    }
+    for i in 0..12 {
+        lines += &combined_line(fast, now + i, "/page", 200);
+    }
+    append(&r.log, &lines);
+    let window = |addr: &str| {
+        redis
+            .cli(&["ZCARD", &format!("fleetban:win:{{{addr}}}:scraper")])
+            .parse::<u64>()
+            .unwrap()
+    };
+
+    // 12 hits of limit 10 reach half the limit: judged at once, banned.
+    wait_until(Duration::from_secs(10), "ban of the fast client in nft", || {
+        set_has(&ns, fast)
+    });
+    d.wait_lines(15);
+    assert_eq!(window(fast), 10);
+    // 3 of 10 wait (60 s hold): in the daemon, not in Redis.
+    assert_eq!(d.status()["redis"]["held_hits"], 3);
+    assert_eq!(window(slow), 0, "held hits sent early");
+
+    // Killed after a save (offsets are saved every second): nothing was
+    // committed past the held hits' lines.
+    std::thread::sleep(Duration::from_millis(1500));
+    d.kill9();
+    let size = std::fs::metadata(&r.log).unwrap().len();
+    let saved = std::fs::read_to_string(&offsets).unwrap();
+    assert!(
+        !saved.contains(&size.to_string()),
+        "offset {size} committed with hits held: {saved}"
+    );
+
+    // Restarted: the lines are read again; the banned client is not counted
+    // again, the slow one is held again, and sent on SIGTERM.
+    let mut d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    d.wait_lines(15);
+    wait_until(Duration::from_secs(10), "the slow client held again", || {
+        d.status()["redis"]["held_hits"] == 3
+    });
+    assert_eq!(window(slow), 0);
+    let (status, _) = d.stop(Duration::from_secs(10));
+    assert!(status.success(), "exit {status}\n{}", d.log_text());
+    assert_eq!(window(slow), 3, "held hits sent at stop, once");
+    assert_eq!(window(fast), 10);
+    let saved = std::fs::read_to_string(&offsets).unwrap();
+    assert!(
+        saved.contains(&size.to_string()),
+        "offset {size} saved at stop: {saved}"
+    );
+}

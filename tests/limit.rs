@@ -766,3 +766,90 @@ fn one_call_per_hit_baseline_decides_as_the_pipelined_batches() {
         assert!(piped.round_trips <= 4 + 1, "{algorithm:?}");
     }
 }
+
+/// Flushes the way the daemon sends them: many (rule, address) batches at
+/// once, several rules interleaved, more addresses than one script call
+/// carries ([`fleetban::limit::MAX_GROUPS_PER_CALL`]), some batches sent
+/// again. The Redis scripts decide each group as if it were alone: every
+/// verdict, counts included, equals the memory store's, flush after flush,
+/// for every algorithm.
+#[test]
+fn many_addresses_in_one_script_call_decide_as_one_call_each() {
+    let redis = Redis::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let con = rt
+        .block_on(store::connect(
+            &RedisConfig::single(redis.url(), Duration::from_secs(2)),
+            Some(Duration::from_secs(5)),
+        ))
+        .expect("connect");
+    let groups = fleetban::limit::MAX_GROUPS_PER_CALL;
+    let case = std::sync::atomic::AtomicU32::new(0);
+    for family in FAMILIES {
+        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+            cases: 16,
+            ..ProptestConfig::default()
+        });
+        // Flushes of (rule, address index, hits as (second step, member)).
+        let flushes = prop::collection::vec(
+            prop::collection::vec(
+                (
+                    0usize..2,
+                    0usize..3 * groups,
+                    prop::collection::vec((0i64..20, 0u64..6), 1..6),
+                ),
+                1..4 * groups,
+            ),
+            1..5,
+        );
+        runner
+            .run(&(sequences_of(family), flushes), |((_, rules, _), flushes)| {
+                let rules: Vec<ModelRule> = (0..2).map(|i| rules[i % rules.len()].clone()).collect();
+                let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let mut lim = RedisLimiter::new(con.clone(), Keys::new(&format!("many{n}")), "h1", rule_limits(&rules));
+                let mut mem = MemoryLimiter::new(rule_limits(&rules));
+                let t0 = fleetban::now_ms() - 30_000;
+                let mut previous: Vec<Batch> = Vec::new();
+                for (f, flush) in flushes.iter().enumerate() {
+                    // One batch per (rule, address) in a flush, as `Pending` makes them.
+                    let mut batches: Vec<Batch> = Vec::new();
+                    for (rule, addr, hits) in flush {
+                        let key: IpNet = format!("10.9.{}.{}/32", addr / 250, addr % 250).parse().unwrap();
+                        if batches.iter().any(|b| b.rule == *rule && b.key == key) {
+                            continue;
+                        }
+                        let mut t = t0 + f as i64 * 20_000;
+                        let hits = hits
+                            .iter()
+                            .map(|&(step, m)| {
+                                t += step * 100;
+                                Hit {
+                                    time_ms: t,
+                                    member: (f as u64) << 32 | (*addr as u64) << 8 | m,
+                                }
+                            })
+                            .collect();
+                        batches.push(Batch { rule: *rule, key, hits });
+                    }
+                    // A few batches of the previous flush again: lines read twice.
+                    for b in previous.iter().take(3) {
+                        if !batches.iter().any(|x| x.rule == b.rule && x.key == b.key) {
+                            batches.push(b.clone());
+                        }
+                    }
+                    let got = check(&rt, &mut lim, &batches);
+                    let want: Vec<Verdict> = batches
+                        .iter()
+                        .map(|b| mem.check(b.rule, b.key, &b.hits, fleetban::now_ms()))
+                        .collect();
+                    prop_assert_eq!(got, want, "flush {} of {} batches", f, batches.len());
+                    previous = batches;
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+}

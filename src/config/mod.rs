@@ -68,6 +68,9 @@ pub struct RedisConfig {
     pub on_down: OnDown,
     pub fleet_size: u32,
     pub reconcile_every: Duration,
+    /// How long the hits of an address below half of a rule's limit may
+    /// wait in the daemon to share one script call (`detect::Pending`).
+    pub hold: Duration,
 }
 
 impl RedisConfig {
@@ -83,6 +86,7 @@ impl RedisConfig {
             on_down: OnDown::Local,
             fleet_size: 1,
             reconcile_every: Duration::from_secs(60),
+            hold: Duration::from_secs(1),
         }
     }
 }
@@ -394,6 +398,7 @@ fn redis_config(
         on_down: r.on_down,
         fleet_size: r.fleet_size.map_or(1, |n| n.get()),
         reconcile_every: r.reconcile_every.map_or(Duration::from_secs(60), |d| d.0),
+        hold: r.hold.map_or(Duration::from_secs(1), |d| d.0),
     })
 }
 

@@ -49,6 +49,9 @@ pub struct RedisSection {
     pub fleet_size: Option<NonZeroU32>,
     /// How often the full ban list is compared with the local set (drift repair).
     pub reconcile_every: Option<Dur>,
+    /// Longest wait of the hits of an address far below its limits, to be
+    /// sent to Redis together (0: none waits).
+    pub hold: Option<Dur>,
 }
 
 /// `redis.sentinel`: the sentinels to ask for the master of `service`, and

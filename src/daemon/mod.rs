@@ -274,6 +274,12 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     };
     tracker.spawn(ctl.serve(listener, token.clone()));
     let (reload_tx, reload_rx) = tokio::sync::mpsc::unbounded_channel();
+    // The benchmark baseline is the textbook form: nothing waits.
+    let hold_ms = match &config.redis {
+        Some(r) if !opts.bench_one_call_per_hit => i64::try_from(r.hold.as_millis()).unwrap_or(i64::MAX),
+        _ => 0,
+    };
+    let pending = Pending::new(pipeline::hold_policy(&limiter, &RuleLimit::of(&config.rules), hold_ms));
     let pipeline = pipeline::Pipeline {
         host: config.host_id.clone(),
         rules: rule_infos(&config, &stats),
@@ -289,8 +295,11 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         offsets: offsets.clone(),
         stats: stats.clone(),
         cache,
-        pending: Pending::default(),
-        uncommitted: Vec::new(),
+        pending,
+        hold_ms,
+        uncommitted: Default::default(),
+        seq: 0,
+        started: tokio::time::Instant::now(),
         outage: config.redis.is_some().then_some(outage),
         reloads: reload_rx,
         unparsed_warn: Default::default(),

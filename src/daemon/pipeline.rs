@@ -29,6 +29,8 @@ use crate::source::{Chunk, FileId, OffsetStore};
 
 /// Hits gathered before a flush is forced even if more chunks are waiting.
 const MAX_PENDING_HITS: usize = 65_536;
+/// Hits held (see `detect::Pending`) before every one is sent regardless.
+const MAX_HELD_HITS: usize = 4 * MAX_PENDING_HITS;
 
 /// What the pipeline needs of one rule.
 pub struct RuleInfo {
@@ -71,8 +73,16 @@ pub struct Pipeline {
     pub stats: Arc<Stats>,
     pub cache: BanCache,
     pub pending: Pending,
-    /// Chunks whose hits are pending: (path, file, end offset) to commit after the flush.
-    pub uncommitted: Vec<(Arc<Path>, FileId, u64)>,
+    /// `redis.hold` in ms: how long batches far from their limits may wait
+    /// (with Redis only; the embedded store gains nothing from waiting).
+    pub hold_ms: i64,
+    /// Chunks whose hits may be pending: (sequence number, path, file, end
+    /// offset), committed once no hit of theirs is pending.
+    pub uncommitted: std::collections::VecDeque<(u64, Arc<Path>, FileId, u64)>,
+    /// Sequence number of the last chunk ingested.
+    pub seq: u64,
+    /// The pipeline's monotonic clock (holds and their deadlines).
+    pub started: tokio::time::Instant,
     /// With Redis: what to do while it is down (`redis.on_down`).
     pub outage: Option<Outage>,
     /// New rules from the daemon (SIGHUP).
@@ -86,10 +96,15 @@ impl Pipeline {
         let mut last_save = tokio::time::Instant::now();
         loop {
             let retry = self.outage.as_ref().and_then(Outage::next_attempt);
+            let held = self
+                .pending
+                .next_deadline()
+                .map(|ms| self.started + Duration::from_millis(ms.max(0) as u64));
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
                 _ = sleep_until_opt(retry) => {}
+                _ = sleep_until_opt(held) => {}
                 u = self.updates.recv() => match u {
                     Some(u) => self.update(u),
                     None => continue,
@@ -123,9 +138,10 @@ impl Pipeline {
                 self.update(u);
             }
             self.recover().await;
-            if !self.flush(&shutdown).await {
+            if !self.flush(&shutdown, false).await {
                 break;
             }
+            self.stats.held_hits.store(self.pending.hits() as u64, Relaxed);
             if last_save.elapsed() >= Duration::from_secs(1) {
                 self.save_offsets();
                 last_save = tokio::time::Instant::now();
@@ -137,7 +153,7 @@ impl Pipeline {
             self.ingest(&c);
         }
         let last = CancellationToken::new();
-        let _ = tokio::time::timeout(Duration::from_secs(2), self.flush(&last)).await;
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.flush(&last, true)).await;
         self.save_offsets();
     }
 
@@ -200,13 +216,15 @@ impl Pipeline {
         while let Ok(c) = chunks.try_recv() {
             self.ingest(&c);
         }
-        if !self.flush(shutdown).await {
+        if !self.flush(shutdown, true).await {
             return false;
         }
         self.save_offsets();
         self.rules = r.rules;
         self.plan = r.plan;
         self.routes.clear();
+        self.pending
+            .set_policy(hold_policy(&self.limiter, &r.limits, self.hold_ms));
         if let Some(o) = &mut self.outage {
             o.set_rules(r.limits.clone());
         }
@@ -252,6 +270,9 @@ impl Pipeline {
     fn ingest(&mut self, chunk: &Chunk) {
         let origin = detect::origin_seed(&self.host, &[chunk.file.dev, chunk.file.ino, chunk.file.fingerprint]);
         let wall = crate::now_ms();
+        let mono = self.mono_ms();
+        self.seq += 1;
+        let seq = self.seq;
         let plan = &self.plan;
         let groups = self
             .routes
@@ -299,6 +320,8 @@ impl Pipeline {
                             time_ms: time,
                             member: detect::member(origin, offset),
                         },
+                        seq,
+                        mono,
                     );
                 }
             }
@@ -330,18 +353,41 @@ impl Pipeline {
             lines,
             last_time.map(|t| (wall - t).max(0)),
         );
-        self.uncommitted.push((chunk.path.clone(), chunk.file, chunk.end()));
+        self.uncommitted
+            .push_back((seq, chunk.path.clone(), chunk.file, chunk.end()));
     }
 
-    /// Sends everything pending to the limiter, bans what went over, commits
-    /// offsets. Retries while Redis is unreachable; false if asked to stop
-    /// meanwhile (nothing committed: those lines are read again next start).
-    async fn flush(&mut self, shutdown: &CancellationToken) -> bool {
+    fn mono_ms(&self) -> i64 {
+        i64::try_from(self.started.elapsed().as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// Sends what is ready (everything if `all`; see `detect::Pending` for
+    /// what may wait) to the limiter, bans what went over, commits the
+    /// offsets of chunks with nothing pending. Retries while Redis is
+    /// unreachable; false if asked to stop meanwhile (nothing committed:
+    /// those lines are read again next start).
+    async fn flush(&mut self, shutdown: &CancellationToken, all: bool) -> bool {
         if self.pending.is_empty() {
             self.commit();
             return true;
         }
-        let batches = self.pending.take();
+        let mut batches = if all || self.pending.hits() >= MAX_HELD_HITS {
+            self.pending.take()
+        } else {
+            self.pending.take_ready(self.mono_ms())
+        };
+        // A hit that waited may belong to an address banned meanwhile (by
+        // another rule, or by the fleet): not counted, as at ingest.
+        for b in &mut batches {
+            let key = b.key;
+            let cache = &self.cache;
+            b.hits.retain(|h| !cache.is_banned(&key, h.time_ms));
+        }
+        batches.retain(|b| !b.hits.is_empty());
+        if batches.is_empty() {
+            self.commit();
+            return true;
+        }
         let mut backoff = Duration::from_millis(50);
         let mut verdicts = Vec::with_capacity(batches.len());
         loop {
@@ -402,9 +448,14 @@ impl Pipeline {
         if let Limiter::Redis(r) = &self.limiter {
             self.stats.round_trips.store(r.round_trips, Relaxed);
         }
+        let mono = self.mono_ms();
         for (b, v) in batches.iter().zip(verdicts) {
-            if let Verdict::Over { index, count } = v {
-                self.ban(b.rule, b.key, b.hits[index].time_ms, count + 1).await;
+            match v {
+                Verdict::Over { index, count } => {
+                    self.pending.learn(b.rule, b.key, None, mono);
+                    self.ban(b.rule, b.key, b.hits[index].time_ms, count + 1).await;
+                }
+                Verdict::Under { count } => self.pending.learn(b.rule, b.key, Some(count), mono),
             }
         }
         self.commit();
@@ -418,9 +469,15 @@ impl Pipeline {
         }
     }
 
+    /// Commits the offsets of the chunks older than every pending hit.
     fn commit(&mut self) {
-        for (path, file, end) in self.uncommitted.drain(..) {
-            self.offsets.commit(&path, file, end);
+        let oldest = self.pending.oldest_seq().unwrap_or(u64::MAX);
+        while let Some((seq, path, file, end)) = self.uncommitted.front() {
+            if *seq >= oldest {
+                break;
+            }
+            self.offsets.commit(path, *file, *end);
+            self.uncommitted.pop_front();
         }
     }
 
@@ -491,6 +548,18 @@ impl Pipeline {
         self.cache.insert(key, until);
         self.stats.bans_active.store(self.cache.len() as u64, Relaxed);
         let _ = self.changes.send(Change::Add(vec![Element { net: key, until }]));
+    }
+}
+
+/// How long each rule's batches may wait: `hold_ms` with Redis, nothing
+/// with the embedded store (no per-call cost to spread).
+pub fn hold_policy(limiter: &Limiter, limits: &[crate::limit::RuleLimit], hold_ms: i64) -> Vec<detect::HoldPolicy> {
+    match limiter {
+        Limiter::Memory(_) => Vec::new(),
+        Limiter::Redis(_) => limits
+            .iter()
+            .map(|l| detect::HoldPolicy::new(hold_ms, l.hits, 2 * l.prefilter, l.window_ms))
+            .collect(),
     }
 }
 

@@ -12,7 +12,7 @@ mod filter;
 mod plan;
 
 pub use allow::AllowList;
-pub use batch::{Batch, Hit, Pending};
+pub use batch::{Batch, Hit, HoldPolicy, Pending};
 pub use filter::RuleFilter;
 pub use plan::{Group, Plan};
 

@@ -8,7 +8,7 @@ mod memory;
 mod redis;
 
 pub use self::memory::MemoryLimiter;
-pub use self::redis::{RedisLimiter, MAX_CALLS_PER_TRIP, MAX_HITS_PER_TRIP};
+pub use self::redis::{RedisLimiter, MAX_CALLS_PER_TRIP, MAX_GROUPS_PER_CALL, MAX_HITS_PER_TRIP};
 
 use crate::config::{Algorithm, Clock, Rule, Scope};
 use crate::detect::Batch;
