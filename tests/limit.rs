@@ -807,7 +807,7 @@ fn many_addresses_in_one_script_call_decide_as_one_call_each() {
         );
         runner
             .run(&(sequences_of(family), flushes), |((_, rules, _), flushes)| {
-                let rules: Vec<ModelRule> = (0..2).map(|i| rules[i % rules.len()].clone()).collect();
+                let rules: Vec<ModelRule> = (0..2).map(|i| rules[i % rules.len()]).collect();
                 let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let mut lim = RedisLimiter::new(con.clone(), Keys::new(&format!("many{n}")), "h1", rule_limits(&rules));
                 let mut mem = MemoryLimiter::new(rule_limits(&rules));
