@@ -117,9 +117,15 @@ run_once() {
   c0=$(cpu_s "$dpid"); r0=$(redis_cpu_s)
   t0=$(date +%s%N)
   cat "$d/live.log" >> "$d/access.log"
+  # Done when every line is read and every hit decided: none held
+  # (`redis.hold`, up to 1 s after the last line) nor in flight.
+  local tr=""
   for _ in $(seq 12000); do
-    [ "$("$BIN" status -c "$d/run.yaml" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["lines"])')" -ge "$n" ] && break
-    sleep 0.05
+    read -r lines pend < <("$BIN" status -c "$d/run.yaml" --json | python3 -c \
+      'import json,sys; s=json.load(sys.stdin); print(s["lines"], s["redis"]["held_hits"] + s["redis"]["inflight_hits"])')
+    [ -z "$tr" ] && [ "$lines" -ge "$n" ] && tr=$(date +%s%N)
+    [ "$lines" -ge "$n" ] && [ "$pend" -eq 0 ] && break
+    sleep 0.02
   done
   t1=$(date +%s%N)
   local c1 r1
@@ -130,28 +136,30 @@ run_once() {
   local after
   after=$(rss_mb "$dpid")
   kill "$dpid"; wait "$dpid" 2>/dev/null || true; dpid=""
-  python3 - "$d/status.json" "$t0" "$t1" "$idle" "$after" "$c0" "$c1" "$r0" "$r1" "$calls" <<'PY'
+  python3 - "$d/status.json" "$t0" "$t1" "$idle" "$after" "$c0" "$c1" "$r0" "$r1" "$calls" "$tr" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1])); secs = (int(sys.argv[3]) - int(sys.argv[2])) / 1e9
+read_secs = (int(sys.argv[11]) - int(sys.argv[2])) / 1e9
 hits = sum(r["hits"] for r in s["rules"]); rt = s["redis"]["round_trips"]
 dcpu = float(sys.argv[7]) - float(sys.argv[6]); rcpu = float(sys.argv[9]) - float(sys.argv[8])
 print(s["lines"], f"{secs:.2f}", f"{s['lines'] / secs:.0f}", f"{1000 * rt / max(hits, 1):.2f}", hits, s["bans"],
-      sys.argv[4], sys.argv[5], f"{dcpu:.2f}", f"{rcpu:.2f}", f"{1000 * int(sys.argv[10]) / max(hits, 1):.0f}")
+      sys.argv[4], sys.argv[5], f"{dcpu:.2f}", f"{rcpu:.2f}", f"{1000 * int(sys.argv[10]) / max(hits, 1):.0f}",
+      f"{read_secs:.2f}")
 PY
 }
 for i in $(seq "$REPS"); do run_once "$LINES" "" "p$i" >> "$work/run.res"; done
 for i in $(seq "$REPS"); do run_once "$BASE_LINES" "--bench-one-call-per-hit" "b$i" >> "$work/base.res"; done
 run_lps=$(cut -d' ' -f3 "$work/run.res" | median)
 base_lps=$(cut -d' ' -f3 "$work/base.res" | median)
-read -r _ secs _ rt hits bans idle after dcpu rcpu calls < <(sort -k3 -g "$work/run.res" | sed -n "$(((REPS + 1) / 2))p")
-read -r _ bsecs _ brt bhits _ _ _ bdcpu brcpu bcalls < <(sort -k3 -g "$work/base.res" | sed -n "$(((REPS + 1) / 2))p")
+read -r _ secs _ rt hits bans idle after dcpu rcpu calls rsecs < <(sort -k3 -g "$work/run.res" | sed -n "$(((REPS + 1) / 2))p")
+read -r _ bsecs _ brt bhits _ _ _ bdcpu brcpu bcalls _ < <(sort -k3 -g "$work/base.res" | sed -n "$(((REPS + 1) / 2))p")
 row "fleetban run + Redis, end to end, $CLIENTS clients" "$run_lps" \
-  "$rt round trips, $calls EVALSHA / 1,000 hits ($hits hits, $bans bans, $LINES lines); wall ${secs} s, CPU daemon ${dcpu} s, redis ${rcpu} s"
+  "$rt round trips, $calls EVALSHA / 1,000 hits ($hits hits, $bans bans, $LINES lines); wall ${secs} s to every hit decided (${rsecs} s to every line read), CPU daemon ${dcpu} s, redis ${rcpu} s"
 row "baseline: one EVALSHA per hit, unpipelined" "$base_lps" \
   "$brt round trips, $bcalls EVALSHA / 1,000 hits ($bhits hits, $BASE_LINES-line prefix); wall ${bsecs} s, CPU daemon ${bdcpu} s, redis ${brcpu} s"
 row "  ratio fleetban run / baseline" "$(awk -v a="$run_lps" -v b="$base_lps" 'BEGIN {printf "%.0fx", a / b}')" ""
 row "daemon RSS idle (Redis, no bans) / after the run" "${idle} / ${after} MB" ""
-echo "runs (lines secs lines/s trips/1000hits hits bans rss_idle rss_after cpu_daemon cpu_redis evalsha/1000hits):"
+echo "runs (lines secs lines/s trips/1000hits hits bans rss_idle rss_after cpu_daemon cpu_redis evalsha/1000hits secs_to_read_all):"
 sed 's/^/  pipelined /' "$work/run.res"; sed 's/^/  baseline  /' "$work/base.res"
 kill "$rpid"; wait "$rpid" 2>/dev/null || true; rpid=""
 

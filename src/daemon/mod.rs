@@ -300,6 +300,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         uncommitted: Default::default(),
         seq: 0,
         started: tokio::time::Instant::now(),
+        inflight: None,
         outage: config.redis.is_some().then_some(outage),
         reloads: reload_rx,
         unparsed_warn: Default::default(),

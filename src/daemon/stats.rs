@@ -79,6 +79,8 @@ pub struct Stats {
     pub round_trips: AtomicU64,
     /// Hits waiting in the daemon to share a script call (`redis.hold`).
     pub held_hits: AtomicU64,
+    /// Hits of the limiter round trip in flight.
+    pub inflight_hits: AtomicU64,
     pub bans_active: AtomicU64,
     /// Wall clock minus the log time of the last hit processed.
     pub lag_ms: AtomicI64,
@@ -215,6 +217,7 @@ impl Stats {
                 "errors": self.redis_errors.load(Relaxed),
                 "round_trips": self.round_trips.load(Relaxed),
                 "held_hits": self.held_hits.load(Relaxed),
+                "inflight_hits": self.inflight_hits.load(Relaxed),
                 "local_decisions": self.local_decisions.load(Relaxed),
                 "queued_bans": self.ban_queue.load(Relaxed),
                 "dropped_bans": self.ban_queue_dropped.load(Relaxed),

@@ -65,6 +65,20 @@ impl RedisLimiter {
         self.rules = rules;
     }
 
+    /// A limiter for one round trip run apart (the daemon parses the next
+    /// chunks meanwhile): the same connection (clones share it), keys and
+    /// rules; its `round_trips` count only its own.
+    pub fn for_flight(&self) -> RedisLimiter {
+        RedisLimiter {
+            con: self.con.clone(),
+            keys: self.keys.clone(),
+            host: self.host.clone(),
+            rules: self.rules.clone(),
+            round_trips: 0,
+            one_call_per_hit: self.one_call_per_hit,
+        }
+    }
+
     /// One script call deciding `group`, batches of one rule (each a
     /// different key): every key, the rule's four leading arguments, the
     /// number of groups and of hits in each, then the hits group after group
