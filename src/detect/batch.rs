@@ -249,12 +249,24 @@ impl Pending {
             let policy = &self.policy;
             self.known
                 .retain(|(r, _), (_, at)| policy.get(*r).is_some_and(|p| now_ms - *at < p.window_ms));
+            // A burst's tables are given back once it is over.
+            shrink_map(&mut self.known);
+            shrink_map(&mut self.held);
+            if self.order.capacity() > 4 * self.order.len().max(1024) {
+                self.order.shrink_to(2 * self.order.len());
+            }
         }
     }
 
     /// How many (rule, key) counts are remembered (status, tests).
     pub fn known(&self) -> usize {
         self.known.len()
+    }
+}
+
+fn shrink_map<K: Eq + std::hash::Hash, V>(m: &mut HashMap<K, V, foldhash::fast::RandomState>) {
+    if m.capacity() > 4 * m.len().max(1024) {
+        m.shrink_to(2 * m.len());
     }
 }
 
