@@ -183,11 +183,19 @@ fn start_with_100k_bans() {
     let v6 = nft_bans(&ns, "fleetban", "v6").len();
     println!("start with {n} active bans: spawn -> ban list applied {:.0} ms (control socket up after {up:.0} ms); kernel sets v4={v4} v6={v6}",
         (applied - t0) as f64 / 1000.0);
-    for l in text
-        .lines()
-        .filter(|l| l.contains("nft transaction applied") || l.contains("reconciled"))
-    {
-        println!("  {}", strip_ansi(l.trim()));
+    // The start's phases, as ms after the spawn (debug level).
+    let phases = [
+        "nftables ready",
+        "Ban list read",
+        "nft plan ready",
+        "nft transaction applied",
+        "reconciled",
+        "Ban list applied",
+    ];
+    for l in text.lines().filter(|l| phases.iter().any(|p| l.contains(p))) {
+        let l = strip_ansi(l.trim());
+        let at = l.split_whitespace().next().map_or(0, parse_rfc3339_us);
+        println!("  +{:.1} ms {l}", (at - t0) as f64 / 1000.0);
     }
     assert_eq!(v4 + v6, n);
     println!("daemon RSS with {n} active bans: {:.1} MB", rss_mb(d.pid()));

@@ -27,6 +27,8 @@ use super::{Element, EnforceError, NftOptions, ReconcileStats};
 
 /// nft is killed if it takes longer (a 100k-element transaction takes ~2 s).
 const NFT_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long `init`'s listing stands for the kernel's state (see `fresh`).
+const FRESH_FOR: Duration = Duration::from_secs(10);
 /// How much of nft's stderr an error keeps.
 const STDERR_CAP: usize = 4096;
 
@@ -41,6 +43,10 @@ pub struct NftEnforcer {
     /// The applied state may be wrong (never read, or a transaction failed):
     /// re-read the kernel before the next plan.
     stale: bool,
+    /// When `init` read the kernel: a `replace_all` soon after it (the start's
+    /// sync) plans against that listing instead of listing again (an empty
+    /// listing is cheap, one of 100k elements is not). Any apply clears it.
+    fresh: Option<Instant>,
 }
 
 impl NftEnforcer {
@@ -63,6 +69,7 @@ impl NftEnforcer {
             book: Book::default(),
             preamble: None,
             stale: true,
+            fresh: None,
         })
     }
 
@@ -78,6 +85,7 @@ impl NftEnforcer {
             elements = self.book.applied_len(),
             "nftables ready; kept the kernel's elements"
         );
+        self.fresh = Some(Instant::now());
         Ok(())
     }
 
@@ -99,8 +107,11 @@ impl NftEnforcer {
 
     pub async fn replace_all(&mut self, desired: &[Element], now_ms: i64) -> Result<ReconcileStats, EnforceError> {
         let expired = self.book.set_desired(desired, now_ms);
-        // A reconcile trusts the kernel, not the bookkeeping.
-        self.stale = true;
+        // A reconcile trusts the kernel, not the bookkeeping (but for the
+        // one right after `init`, which has just listed it).
+        if self.fresh.is_none_or(|t| t.elapsed() >= FRESH_FOR) {
+            self.stale = true;
+        }
         let mut stats = self.apply(now_ms).await?;
         stats.expired = expired;
         info!(table = %self.opts.table, ?stats, "nftables reconciled");
@@ -125,6 +136,7 @@ impl NftEnforcer {
         self.book.clear();
         self.preamble = Some(Preamble::create());
         self.stale = false;
+        self.fresh = None;
         info!(table = %self.opts.table, "nftables table deleted");
         Ok(())
     }
@@ -146,12 +158,15 @@ impl NftEnforcer {
         // Listings and transactions take time at 100k elements: keep `now`
         // moving so timeouts and expiry margins stay right.
         let t0 = Instant::now();
+        self.fresh = None;
         let now = || now_ms + i64::try_from(t0.elapsed().as_millis()).unwrap_or(i64::MAX / 2);
-        if self.stale {
+        let listed = self.stale;
+        if listed {
             self.reload(now()).await?;
         }
         let at = now();
         let plan = self.book.plan(at);
+        debug!(seconds = t0.elapsed().as_secs_f64(), listed, "nft plan ready");
         let first = match self.transact(&plan, at).await {
             Ok(()) => {
                 self.book.commit(&plan);
@@ -186,6 +201,7 @@ impl NftEnforcer {
         }
         let started = Instant::now();
         let text = script::render(&self.opts, self.preamble, plan, now);
+        let render = started.elapsed().as_secs_f64();
         self.run("transaction", &["-f", "-"], Some(text)).await?;
         self.preamble = None;
         debug!(
@@ -193,6 +209,7 @@ impl NftEnforcer {
             added = plan.add.len(),
             deleted = plan.delete.len(),
             seconds = started.elapsed().as_secs_f64(),
+            render,
             "nft transaction applied"
         );
         Ok(())
