@@ -187,6 +187,7 @@ fn start_with_100k_bans() {
     let phases = [
         "nftables ready",
         "Ban list read",
+        "Ban list entries read",
         "nft plan ready",
         "nft transaction applied",
         "reconciled",
@@ -201,6 +202,7 @@ fn start_with_100k_bans() {
     println!("daemon RSS with {n} active bans: {:.1} MB", rss_mb(d.pid()));
     // Bans one by one on top of 100k: what every later transaction costs.
     let before = text.matches("nft transaction applied").count();
+    let before_lines = before + text.matches("nft plan ready").count();
     let one_by_one: usize = std::env::var("ONE_BY_ONE")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -231,8 +233,8 @@ fn start_with_100k_bans() {
     for l in d
         .log_text()
         .lines()
-        .filter(|l| l.contains("nft transaction applied"))
-        .skip(before)
+        .filter(|l| l.contains("nft transaction applied") || l.contains("nft plan ready"))
+        .skip(before_lines)
     {
         println!("  {}", strip_ansi(l.trim()));
     }

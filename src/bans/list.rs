@@ -128,6 +128,7 @@ impl BanList {
         match self {
             BanList::Memory(m) => Ok(m.active(now_ms).map(|r| (r.addr, r.until())).collect()),
             BanList::Redis { con, keys } => {
+                let started = std::time::Instant::now();
                 let raw: redis::Value = redis::cmd("ZRANGE")
                     .arg(keys.bans())
                     .arg(format!("({now_ms}"))
@@ -136,7 +137,15 @@ impl BanList {
                     .arg("WITHSCORES")
                     .query_async(con)
                     .await?;
-                Ok(validate(&raw))
+                let read = started.elapsed().as_secs_f64();
+                let out = validate(&raw);
+                tracing::debug!(
+                    entries = out.len(),
+                    read,
+                    seconds = started.elapsed().as_secs_f64(),
+                    "Ban list entries read."
+                );
+                Ok(out)
             }
         }
     }

@@ -230,19 +230,27 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     // First sync: the kernel set equals the list before anything else runs
     // (when the list could be read: otherwise the kernel's set stays as the
     // last run left it until the first reconcile).
-    let initial: Vec<Element> = match initial {
+    let (applied, cache) = match initial {
         Some(list) => {
             let initial: Vec<Element> = list.into_iter().filter(|e| !allow.overlaps(&e.net)).collect();
+            // The pipeline's cache is built on another thread while nft works.
+            let copy: Vec<_> = initial.iter().map(|e| (e.net, e.until)).collect();
+            let cache = tokio::task::spawn_blocking(move || {
+                let mut cache = BanCache::default();
+                cache.replace(copy);
+                cache
+            });
             if let Err(e) = enforcer.replace_all(&initial, crate::now_ms()).await {
                 tracing::warn!(error = %e, "Applying the ban list at start failed; the next reconcile retries.");
             }
-            initial
+            match cache.await {
+                Ok(cache) => (initial.len(), cache),
+                // Only a panic in the cache (a bug) gets here: keep it a panic.
+                Err(e) => std::panic::resume_unwind(e.into_panic()),
+            }
         }
-        None => Vec::new(),
+        None => (0, BanCache::default()),
     };
-    let applied = initial.len();
-    let mut cache = BanCache::default();
-    cache.replace(initial.into_iter().map(|e| (e.net, e.until)));
     stats
         .bans_active
         .store(cache.len() as u64, std::sync::atomic::Ordering::Relaxed);

@@ -190,8 +190,18 @@ impl Book {
 
     /// Replaces the wanted bans; returns how many input elements were expired.
     pub fn set_desired(&mut self, elems: &[Element], now: i64) -> usize {
-        self.desired.clear();
-        self.desire(elems, now)
+        let mut expired = 0;
+        // Built in bulk (sorted once, last of equal nets wins, as inserting
+        // one by one would): 100k bans at start.
+        self.desired = elems
+            .iter()
+            .filter_map(|e| {
+                let n = normalize(e, now);
+                expired += usize::from(n.is_none());
+                n
+            })
+            .collect();
+        expired
     }
 
     /// Replaces the applied state with the kernel's elements.
@@ -319,6 +329,26 @@ impl Book {
 
     /// Records a plan the kernel accepted.
     pub fn commit(&mut self, plan: &Plan) {
+        if self.applied.is_empty() && plan.delete.is_empty() {
+            // A load into empty sets (the start): built in bulk.
+            self.applied = plan
+                .add
+                .iter()
+                .map(|&(net, until)| {
+                    let span = Span::of(&net);
+                    (
+                        span.lo,
+                        Slot {
+                            hi: span.hi,
+                            until,
+                            kept: 0,
+                        },
+                    )
+                })
+                .collect();
+            self.wake = plan.wake;
+            return;
+        }
         for span in &plan.delete {
             self.applied.remove(&span.lo);
         }
