@@ -90,19 +90,18 @@ impl NftEnforcer {
     }
 
     pub async fn add(&mut self, elems: &[Element], now_ms: i64) -> Result<(), EnforceError> {
-        self.book.desire(elems, now_ms);
-        self.apply(now_ms).await.map(drop)
+        self.update(elems, &[], now_ms).await
     }
 
     pub async fn remove(&mut self, nets: &[ipnet::IpNet], now_ms: i64) -> Result<(), EnforceError> {
-        self.book.undesire(nets);
-        self.apply(now_ms).await.map(drop)
+        self.update(&[], nets, now_ms).await
     }
 
     pub async fn update(&mut self, add: &[Element], remove: &[ipnet::IpNet], now_ms: i64) -> Result<(), EnforceError> {
         self.book.desire(add, now_ms);
         self.book.undesire(remove);
-        self.apply(now_ms).await.map(drop)
+        let touched: Vec<ipnet::IpNet> = add.iter().map(|e| e.net).chain(remove.iter().copied()).collect();
+        self.apply_touched(Some(&touched), now_ms).await.map(drop)
     }
 
     pub async fn replace_all(&mut self, desired: &[Element], now_ms: i64) -> Result<ReconcileStats, EnforceError> {
@@ -155,6 +154,17 @@ impl NftEnforcer {
 
     /// Plans and runs one transaction; on refusal re-reads and retries once.
     async fn apply(&mut self, now_ms: i64) -> Result<ReconcileStats, EnforceError> {
+        self.apply_touched(None, now_ms).await
+    }
+
+    /// As `apply`; when only `touched` nets changed and the kernel's state
+    /// is known, plans for them alone (`Book::plan_for`) instead of walking
+    /// every ban: one ban on top of 100k planned in µs instead of ~10 ms.
+    async fn apply_touched(
+        &mut self,
+        touched: Option<&[ipnet::IpNet]>,
+        now_ms: i64,
+    ) -> Result<ReconcileStats, EnforceError> {
         // Listings and transactions take time at 100k elements: keep `now`
         // moving so timeouts and expiry margins stay right.
         let t0 = Instant::now();
@@ -165,8 +175,15 @@ impl NftEnforcer {
             self.reload(now()).await?;
         }
         let at = now();
-        let plan = self.book.plan(at);
-        debug!(seconds = t0.elapsed().as_secs_f64(), listed, "nft plan ready");
+        let quick = touched
+            .filter(|_| !listed)
+            .and_then(|nets| self.book.plan_for(nets, at));
+        let incremental = quick.is_some();
+        let plan = quick.unwrap_or_else(|| self.book.plan(at));
+        debug!(
+            seconds = t0.elapsed().as_secs_f64(),
+            listed, incremental, "nft plan ready"
+        );
         let first = match self.transact(&plan, at).await {
             Ok(()) => {
                 self.book.commit(&plan);
