@@ -146,6 +146,18 @@ fn start_with_100k_bans() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(100_000);
     let redis = Redis::start();
+    // Idle: the same daemon on an empty list, 1 s after it is up.
+    {
+        let ns = NetNs::new("benchidle");
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("access.log");
+        std::fs::write(&log, "").unwrap();
+        let (cfg, control) = write_config(dir.path(), "bench-idle", &log, &redis);
+        let mut d = Daemon::start(Some(&ns), &cfg, &control);
+        std::thread::sleep(Duration::from_secs(1));
+        println!("daemon RSS idle (Redis, no bans): {:.1} MB", rss_mb(d.pid()));
+        d.stop(Duration::from_secs(10));
+    }
     // 100k members: 3/4 single v4 addresses, 1/4 v6 /64s, one hour left.
     let until = fleetban::now_ms() + 3_600_000;
     let script = "local n = tonumber(ARGV[1]) local u = ARGV[2] \
@@ -206,7 +218,7 @@ fn start_with_100k_bans() {
     let one_by_one: usize = std::env::var("ONE_BY_ONE")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(10);
+        .unwrap_or(20);
     let mut ms = Vec::new();
     for i in 0..one_by_one {
         let seen = d.log_text().matches("nft transaction applied").count();
@@ -230,13 +242,40 @@ fn start_with_100k_bans() {
         ms.len()
     );
     println!("daemon RSS after them: {:.1} MB", rss_mb(d.pid()));
-    for l in d
-        .log_text()
+    // What the enforcer itself spent per ban (its debug lines).
+    let field = |l: &str, name: &str| -> Option<f64> {
+        l.split_whitespace()
+            .find_map(|w| w.strip_prefix(name))
+            .and_then(|v| v.parse().ok())
+    };
+    let after = d.log_text();
+    let lines: Vec<String> = after
         .lines()
         .filter(|l| l.contains("nft transaction applied") || l.contains("nft plan ready"))
         .skip(before_lines)
-    {
-        println!("  {}", strip_ansi(l.trim()));
+        .map(strip_ansi)
+        .collect();
+    let mut plan: Vec<f64> = lines
+        .iter()
+        .filter(|l| l.contains("plan ready"))
+        .filter_map(|l| field(l, "seconds="))
+        .collect();
+    let mut nft: Vec<f64> = lines
+        .iter()
+        .filter(|l| l.contains("transaction applied"))
+        .filter_map(|l| field(l, "seconds="))
+        .collect();
+    for v in [&mut plan, &mut nft] {
+        v.sort_by(f64::total_cmp);
+    }
+    if !plan.is_empty() && !nft.is_empty() {
+        println!(
+            "per ban on top of {n}: plan median {:.3} ms, nft transaction median {:.2} ms (min {:.2}, max {:.2})",
+            plan[plan.len() / 2] * 1000.0,
+            nft[nft.len() / 2] * 1000.0,
+            nft[0] * 1000.0,
+            nft[nft.len() - 1] * 1000.0
+        );
     }
 }
 
