@@ -99,8 +99,11 @@ impl std::fmt::Display for AddrText<'_> {
 /// address or a CIDR network is refused: values read from Redis never reach
 /// nft unparsed.
 pub fn parse_member(s: &str) -> Option<IpNet> {
-    if let Ok(a) = s.parse::<std::net::IpAddr>() {
-        return Some(IpNet::from(crate::detect::normalize(a)));
+    if !s.contains('/') {
+        return s
+            .parse::<std::net::IpAddr>()
+            .ok()
+            .map(|a| IpNet::from(crate::detect::normalize(a)));
     }
     let n = s.parse::<IpNet>().ok()?;
     (n.trunc() == n).then_some(n)

@@ -146,6 +146,18 @@ fn start_with_100k_bans() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(100_000);
     let redis = Redis::start();
+    // Idle: the same daemon on an empty list, 1 s after it is up.
+    {
+        let ns = NetNs::new("benchidle");
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("access.log");
+        std::fs::write(&log, "").unwrap();
+        let (cfg, control) = write_config(dir.path(), "bench-idle", &log, &redis);
+        let mut d = Daemon::start(Some(&ns), &cfg, &control);
+        std::thread::sleep(Duration::from_secs(1));
+        println!("daemon RSS idle (Redis, no bans): {:.1} MB", rss_mb(d.pid()));
+        d.stop(Duration::from_secs(10));
+    }
     // 100k members: 3/4 single v4 addresses, 1/4 v6 /64s, one hour left.
     let until = fleetban::now_ms() + 3_600_000;
     let script = "local n = tonumber(ARGV[1]) local u = ARGV[2] \
@@ -163,40 +175,49 @@ fn start_with_100k_bans() {
         &until.to_string(),
     ]);
     assert_eq!(redis.cli(&["ZCARD", "{fleetban}:bans"]), n.to_string());
-    let ns = NetNs::new("bench100k");
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    std::fs::write(&log, "").unwrap();
-    let (cfg, control) = write_config(dir.path(), "bench-start", &log, &redis);
-    let t0 = now_us();
-    let d = Daemon::start(Some(&ns), &cfg, &control);
-    let up = (now_us() - t0) as f64 / 1000.0;
-    let text = d.log_text();
-    let line = text
-        .lines()
-        .find(|l| l.contains("Ban list applied"))
-        .expect("ban list applied");
-    // The log's own timestamp (RFC 3339, UTC, µs) of that line.
-    let plain = strip_ansi(line);
-    let applied = parse_rfc3339_us(plain.split_whitespace().next().unwrap());
-    let v4 = nft_bans(&ns, "fleetban", "v4").len();
-    let v6 = nft_bans(&ns, "fleetban", "v6").len();
-    println!("start with {n} active bans: spawn -> ban list applied {:.0} ms (control socket up after {up:.0} ms); kernel sets v4={v4} v6={v6}",
-        (applied - t0) as f64 / 1000.0);
-    for l in text
-        .lines()
-        .filter(|l| l.contains("nft transaction applied") || l.contains("reconciled"))
-    {
-        println!("  {}", strip_ansi(l.trim()));
+    // START_REPS starts of a fresh daemon in a fresh namespace on the same
+    // list (medians printed); the bans one by one go on top of the last.
+    let reps: usize = std::env::var("START_REPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5)
+        .max(1);
+    let mut runs = Vec::new();
+    let mut last = None;
+    for rep in 0..reps {
+        let (started, figures) = start_once(&redis, n, rep + 1 == reps);
+        runs.push(figures);
+        if let Some(mut prev) = last.replace(started) {
+            prev.3.stop(Duration::from_secs(10));
+        }
     }
-    assert_eq!(v4 + v6, n);
-    println!("daemon RSS with {n} active bans: {:.1} MB", rss_mb(d.pid()));
+    let median = |i: usize| {
+        let mut v: Vec<f64> = runs.iter().map(|r| r[i]).collect();
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v[0], v[v.len() - 1])
+    };
+    let names = [
+        "spawn -> applied (ms)",
+        "list read (ms)",
+        "nft transaction (s)",
+        "RSS with the bans (MB)",
+    ];
+    println!("start with {n} active bans, medians of {reps} starts (min, max):");
+    for (i, name) in names.iter().enumerate() {
+        let (m, lo, hi) = median(i);
+        println!("  {name:<24} {m:.3} ({lo:.3}, {hi:.3})");
+    }
+    let Some((_ns, _dir, cfg, d)) = last else {
+        unreachable!("at least one start")
+    };
     // Bans one by one on top of 100k: what every later transaction costs.
+    let text = d.log_text();
     let before = text.matches("nft transaction applied").count();
+    let before_lines = before + text.matches("nft plan ready").count();
     let one_by_one: usize = std::env::var("ONE_BY_ONE")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(10);
+        .unwrap_or(20);
     let mut ms = Vec::new();
     for i in 0..one_by_one {
         let seen = d.log_text().matches("nft transaction applied").count();
@@ -220,14 +241,109 @@ fn start_with_100k_bans() {
         ms.len()
     );
     println!("daemon RSS after them: {:.1} MB", rss_mb(d.pid()));
-    for l in d
-        .log_text()
+    // What the enforcer itself spent per ban (its debug lines).
+    let field = |l: &str, name: &str| -> Option<f64> {
+        l.split_whitespace()
+            .find_map(|w| w.strip_prefix(name))
+            .and_then(|v| v.parse().ok())
+    };
+    let after = d.log_text();
+    let lines: Vec<String> = after
         .lines()
-        .filter(|l| l.contains("nft transaction applied"))
-        .skip(before)
-    {
-        println!("  {}", strip_ansi(l.trim()));
+        .filter(|l| l.contains("nft transaction applied") || l.contains("nft plan ready"))
+        .skip(before_lines)
+        .map(strip_ansi)
+        .collect();
+    let mut plan: Vec<f64> = lines
+        .iter()
+        .filter(|l| l.contains("plan ready"))
+        .filter_map(|l| field(l, "seconds="))
+        .collect();
+    let mut nft: Vec<f64> = lines
+        .iter()
+        .filter(|l| l.contains("transaction applied"))
+        .filter_map(|l| field(l, "seconds="))
+        .collect();
+    for v in [&mut plan, &mut nft] {
+        v.sort_by(f64::total_cmp);
     }
+    if !plan.is_empty() && !nft.is_empty() {
+        println!(
+            "per ban on top of {n}: plan median {:.3} ms, nft transaction median {:.2} ms (min {:.2}, max {:.2})",
+            plan[plan.len() / 2] * 1000.0,
+            nft[nft.len() / 2] * 1000.0,
+            nft[0] * 1000.0,
+            nft[nft.len() - 1] * 1000.0
+        );
+    }
+}
+
+/// One start on the list: (namespace, its dir, config, daemon) and
+/// [applied ms, list read ms, nft transaction s, RSS MB]. `verbose` prints
+/// the start's phases.
+fn start_once(
+    redis: &Redis,
+    n: usize,
+    verbose: bool,
+) -> ((NetNs, tempfile::TempDir, std::path::PathBuf, Daemon), [f64; 4]) {
+    let ns = NetNs::new("bench100k");
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    std::fs::write(&log, "").unwrap();
+    let (cfg, control) = write_config(dir.path(), "bench-start", &log, redis);
+    let t0 = now_us();
+    let d = Daemon::start(Some(&ns), &cfg, &control);
+    let up = (now_us() - t0) as f64 / 1000.0;
+    let text = d.log_text();
+    let line = text
+        .lines()
+        .find(|l| l.contains("Ban list applied"))
+        .expect("ban list applied");
+    // The log's own timestamp (RFC 3339, UTC, µs) of that line.
+    let plain = strip_ansi(line);
+    let applied = parse_rfc3339_us(plain.split_whitespace().next().unwrap());
+    let v4 = nft_bans(&ns, "fleetban", "v4").len();
+    let v6 = nft_bans(&ns, "fleetban", "v6").len();
+    println!("start with {n} active bans: spawn -> ban list applied {:.0} ms (control socket up after {up:.0} ms); kernel sets v4={v4} v6={v6}",
+        (applied - t0) as f64 / 1000.0);
+    // The start's phases, as ms after the spawn (debug level).
+    let phases = [
+        "nftables ready",
+        "Ban list read",
+        "Ban list entries read",
+        "nft plan ready",
+        "nft transaction applied",
+        "reconciled",
+        "Ban list applied",
+    ];
+    for l in text.lines().filter(|l| verbose && phases.iter().any(|p| l.contains(p))) {
+        let l = strip_ansi(l.trim());
+        let at = l.split_whitespace().next().map_or(0, parse_rfc3339_us);
+        println!("  +{:.1} ms {l}", (at - t0) as f64 / 1000.0);
+    }
+    assert_eq!(v4 + v6, n);
+    println!("daemon RSS with {n} active bans: {:.1} MB", rss_mb(d.pid()));
+    let field = |l: &str, name: &str| -> Option<f64> {
+        l.split_whitespace()
+            .find_map(|w| w.strip_prefix(name))
+            .and_then(|v| v.parse().ok())
+    };
+    let plain: Vec<String> = text.lines().map(strip_ansi).collect();
+    let read = plain
+        .iter()
+        .find(|l| l.contains("Ban list read."))
+        .and_then(|l| field(l, "seconds="))
+        .unwrap_or(f64::NAN);
+    let nft = plain
+        .iter()
+        .find(|l| l.contains("nft transaction applied") && l.contains(&format!("added={n} ")))
+        .and_then(|l| field(l, "seconds="))
+        .unwrap_or(f64::NAN);
+    let rss = rss_mb(d.pid());
+    (
+        (ns, dir, cfg, d),
+        [(applied - t0) as f64 / 1000.0, read * 1000.0, nft, rss],
+    )
 }
 
 /// Resident set of a process in MB (VmRSS).

@@ -276,6 +276,66 @@ fn a_host_whose_events_were_trimmed_reconciles() {
     assert!(text.contains("not an address"), "garbage warned about:\n{text}");
 }
 
+/// At start the daemon reads the whole list in one go and loads it into nft
+/// while it lists and creates its table: thousands of members, networks
+/// covering single addresses, and garbage members among them (text, bad
+/// prefixes, non-UTF-8 bytes). Only the valid ones reach the kernel, each
+/// with its own remaining time; the garbage is warned about.
+#[test]
+fn a_large_list_with_garbage_reaches_nft_with_only_valid_members() {
+    let redis = Redis::start();
+    let until = fleetban::now_ms() + 3_600_000;
+    // 2,000 v4 addresses and 500 v6 /64s, each ending i ms later than the last.
+    let script = "local u = tonumber(ARGV[1]) \
+        for i = 0, 1999 do redis.call('ZADD', KEYS[1], u + i, string.format('198.18.%d.%d', math.floor(i / 256), i % 256)) end \
+        for i = 0, 499 do redis.call('ZADD', KEYS[1], u + 2000 + i, string.format('2001:db8:7:%x::/64', i)) end \
+        redis.call('ZADD', KEYS[1], u, 'garbage; flush ruleset') \
+        redis.call('ZADD', KEYS[1], u, '198.51.100.1/24') \
+        redis.call('ZADD', KEYS[1], u, '10.0.0.1/33') \
+        redis.call('ZADD', KEYS[1], u, string.char(255, 254, 49)) \
+        redis.call('ZADD', KEYS[1], u, '203.0.113.0/24') \
+        redis.call('ZADD', KEYS[1], u, '203.0.113.9') \
+        redis.call('ZADD', KEYS[1], u - 7200000, '192.0.2.77') \
+        return redis.call('ZCARD', KEYS[1])";
+    assert_eq!(
+        redis.cli(&["EVAL", script, "1", "{fleetban}:bans", &until.to_string()]),
+        "2507"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    std::fs::write(&log, "").unwrap();
+    let h = start_host(NetNs::new("biglist"), String::new(), "big-1", &log, None, &redis, "1h");
+    wait_for(&[&h], Duration::from_secs(10), "the list applied", || {
+        h.daemon.log_text().contains("Ban list applied")
+    });
+    let v4 = nft_bans(&h.ns, "fleetban", "v4");
+    let v6 = nft_bans(&h.ns, "fleetban", "v6");
+    let mut want_v4: Vec<String> = (0..2000).map(|i| format!("198.18.{}.{}", i / 256, i % 256)).collect();
+    // 203.0.113.9 is inside the /24: left out of the kernel (covered).
+    want_v4.push("203.0.113.0/24".to_owned());
+    want_v4.sort();
+    let mut want_v6: Vec<String> = (0..500)
+        .map(|i| format!("{}/64", std::net::Ipv6Addr::new(0x2001, 0xdb8, 7, i, 0, 0, 0, 0)))
+        .collect();
+    want_v6.sort();
+    assert_eq!(v4.iter().map(|(e, _)| e.clone()).collect::<Vec<_>>(), want_v4);
+    assert_eq!(v6.iter().map(|(e, _)| e.clone()).collect::<Vec<_>>(), want_v6);
+    // Each element carries its own end (nft lists whole seconds): the last
+    // one written ends 2.499 s after the first.
+    let left = |e: &str| {
+        v4.iter()
+            .chain(&v6)
+            .find(|(x, _)| x == e)
+            .and_then(|(_, t)| *t)
+            .unwrap()
+    };
+    let (first, last) = (left("198.18.0.0"), left("2001:db8:7:1f3::/64"));
+    assert!(last >= first + 1_000 && last <= 3_603_000, "{first} {last}");
+    let text = h.daemon.log_text();
+    assert!(text.contains("not an address"), "garbage warned about:\n{text}");
+    assert!(text.contains("bans=2502"), "2,502 valid bans:\n{text}");
+}
+
 fn append(log: &Path, text: &str) {
     use std::io::Write;
     let mut f = std::fs::OpenOptions::new().append(true).open(log).unwrap();

@@ -128,7 +128,8 @@ impl BanList {
         match self {
             BanList::Memory(m) => Ok(m.active(now_ms).map(|r| (r.addr, r.until())).collect()),
             BanList::Redis { con, keys } => {
-                let raw: Vec<(String, String)> = redis::cmd("ZRANGE")
+                let started = std::time::Instant::now();
+                let raw: redis::Value = redis::cmd("ZRANGE")
                     .arg(keys.bans())
                     .arg(format!("({now_ms}"))
                     .arg("+inf")
@@ -136,7 +137,15 @@ impl BanList {
                     .arg("WITHSCORES")
                     .query_async(con)
                     .await?;
-                Ok(validate(raw))
+                let read = started.elapsed().as_secs_f64();
+                let out = validate(&raw);
+                tracing::debug!(
+                    entries = out.len(),
+                    read,
+                    seconds = started.elapsed().as_secs_f64(),
+                    "Ban list entries read."
+                );
+                Ok(out)
             }
         }
     }
@@ -229,25 +238,64 @@ pub fn parse_until(s: &str) -> Option<Until> {
     }
 }
 
-fn validate(raw: Vec<(String, String)>) -> Vec<(IpNet, Until)> {
+/// The entries of a `ZRANGE ... WITHSCORES` reply, read where they lie (no
+/// String per member: 100k bans are 200k strings): flat member/score pairs
+/// (RESP2) or [member, score] arrays (RESP3). Members that are not an
+/// address or network, and scores that are not a time, are skipped.
+fn validate(reply: &redis::Value) -> Vec<(IpNet, Until)> {
+    use redis::Value;
+    let empty = Vec::new();
+    let items = match reply {
+        Value::Array(items) => items,
+        _ => &empty,
+    };
+    let nested = items.iter().all(|i| matches!(i, Value::Array(_)));
+    let mut out = Vec::with_capacity(if nested { items.len() } else { items.len() / 2 });
     let mut bad = 0usize;
-    let out = raw
-        .into_iter()
-        .filter_map(|(m, score)| match (store::parse_member(&m), parse_until(&score)) {
-            (Some(n), Some(u)) => Some((n, u)),
-            _ => {
-                bad += 1;
-                if bad <= 3 {
-                    tracing::warn!(member = %m.escape_debug(), "Ban list entry is not an address; skipped.");
-                }
-                None
+    let mut entry = |m: &Value, score: &Value| match (member_of(m), until_of(score)) {
+        (Some(n), Some(u)) => out.push((n, u)),
+        _ => {
+            bad += 1;
+            if bad <= 3 {
+                tracing::warn!(member = ?m, "Ban list entry is not an address; skipped.");
             }
-        })
-        .collect();
+        }
+    };
+    if nested {
+        for i in items {
+            match i {
+                Value::Array(pair) if pair.len() == 2 => entry(&pair[0], &pair[1]),
+                _ => entry(i, &Value::Nil),
+            }
+        }
+    } else {
+        for pair in items.chunks(2) {
+            entry(&pair[0], pair.get(1).unwrap_or(&Value::Nil));
+        }
+    }
     if bad > 3 {
         tracing::warn!(count = bad, "Ban list entries that are not addresses were skipped.");
     }
     out
+}
+
+fn member_of(v: &redis::Value) -> Option<IpNet> {
+    match v {
+        redis::Value::BulkString(b) => store::parse_member(std::str::from_utf8(b).ok()?),
+        redis::Value::SimpleString(s) => store::parse_member(s),
+        _ => None,
+    }
+}
+
+fn until_of(v: &redis::Value) -> Option<Until> {
+    match v {
+        redis::Value::BulkString(b) => parse_until(std::str::from_utf8(b).ok()?),
+        redis::Value::SimpleString(s) => parse_until(s),
+        redis::Value::Double(f) if *f == f64::INFINITY => Some(Until::Permanent),
+        redis::Value::Double(f) if f.is_finite() => Some(Until::At(*f as i64)),
+        redis::Value::Int(i) => Some(Until::At(*i)),
+        _ => None,
+    }
 }
 
 /// The embedded ban list of a host without Redis.
@@ -321,5 +369,50 @@ impl MemoryBans {
         };
         self.bans.insert(req.addr, rec.clone());
         Outcome::Banned(rec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis::Value;
+
+    fn bulk(s: &[u8]) -> Value {
+        Value::BulkString(s.to_vec())
+    }
+
+    #[test]
+    fn a_zrange_reply_keeps_only_addresses_with_a_time() {
+        let v4: IpNet = "192.0.2.1/32".parse().unwrap();
+        let v6: IpNet = "2001:db8:1:2::/64".parse().unwrap();
+        let want = vec![(v4, Until::At(1_700_000_000_123)), (v6, Until::Permanent)];
+        // RESP2: flat member/score pairs, with garbage members among them.
+        let flat = Value::Array(vec![
+            bulk(b"garbage; flush ruleset"),
+            bulk(b"5"),
+            bulk(b"192.0.2.1"),
+            bulk(b"1700000000123"),
+            bulk(b"192.0.2.1/24"),
+            bulk(b"5"),
+            bulk(b"\xff\xfe"),
+            bulk(b"5"),
+            bulk(b"2001:db8:1:2::/64"),
+            bulk(b"inf"),
+            bulk(b"10.0.0.1"),
+            bulk(b"soon"),
+            bulk(b"10.0.0.2"),
+        ]);
+        assert_eq!(validate(&flat), want);
+        // RESP3: [member, score] pairs with double scores.
+        let nested = Value::Array(vec![
+            Value::Array(vec![bulk(b"192.0.2.1"), Value::Double(1_700_000_000_123.0)]),
+            Value::Array(vec![bulk(b"not an address"), Value::Double(5.0)]),
+            Value::Array(vec![bulk(b"10.0.0.3"), Value::Double(f64::NAN)]),
+            Value::Array(vec![bulk(b"2001:db8:1:2::/64"), Value::Double(f64::INFINITY)]),
+            Value::Array(vec![bulk(b"10.0.0.4")]),
+        ]);
+        assert_eq!(validate(&nested), want);
+        assert!(validate(&Value::Nil).is_empty());
+        assert!(validate(&Value::Array(vec![])).is_empty());
     }
 }

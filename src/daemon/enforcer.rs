@@ -97,10 +97,15 @@ pub async fn run(
         }
         let started = std::time::Instant::now();
         let result = match f.replace {
-            Some(elems) => enforcer
-                .replace_all(&allowed(elems, &allow, &mut warned), now)
-                .await
-                .map(|_| ()),
+            Some(elems) => {
+                let r = enforcer
+                    .replace_all(&allowed(elems, &allow, &mut warned), now)
+                    .await
+                    .map(|_| ());
+                // A reconcile read and copied the whole list: give it back.
+                super::trim_heap();
+                r
+            }
             None => {
                 enforcer
                     .update(&allowed(f.adds, &allow, &mut warned), &f.removes, now)

@@ -27,6 +27,8 @@ use super::{Element, EnforceError, NftOptions, ReconcileStats};
 
 /// nft is killed if it takes longer (a 100k-element transaction takes ~2 s).
 const NFT_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long `init`'s listing stands for the kernel's state (see `fresh`).
+const FRESH_FOR: Duration = Duration::from_secs(10);
 /// How much of nft's stderr an error keeps.
 const STDERR_CAP: usize = 4096;
 
@@ -41,6 +43,10 @@ pub struct NftEnforcer {
     /// The applied state may be wrong (never read, or a transaction failed):
     /// re-read the kernel before the next plan.
     stale: bool,
+    /// When `init` read the kernel: a `replace_all` soon after it (the start's
+    /// sync) plans against that listing instead of listing again (an empty
+    /// listing is cheap, one of 100k elements is not). Any apply clears it.
+    fresh: Option<Instant>,
 }
 
 impl NftEnforcer {
@@ -63,6 +69,7 @@ impl NftEnforcer {
             book: Book::default(),
             preamble: None,
             stale: true,
+            fresh: None,
         })
     }
 
@@ -78,29 +85,32 @@ impl NftEnforcer {
             elements = self.book.applied_len(),
             "nftables ready; kept the kernel's elements"
         );
+        self.fresh = Some(Instant::now());
         Ok(())
     }
 
     pub async fn add(&mut self, elems: &[Element], now_ms: i64) -> Result<(), EnforceError> {
-        self.book.desire(elems, now_ms);
-        self.apply(now_ms).await.map(drop)
+        self.update(elems, &[], now_ms).await
     }
 
     pub async fn remove(&mut self, nets: &[ipnet::IpNet], now_ms: i64) -> Result<(), EnforceError> {
-        self.book.undesire(nets);
-        self.apply(now_ms).await.map(drop)
+        self.update(&[], nets, now_ms).await
     }
 
     pub async fn update(&mut self, add: &[Element], remove: &[ipnet::IpNet], now_ms: i64) -> Result<(), EnforceError> {
         self.book.desire(add, now_ms);
         self.book.undesire(remove);
-        self.apply(now_ms).await.map(drop)
+        let touched: Vec<ipnet::IpNet> = add.iter().map(|e| e.net).chain(remove.iter().copied()).collect();
+        self.apply_touched(Some(&touched), now_ms).await.map(drop)
     }
 
     pub async fn replace_all(&mut self, desired: &[Element], now_ms: i64) -> Result<ReconcileStats, EnforceError> {
         let expired = self.book.set_desired(desired, now_ms);
-        // A reconcile trusts the kernel, not the bookkeeping.
-        self.stale = true;
+        // A reconcile trusts the kernel, not the bookkeeping (but for the
+        // one right after `init`, which has just listed it).
+        if self.fresh.is_none_or(|t| t.elapsed() >= FRESH_FOR) {
+            self.stale = true;
+        }
         let mut stats = self.apply(now_ms).await?;
         stats.expired = expired;
         info!(table = %self.opts.table, ?stats, "nftables reconciled");
@@ -125,6 +135,7 @@ impl NftEnforcer {
         self.book.clear();
         self.preamble = Some(Preamble::create());
         self.stale = false;
+        self.fresh = None;
         info!(table = %self.opts.table, "nftables table deleted");
         Ok(())
     }
@@ -143,15 +154,36 @@ impl NftEnforcer {
 
     /// Plans and runs one transaction; on refusal re-reads and retries once.
     async fn apply(&mut self, now_ms: i64) -> Result<ReconcileStats, EnforceError> {
+        self.apply_touched(None, now_ms).await
+    }
+
+    /// As `apply`; when only `touched` nets changed and the kernel's state
+    /// is known, plans for them alone (`Book::plan_for`) instead of walking
+    /// every ban: one ban on top of 100k planned in µs instead of ~10 ms.
+    async fn apply_touched(
+        &mut self,
+        touched: Option<&[ipnet::IpNet]>,
+        now_ms: i64,
+    ) -> Result<ReconcileStats, EnforceError> {
         // Listings and transactions take time at 100k elements: keep `now`
         // moving so timeouts and expiry margins stay right.
         let t0 = Instant::now();
+        self.fresh = None;
         let now = || now_ms + i64::try_from(t0.elapsed().as_millis()).unwrap_or(i64::MAX / 2);
-        if self.stale {
+        let listed = self.stale;
+        if listed {
             self.reload(now()).await?;
         }
         let at = now();
-        let plan = self.book.plan(at);
+        let quick = touched
+            .filter(|_| !listed)
+            .and_then(|nets| self.book.plan_for(nets, at));
+        let incremental = quick.is_some();
+        let plan = quick.unwrap_or_else(|| self.book.plan(at));
+        debug!(
+            seconds = t0.elapsed().as_secs_f64(),
+            listed, incremental, "nft plan ready"
+        );
         let first = match self.transact(&plan, at).await {
             Ok(()) => {
                 self.book.commit(&plan);
@@ -186,6 +218,7 @@ impl NftEnforcer {
         }
         let started = Instant::now();
         let text = script::render(&self.opts, self.preamble, plan, now);
+        let render = started.elapsed().as_secs_f64();
         self.run("transaction", &["-f", "-"], Some(text)).await?;
         self.preamble = None;
         debug!(
@@ -193,6 +226,7 @@ impl NftEnforcer {
             added = plan.add.len(),
             deleted = plan.delete.len(),
             seconds = started.elapsed().as_secs_f64(),
+            render,
             "nft transaction applied"
         );
         Ok(())
