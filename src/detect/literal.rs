@@ -72,6 +72,16 @@ impl ByteSet {
             _ => None,
         }
     }
+
+    /// `(m, v)` when this set is exactly `{b : b & m == v}`.
+    fn as_cube(&self) -> Option<(u8, u8)> {
+        let (mut all, mut any, mut n) = (0xffu8, 0u8, 0u32);
+        for b in self.bytes() {
+            (all, any, n) = (all & b, any | b, n + 1);
+        }
+        let free = all ^ any;
+        (n > 0 && n == 1 << free.count_ones()).then_some((!free, all & !free))
+    }
 }
 
 /// One string of a CORE's language: a set of bytes per position.
@@ -79,45 +89,85 @@ type Units = Vec<ByteSet>;
 
 /// A string of the language, stored for matching.
 #[derive(Clone, Debug)]
-enum Pat {
-    /// One byte per position.
-    Exact(Box<[u8]>),
-    /// Some position has more than one byte (a class, `(?i)`).
-    Sets(Box<[ByteSet]>),
+struct Pat {
+    units: Box<[ByteSet]>,
+    /// When the string is at most 8 bytes and every position's set is
+    /// `{b : b & m == v}` (one byte, or an ASCII letter in both cases): masks
+    /// and values of the 8-byte window the text is compared in, right-aligned
+    /// (`ends_at`) and left-aligned (`starts`).
+    packed: Option<Packed>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Packed {
+    right: (u64, u64),
+    left: (u64, u64),
 }
 
 impl Pat {
     fn new(units: &[ByteSet]) -> Pat {
-        match units.iter().map(ByteSet::as_single).collect::<Option<Vec<u8>>>() {
-            Some(bytes) => Pat::Exact(bytes.into_boxed_slice()),
-            None => Pat::Sets(units.to_vec().into_boxed_slice()),
+        let cubes: Option<Vec<(u8, u8)>> = units.iter().map(ByteSet::as_cube).collect();
+        let packed = cubes.filter(|c| c.len() <= 8).map(|cubes| {
+            let (mut right, mut left) = ((0, 0), (0, 0));
+            let shift = 8 - cubes.len();
+            for (j, &(m, v)) in cubes.iter().enumerate() {
+                let (m, v) = (u64::from(m), u64::from(v));
+                right.0 |= m << (8 * (shift + j));
+                right.1 |= v << (8 * (shift + j));
+                left.0 |= m << (8 * j);
+                left.1 |= v << (8 * j);
+            }
+            Packed { right, left }
+        });
+        Pat {
+            units: units.into(),
+            packed,
         }
     }
 
     #[inline]
     fn len(&self) -> usize {
-        match self {
-            Pat::Exact(b) => b.len(),
-            Pat::Sets(s) => s.len(),
-        }
+        self.units.len()
     }
 
     /// Whether `text` (of the pattern's length) is this string.
     #[inline]
     fn is(&self, text: &[u8]) -> bool {
-        match self {
-            Pat::Exact(b) => **b == *text,
-            Pat::Sets(s) => s.iter().zip(text).all(|(set, &b)| set.contains(b)),
-        }
+        self.units.iter().zip(text).all(|(set, &b)| set.contains(b))
     }
 
     /// The bytes the pattern may have at position `i` (counted from the end
     /// when `from_end`).
     fn at(&self, i: usize, from_end: bool) -> ByteSet {
         let i = if from_end { self.len() - 1 - i } else { i };
-        match self {
-            Pat::Exact(b) => ByteSet::single(b[i]),
-            Pat::Sets(s) => s[i],
+        self.units[i]
+    }
+}
+
+/// The 8 bytes of `text` that end at `end` as a little-endian word, zeros
+/// in front when there are fewer.
+#[inline]
+fn window_before(text: &[u8], end: usize) -> u64 {
+    match end.checked_sub(8).and_then(|start| text.get(start..end)) {
+        Some(w) => u64::from_le_bytes(w.try_into().unwrap_or_default()),
+        None => {
+            let mut w = [0u8; 8];
+            let head = &text[..end.min(text.len()).min(8)];
+            w[8 - head.len()..].copy_from_slice(head);
+            u64::from_le_bytes(w)
+        }
+    }
+}
+
+/// The first 8 bytes of `text`, zeros after when there are fewer.
+#[inline]
+fn window_start(text: &[u8]) -> u64 {
+    match text.get(..8) {
+        Some(w) => u64::from_le_bytes(w.try_into().unwrap_or_default()),
+        None => {
+            let mut w = [0u8; 8];
+            w[..text.len()].copy_from_slice(text);
+            u64::from_le_bytes(w)
         }
     }
 }
@@ -209,8 +259,15 @@ impl Shape {
         let Some(&first) = text.first() else {
             return false;
         };
-        self.candidates(first)
-            .any(|p| p.len() <= text.len() && p.is(&text[..p.len()]) && follows(p.len()))
+        let w = window_start(text);
+        self.candidates(first).any(|p| {
+            p.len() <= text.len()
+                && match p.packed {
+                    Some(k) => w & k.left.0 == k.left.1,
+                    None => p.is(&text[..p.len()]),
+                }
+                && follows(p.len())
+        })
     }
 
     /// A string of CORE ends at `end`.
@@ -222,8 +279,14 @@ impl Shape {
         let Some(&last) = end.checked_sub(1).and_then(|i| text.get(i)) else {
             return false;
         };
-        self.candidates(last)
-            .any(|p| p.len() <= end && p.is(&text[end - p.len()..end]))
+        let w = window_before(text, end);
+        self.candidates(last).any(|p| {
+            p.len() <= end
+                && match p.packed {
+                    Some(k) => w & k.right.0 == k.right.1,
+                    None => p.is(&text[end - p.len()..end]),
+                }
+        })
     }
 }
 
@@ -506,6 +569,21 @@ mod tests {
     }
 
     #[test]
+    fn cubes() {
+        let set = |bytes: &[u8]| {
+            let mut s = ByteSet::EMPTY;
+            bytes.iter().for_each(|&b| s.insert(b));
+            s
+        };
+        assert_eq!(set(b"a").as_cube(), Some((0xff, b'a')));
+        assert_eq!(set(b"aA").as_cube(), Some((!0x20, b'A')));
+        assert_eq!(set(b"0123456789").as_cube(), None);
+        assert_eq!(set(b"0123").as_cube(), Some((!0x03, b'0')));
+        assert_eq!(set(b"abc").as_cube(), None);
+        assert_eq!(ByteSet::EMPTY.as_cube(), None);
+    }
+
+    #[test]
     fn spot_checks() {
         let p = SHAPED[0];
         let re = literal(p).unwrap();
@@ -605,9 +683,42 @@ mod tests {
     /// case and non-ASCII variants.
     fn text() -> impl Strategy<Value = Vec<u8>> {
         let piece = prop::sample::select(vec![
-            "/", ".", "?", "#", "css", "CSS", "js", "mjs", "map", "png", "jpg", "jpeg", "jpe", "woff", "woff2", "x",
-            "K", "k", "\u{212A}", "é", "É", "ſ", "s", "S", "admin", "login", "Login", "sessions", "api", "v1",
-            "favicon.ico", "robots.txt", "=", "wp-", "\u{ff}", "\0",
+            "/",
+            ".",
+            "?",
+            "#",
+            "css",
+            "CSS",
+            "js",
+            "mjs",
+            "map",
+            "png",
+            "jpg",
+            "jpeg",
+            "jpe",
+            "woff",
+            "woff2",
+            "x",
+            "K",
+            "k",
+            "\u{212A}",
+            "é",
+            "É",
+            "ſ",
+            "s",
+            "S",
+            "admin",
+            "login",
+            "Login",
+            "sessions",
+            "api",
+            "v1",
+            "favicon.ico",
+            "robots.txt",
+            "=",
+            "wp-",
+            "\u{ff}",
+            "\0",
         ]);
         let bytes = prop::collection::vec(
             prop_oneof![
@@ -622,8 +733,26 @@ mod tests {
     /// Random patterns of the supported grammar (and some outside it).
     fn pattern() -> impl Strategy<Value = String> {
         let word = prop::sample::select(vec![
-            "css", "js", "jpe?g", "woff2?", "png", "k", "é", "s", "[0-9]", "[a-c]", "(?:x|)", "x{1,2}", "",
-            r"\.", "/", "admin", "(?-u:\\xff)", "[Kk]", "\\?", "[^/]",
+            "css",
+            "js",
+            "jpe?g",
+            "woff2?",
+            "png",
+            "k",
+            "é",
+            "s",
+            "[0-9]",
+            "[a-c]",
+            "(?:x|)",
+            "x{1,2}",
+            "",
+            r"\.",
+            "/",
+            "admin",
+            "(?-u:\\xff)",
+            "[Kk]",
+            "\\?",
+            "[^/]",
         ]);
         let core = prop::collection::vec(prop::collection::vec(word, 1..3), 1..5).prop_map(|alts| {
             let alts: Vec<String> = alts.into_iter().map(|w| w.concat()).collect();

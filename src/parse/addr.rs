@@ -38,8 +38,11 @@ pub fn parse_addr(field: &[u8]) -> Option<IpAddr> {
 /// part before `::` only when there is no `::`). Groups are read greedily and
 /// never backtracked into, as there: `1:2:3:4:5:6:7:8::` is refused.
 fn parse_ipv6(s: &[u8]) -> Option<Ipv6Addr> {
+    // An IPv4 group needs a `.`: without one, trying it at every group is
+    // wasted (and it would fail anyway).
+    let dotted = s.contains(&b'.');
     let mut head = [0u16; 8];
-    let (at, head_size, head_v4) = read_groups(s, 0, &mut head);
+    let (at, head_size, head_v4) = read_groups(s, 0, &mut head, dotted);
     if head_size == 8 {
         return (at == s.len()).then(|| Ipv6Addr::from(head));
     }
@@ -48,7 +51,7 @@ fn parse_ipv6(s: &[u8]) -> Option<Ipv6Addr> {
     }
     let mut tail = [0u16; 7];
     let limit = 7 - head_size;
-    let (end, tail_size, _) = read_groups(s, at + 2, &mut tail[..limit]);
+    let (end, tail_size, _) = read_groups(s, at + 2, &mut tail[..limit], dotted);
     if end != s.len() {
         return None;
     }
@@ -61,7 +64,7 @@ fn parse_ipv6(s: &[u8]) -> Option<Ipv6Addr> {
 /// read, how many were filled, and whether an IPv4 address ended them. A
 /// separator is only consumed with the group after it.
 #[inline]
-fn read_groups(s: &[u8], mut at: usize, groups: &mut [u16]) -> (usize, usize, bool) {
+fn read_groups(s: &[u8], mut at: usize, groups: &mut [u16], dotted: bool) -> (usize, usize, bool) {
     let limit = groups.len();
     for i in 0..limit {
         let start = if i == 0 {
@@ -71,7 +74,7 @@ fn read_groups(s: &[u8], mut at: usize, groups: &mut [u16]) -> (usize, usize, bo
         } else {
             return (at, i, false);
         };
-        if i + 1 < limit {
+        if dotted && i + 1 < limit {
             if let Some((v4, end)) = read_ipv4_prefix(s, start) {
                 let [a, b, c, d] = v4;
                 groups[i] = u16::from_be_bytes([a, b]);
@@ -117,25 +120,41 @@ fn hex_digit(b: u8) -> Option<u8> {
 
 /// A dotted quad at `at` (octets as in [`parse_ipv4`]), and where it ends;
 /// what follows is the caller's business.
-fn read_ipv4_prefix(s: &[u8], mut at: usize) -> Option<([u8; 4], usize)> {
-    let mut octets = [0u8; 4];
-    for (i, octet) in octets.iter_mut().enumerate() {
-        if i > 0 {
-            if s.get(at) != Some(&b'.') {
-                return None;
-            }
-            at += 1;
-        }
-        let digits = s.get(at..)?.iter().take_while(|b| b.is_ascii_digit()).count();
-        let text = &s[at..at + digits];
-        if digits == 0 || digits > 3 || (digits > 1 && text[0] == b'0') {
-            return None;
-        }
-        let value = text.iter().fold(0u16, |v, &d| v * 10 + u16::from(d - b'0'));
-        *octet = u8::try_from(value).ok()?;
-        at += digits;
+#[inline]
+fn read_ipv4_prefix(s: &[u8], at: usize) -> Option<([u8; 4], usize)> {
+    let (a, at) = read_octet(s, at)?;
+    let (b, at) = read_octet(s, dot(s, at)?)?;
+    let (c, at) = read_octet(s, dot(s, at)?)?;
+    let (d, at) = read_octet(s, dot(s, at)?)?;
+    Some(([a, b, c, d], at))
+}
+
+#[inline(always)]
+fn dot(s: &[u8], at: usize) -> Option<usize> {
+    (s.get(at) == Some(&b'.')).then_some(at + 1)
+}
+
+/// One decimal octet at `at` as the standard library reads it: all the
+/// digits there are, 1 to 3 of them, no leading zero unless it is the only
+/// digit, at most 255.
+#[inline(always)]
+fn read_octet(s: &[u8], at: usize) -> Option<(u8, usize)> {
+    let digit = |i: usize| s.get(i).map(|b| b.wrapping_sub(b'0')).filter(|&d| d < 10);
+    let d0 = digit(at)?;
+    let Some(d1) = digit(at + 1) else {
+        return Some((d0, at + 1));
+    };
+    if d0 == 0 {
+        return None;
     }
-    Some((octets, at))
+    let Some(d2) = digit(at + 2) else {
+        return Some((d0 * 10 + d1, at + 2));
+    };
+    if digit(at + 3).is_some() {
+        return None;
+    }
+    let value = u16::from(d0) * 100 + u16::from(d1) * 10 + u16::from(d2);
+    Some((u8::try_from(value).ok()?, at + 3))
 }
 
 /// Dotted quad, four decimal octets without leading zeros (`010` is octal to
@@ -145,33 +164,10 @@ fn parse_ipv4(field: &[u8]) -> Option<Ipv4Addr> {
     if !(7..=15).contains(&field.len()) {
         return None;
     }
-    let mut octets = [0u8; 4];
-    let mut n = 0;
-    let mut value: u16 = 0;
-    let mut digits = 0;
-    for &b in field {
-        match b {
-            b'0'..=b'9' => {
-                // A leading zero may only be the whole octet.
-                if digits == 3 || (digits == 1 && value == 0) {
-                    return None;
-                }
-                value = value * 10 + u16::from(b - b'0');
-                digits += 1;
-            }
-            b'.' if digits > 0 && n < 3 => {
-                octets[n] = u8::try_from(value).ok()?;
-                n += 1;
-                (value, digits) = (0, 0);
-            }
-            _ => return None,
-        }
+    match read_ipv4_prefix(field, 0)? {
+        (octets, end) if end == field.len() => Some(Ipv4Addr::from(octets)),
+        _ => None,
     }
-    if n != 3 || digits == 0 {
-        return None;
-    }
-    octets[3] = u8::try_from(value).ok()?;
-    Some(Ipv4Addr::from(octets))
 }
 
 #[cfg(test)]
@@ -190,7 +186,7 @@ mod tests {
         if field.len() > MAX_LEN {
             return None;
         }
-        if let Some(v4) = parse_ipv4(field) {
+        if let Some(v4) = std::str::from_utf8(field).ok().and_then(|t| t.parse::<Ipv4Addr>().ok()) {
             return Some(IpAddr::V4(v4));
         }
         let inner = match field {
@@ -247,7 +243,10 @@ mod tests {
             assert_eq!(parse_ipv6(text.as_bytes()), std_v6(text.as_bytes()), "{text:?}");
             assert_eq!(parse_addr(text.as_bytes()), std_addr(text.as_bytes()), "{text:?}");
         }
-        assert_eq!(parse_addr(b"::ffff:1.2.3.4"), Some(IpAddr::V4(Ipv4Addr::new(1, 2, 3, 4))));
+        assert_eq!(
+            parse_addr(b"::ffff:1.2.3.4"),
+            Some(IpAddr::V4(Ipv4Addr::new(1, 2, 3, 4)))
+        );
     }
 
     /// A valid address written one of the ways the standard library reads
@@ -341,6 +340,16 @@ mod tests {
             prop_assert_eq!(parse_addr(&text), std_addr(&text), "{}", String::from_utf8_lossy(&text));
             let bracketed = [&b"["[..], &text, b"]"].concat();
             prop_assert_eq!(parse_addr(&bracketed), std_addr(&bracketed));
+        }
+
+        #[test]
+        fn ipv4_agrees_with_the_standard_library(
+            text in prop_oneof!["[0-9]{0,4}(\\.[0-9]{0,4}){0,4}", "[0-9.]{0,16}", "[0-9.x: ]{0,16}"],
+        ) {
+            let std = text.parse::<Ipv4Addr>().ok();
+            prop_assert_eq!(parse_ipv4(text.as_bytes()), std, "{}", text);
+            let ip = text.parse::<IpAddr>().ok().map(|a| a.to_canonical());
+            prop_assert_eq!(parse_addr(text.as_bytes()), ip, "{}", text);
         }
 
         #[test]
