@@ -279,6 +279,10 @@ impl Shape {
         let Some(&last) = end.checked_sub(1).and_then(|i| text.get(i)) else {
             return false;
         };
+        // Most texts end with a byte no string ends with.
+        if self.index[usize::from(last)].1 == 0 {
+            return false;
+        }
         let w = window_before(text, end);
         self.candidates(last).any(|p| {
             p.len() <= end

@@ -32,6 +32,18 @@ pub fn parse_addr(field: &[u8]) -> Option<IpAddr> {
     Some(IpAddr::V6(parse_ipv6(inner)?).to_canonical())
 }
 
+/// The dotted quad a line starts with when a space follows it: then that
+/// is the whole first field, and [`parse_addr`] of it gives the same address
+/// (the common case, without looking for the space first). `None` says
+/// nothing: the caller takes the field and asks [`parse_addr`].
+#[inline]
+pub(crate) fn ipv4_field(line: &[u8]) -> Option<(Ipv4Addr, usize)> {
+    match read_ipv4_prefix(line, 0)? {
+        (octets, end) if line.get(end) == Some(&b' ') => Some((Ipv4Addr::from(octets), end)),
+        _ => None,
+    }
+}
+
 /// `Ipv6Addr::from_str`, step for step (`core::net::parser`): up to eight
 /// groups of 1 to 4 hex digits, at most one `::` standing for at least one
 /// zero group, and an IPv4 address in place of the last two groups (in the
@@ -350,6 +362,26 @@ mod tests {
             prop_assert_eq!(parse_ipv4(text.as_bytes()), std, "{}", text);
             let ip = text.parse::<IpAddr>().ok().map(|a| a.to_canonical());
             prop_assert_eq!(parse_addr(text.as_bytes()), ip, "{}", text);
+        }
+
+        /// The shortcut for a line starting with a dotted quad gives what
+        /// the first field through `parse_addr` gives, whenever it answers.
+        #[test]
+        fn ipv4_field_is_the_first_field(
+            text in prop_oneof!["[0-9]{0,4}(\\.[0-9]{0,4}){0,4}[ :x.]?", "[0-9.: ]{0,20}"],
+            rest in "[ -~]{0,10}",
+        ) {
+            let line = format!("{text} {rest}");
+            let line = line.as_bytes();
+            let space = line.iter().position(|&b| b == b' ').unwrap();
+            let field = parse_addr(&line[..space]);
+            match ipv4_field(line) {
+                Some((v4, end)) => {
+                    prop_assert_eq!(end, space);
+                    prop_assert_eq!(field, Some(IpAddr::V4(v4)));
+                }
+                None => prop_assert!(!matches!(field, Some(IpAddr::V4(_))) || text.contains(':'), "{}", text),
+            }
         }
 
         #[test]

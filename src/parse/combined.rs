@@ -16,9 +16,11 @@
 //!   complete, so a truncated line parses only when all but the user agent is
 //!   there.
 
+use std::net::IpAddr;
+
 use memchr::memchr;
 
-use super::addr::parse_addr;
+use super::addr::{ipv4_field, parse_addr};
 use super::fields::{find_quote, is_byte_count, is_trailer, parse_status, split_request};
 use super::time::parse_time_local;
 use super::Request;
@@ -28,9 +30,15 @@ const TIME_LOCAL_LEN: usize = 26;
 
 /// Parses a `combined` line, or only its `common` prefix when `combined` is false.
 pub(crate) fn parse(line: &[u8], combined: bool) -> Option<Request<'_>> {
-    // An address is at most 47 bytes: no need to look further for its end.
-    let space = memchr(b' ', &line[..line.len().min(48)])?;
-    let mut request = Request::with_addr(parse_addr(&line[..space])?);
+    let (addr, space) = match ipv4_field(line) {
+        Some((v4, space)) => (IpAddr::V4(v4), space),
+        None => {
+            // An address is at most 47 bytes: no need to look further for its end.
+            let space = memchr(b' ', &line[..line.len().min(48)])?;
+            (parse_addr(&line[..space])?, space)
+        }
+    };
+    let mut request = Request::with_addr(addr);
 
     let open = time_open(line, space)?;
     let time = open + 1;
