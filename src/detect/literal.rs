@@ -23,9 +23,8 @@
 //! non-ASCII variants included (`k` also matches U+212A); the proptests below
 //! compare the two on random patterns and texts and on real paths.
 
+use memchr::memchr_iter;
 use regex_syntax::hir::{Class, Hir, HirKind, Look};
-
-use crate::parse::find_byte_short;
 
 /// Most strings a CORE may denote.
 const MAX_STRINGS: usize = 128;
@@ -240,19 +239,7 @@ impl Shape {
         } else {
             match self.tail {
                 Tail::End => self.ends_at(text, text.len()),
-                Tail::EndOr(d) => {
-                    if self.ends_at(text, text.len()) {
-                        return true;
-                    }
-                    let mut from = 0;
-                    while let Some(i) = find_byte_short(d, &text[from..]) {
-                        if self.ends_at(text, from + i) {
-                            return true;
-                        }
-                        from += i + 1;
-                    }
-                    false
-                }
+                Tail::EndOr(d) => self.ends_at(text, text.len()) || memchr_iter(d, text).any(|e| self.ends_at(text, e)),
                 // Not built (see `shape`), and "contains" would be its meaning.
                 Tail::Any => false,
             }

@@ -21,7 +21,7 @@ use std::net::IpAddr;
 use memchr::memchr;
 
 use super::addr::{ipv4_field, parse_addr};
-use super::fields::{find_quote, find_quote_short, is_byte_count, is_trailer, parse_status, split_request};
+use super::fields::{find_quote, is_byte_count, is_trailer, parse_status, split_request};
 use super::time::parse_time_local;
 use super::Request;
 
@@ -49,7 +49,7 @@ pub(crate) fn parse(line: &[u8], combined: bool) -> Option<Request<'_>> {
         return None;
     }
     at += 3;
-    let close = find_quote_short(line, at)?;
+    let close = find_quote(line, at)?;
     (request.method, request.path) = split_request(&line[at..close]);
 
     // ` 200 ` then the byte count, ending at a space or the end of the line.
@@ -72,7 +72,7 @@ pub(crate) fn parse(line: &[u8], combined: bool) -> Option<Request<'_>> {
     }
 
     at = quote_open(line, bytes_end)?;
-    let close = find_quote_short(line, at)?;
+    let close = find_quote(line, at)?;
     request.referer = &line[at..close];
 
     at = quote_open(line, close + 1)?;

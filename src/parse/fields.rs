@@ -12,55 +12,15 @@ use memchr::memchr;
 /// Position of the first `"` at or after `from` that is not backslash-escaped
 /// (backslashes are counted back to `from`, the start of the field).
 pub(crate) fn find_quote(line: &[u8], from: usize) -> Option<usize> {
-    find_quote_with(line, from, memchr)
-}
-
-/// [`find_quote`] for a field that is usually short (a request line, a
-/// referer): a word at a time before memchr, whose start-up costs more than
-/// such a field.
-pub(crate) fn find_quote_short(line: &[u8], from: usize) -> Option<usize> {
-    find_quote_with(line, from, find_byte_short)
-}
-
-#[inline(always)]
-fn find_quote_with(line: &[u8], from: usize, find: impl Fn(u8, &[u8]) -> Option<usize>) -> Option<usize> {
     let mut at = from;
     loop {
-        let q = at + find(b'"', line.get(at..)?)?;
+        let q = at + memchr(b'"', line.get(at..)?)?;
         // Escaped only after a backslash: look no further on ordinary lines.
         if q == from || line[q - 1] != b'\\' || !is_escaped(line, from, q) {
             return Some(q);
         }
         at = q + 1;
     }
-}
-
-/// Bytes [`find_byte_short`] looks at a word at a time before memchr.
-const SHORT: usize = 64;
-
-/// The first `needle` in `hay`, like `memchr`: 8 bytes at a time over the
-/// first [`SHORT`] bytes, then memchr.
-#[inline]
-pub(crate) fn find_byte_short(needle: u8, hay: &[u8]) -> Option<usize> {
-    const LO: u64 = 0x0101_0101_0101_0101;
-    const HI: u64 = 0x8080_8080_8080_8080;
-    let pattern = LO * u64::from(needle);
-    let mut at = 0;
-    while at < SHORT {
-        let Some(word) = hay.get(at..at + 8) else {
-            return hay[at..].iter().position(|&b| b == needle).map(|i| at + i);
-        };
-        // Bytes equal to the needle become zero; the lowest byte flagged by
-        // the zero-byte test is always a zero byte (a borrow only carries
-        // towards higher bytes), and the lowest is the first in memory.
-        let x = u64::from_le_bytes(word.try_into().unwrap_or_default()) ^ pattern;
-        let zeros = x.wrapping_sub(LO) & !x & HI;
-        if zeros != 0 {
-            return Some(at + (zeros.trailing_zeros() / 8) as usize);
-        }
-        at += 8;
-    }
-    memchr(needle, &hay[at..]).map(|i| at + i)
 }
 
 /// Whether the byte at `at` is preceded (within `line[from..at]`) by an odd
@@ -195,19 +155,6 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(5_000))]
-
-        #[test]
-        fn find_byte_short_is_memchr(
-            hay in prop::collection::vec(prop::sample::select(vec![b'"', b'a', 0, 0x80, 0xff, 0x21, 0x23, 0xa2]), 0..150),
-            needle in prop::sample::select(vec![b'"', 0, 0xff, 0xa2]),
-        ) {
-            prop_assert_eq!(find_byte_short(needle, &hay), memchr(needle, &hay));
-        }
-
-        #[test]
-        fn find_quote_short_is_find_quote(line in text(), from in 0usize..40) {
-            prop_assert_eq!(find_quote_short(&line, from), find_quote_plain(&line, from));
-        }
 
         #[test]
         fn split_request_agrees_with_the_plain_version(request in text()) {

@@ -29,7 +29,6 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 pub use addr::parse_addr;
-pub(crate) use fields::find_byte_short;
 pub use time::{days_from_civil, parse_epoch, parse_iso8601, parse_time_any, parse_time_local};
 
 /// One parsed access-log line; fields borrow the line (zero-copy).
