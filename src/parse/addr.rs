@@ -132,41 +132,60 @@ fn hex_digit(b: u8) -> Option<u8> {
 
 /// A dotted quad at `at` (octets as in [`parse_ipv4`]), and where it ends;
 /// what follows is the caller's business.
+///
+/// Each octet is read as the standard library reads it: all the digits there
+/// are, 1 to 3 of them, no leading zero unless it is the only digit, at most
+/// 255. A quad and the byte after it lie within 16 bytes, so those are
+/// copied into an array first (padded with a byte that is neither a digit nor
+/// a dot, as the end of the text is): no bounds to check per byte.
 #[inline]
 fn read_ipv4_prefix(s: &[u8], at: usize) -> Option<([u8; 4], usize)> {
-    let (a, at) = read_octet(s, at)?;
-    let (b, at) = read_octet(s, dot(s, at)?)?;
-    let (c, at) = read_octet(s, dot(s, at)?)?;
-    let (d, at) = read_octet(s, dot(s, at)?)?;
-    Some(([a, b, c, d], at))
-}
-
-#[inline(always)]
-fn dot(s: &[u8], at: usize) -> Option<usize> {
-    (s.get(at) == Some(&b'.')).then_some(at + 1)
-}
-
-/// One decimal octet at `at` as the standard library reads it: all the
-/// digits there are, 1 to 3 of them, no leading zero unless it is the only
-/// digit, at most 255.
-#[inline(always)]
-fn read_octet(s: &[u8], at: usize) -> Option<(u8, usize)> {
-    let digit = |i: usize| s.get(i).map(|b| b.wrapping_sub(b'0')).filter(|&d| d < 10);
-    let d0 = digit(at)?;
-    let Some(d1) = digit(at + 1) else {
-        return Some((d0, at + 1));
+    let rest = s.get(at..)?;
+    let buf: [u8; 16] = match rest.get(..16) {
+        Some(head) => head.try_into().ok()?,
+        None => {
+            let mut buf = [b' '; 16];
+            buf[..rest.len()].copy_from_slice(rest);
+            buf
+        }
     };
-    if d0 == 0 {
-        return None;
+    let digit = |i: usize| buf[i & 15].wrapping_sub(b'0');
+    let mut octets = [0u8; 4];
+    let mut i = 0;
+    for (k, octet) in octets.iter_mut().enumerate() {
+        if k > 0 {
+            if buf[i & 15] != b'.' {
+                return None;
+            }
+            i += 1;
+        }
+        // Here i <= 12: three octets of at most 3 digits and their dots.
+        let d0 = digit(i);
+        if d0 > 9 {
+            return None;
+        }
+        let d1 = digit(i + 1);
+        if d1 > 9 {
+            *octet = d0;
+            i += 1;
+            continue;
+        }
+        if d0 == 0 {
+            return None;
+        }
+        let d2 = digit(i + 2);
+        if d2 > 9 {
+            *octet = d0 * 10 + d1;
+            i += 2;
+            continue;
+        }
+        if digit(i + 3) <= 9 {
+            return None;
+        }
+        *octet = u8::try_from(u16::from(d0) * 100 + u16::from(d1) * 10 + u16::from(d2)).ok()?;
+        i += 3;
     }
-    let Some(d2) = digit(at + 2) else {
-        return Some((d0 * 10 + d1, at + 2));
-    };
-    if digit(at + 3).is_some() {
-        return None;
-    }
-    let value = u16::from(d0) * 100 + u16::from(d1) * 10 + u16::from(d2);
-    Some((u8::try_from(value).ok()?, at + 3))
+    Some((octets, at + i))
 }
 
 /// Dotted quad, four decimal octets without leading zeros (`010` is octal to
@@ -259,6 +278,35 @@ mod tests {
             parse_addr(b"::ffff:1.2.3.4"),
             Some(IpAddr::V4(Ipv4Addr::new(1, 2, 3, 4)))
         );
+    }
+
+    #[test]
+    fn ipv4_spot_checks_against_the_standard_library() {
+        for text in [
+            "0.0.0.0",
+            "255.255.255.255",
+            "255.255.255.2551",
+            "255.255.255.256",
+            "1.2.3.4",
+            "1.2.3.04",
+            "01.2.3.4",
+            "1.2.3",
+            "1.2.3.4.",
+            "1.2.3.4.5",
+            "1..2.3",
+            "100.200.10.1",
+            "1000.2.3.4",
+            "1.2.3.-4",
+            " 1.2.3.4",
+        ] {
+            let std = text.parse::<Ipv4Addr>().ok();
+            assert_eq!(parse_ipv4(text.as_bytes()), std, "{text:?}");
+            let line = format!("{text} - - [");
+            match ipv4_field(line.as_bytes()) {
+                Some((v4, end)) => assert_eq!((Some(v4), end), (std, text.len()), "{text:?}"),
+                None => assert_eq!(std, None, "{text:?}"),
+            }
+        }
     }
 
     /// A valid address written one of the ways the standard library reads
