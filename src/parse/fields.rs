@@ -57,7 +57,7 @@ fn strip_protocol(rest: &[u8]) -> &[u8] {
     // the last space.
     if let Some(start) = rest.len().checked_sub(9) {
         let tail = &rest[start..];
-        if tail[0] == b' ' && tail[1..6] == *b"HTTP/" && !tail[6..].contains(&b' ') {
+        if tail[0] == b' ' && tail[1..6] == *b"HTTP/" && tail[6] != b' ' && tail[7] != b' ' && tail[8] != b' ' {
             return &rest[..start];
         }
     }
