@@ -50,7 +50,6 @@ impl Field {
             .map_or_else(|_| Field::Regex(re.clone()), Field::Plain)
     }
 
-    #[inline]
     fn is_match(&self, field: &[u8]) -> bool {
         match self {
             Field::Literal(test) => test.is_match(field),
@@ -97,7 +96,6 @@ impl Conditions {
             && self.limit_req_status.is_none()
     }
 
-    #[inline]
     fn matches(&self, r: &Request<'_>) -> bool {
         if let Some(ms) = &self.methods {
             if !ms.iter().any(|m| m.eq_ignore_ascii_case(r.method)) {
