@@ -125,11 +125,10 @@ impl Replay<'_> {
         let origin = detect::origin_seed("replay", &[index as u64]);
         let mut buf: Vec<u8> = Vec::with_capacity(4 << 20);
         let mut base: u64 = 0; // file offset of buf[0]
-        let mut chunk = vec![0u8; 4 << 20];
         loop {
-            let n = f.read(&mut chunk)?;
+            // Straight into `buf`'s spare room (no copy from a second buffer).
+            let n = (&mut f).take(4 << 20).read_to_end(&mut buf)?;
             let eof = n == 0;
-            buf.extend_from_slice(&chunk[..n]);
             let mut start = 0;
             while let Some(nl) = memchr::memchr(b'\n', &buf[start..]) {
                 self.line(origin, base + start as u64, &buf[start..start + nl]);

@@ -8,6 +8,10 @@ use ipnet::IpNet;
 #[derive(Clone, Debug, Default)]
 pub struct AllowList {
     nets: Vec<IpNet>,
+    /// `nets` as (network, mask) integers, per family: what `contains` (once
+    /// per line) scans.
+    v4: Vec<(u32, u32)>,
+    v6: Vec<(u128, u128)>,
 }
 
 impl AllowList {
@@ -19,17 +23,37 @@ impl AllowList {
         ];
         nets.extend(local_addresses().into_iter().map(IpNet::from));
         nets.extend_from_slice(configured);
-        AllowList { nets }
+        AllowList::only(&nets)
     }
 
     /// Only the given networks (tests, replay of another host's logs).
     pub fn only(nets: &[IpNet]) -> AllowList {
-        AllowList { nets: nets.to_vec() }
+        let mut list = AllowList {
+            nets: nets.to_vec(),
+            ..AllowList::default()
+        };
+        for n in nets {
+            match n {
+                IpNet::V4(n) => list.v4.push((n.network().to_bits(), n.netmask().to_bits())),
+                IpNet::V6(n) => list.v6.push((n.network().to_bits(), n.netmask().to_bits())),
+            }
+        }
+        list
     }
 
+    /// Whether a network of the list holds `a` (IPv4-mapped IPv6 as IPv4),
+    /// as `IpNet::contains` decides.
     pub fn contains(&self, a: IpAddr) -> bool {
-        let a = super::normalize(a);
-        self.nets.iter().any(|n| n.contains(&a))
+        match super::normalize(a) {
+            IpAddr::V4(a) => {
+                let a = a.to_bits();
+                self.v4.iter().any(|&(net, mask)| a & mask == net)
+            }
+            IpAddr::V6(a) => {
+                let a = a.to_bits();
+                self.v6.iter().any(|&(net, mask)| a & mask == net)
+            }
+        }
     }
 
     /// True when banning `net` would drop any allowed address.
@@ -83,5 +107,46 @@ mod tests {
         assert!(a.contains("::ffff:192.0.2.77".parse().unwrap()));
         assert!(!a.contains("198.51.100.1".parse().unwrap()));
         assert!(a.overlaps(&"192.0.0.0/16".parse().unwrap()));
+    }
+
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    use proptest::prelude::*;
+
+    fn net() -> impl Strategy<Value = IpNet> {
+        prop_oneof![
+            (any::<[u8; 4]>(), 0u8..=32).prop_map(|(a, p)| IpNet::new(IpAddr::from(a), p).unwrap()),
+            (any::<[u8; 16]>(), 0u8..=128).prop_map(|(a, p)| IpNet::new(IpAddr::from(a), p).unwrap()),
+        ]
+    }
+
+    proptest! {
+        /// The integer masks decide as `IpNet::contains` on the normalized
+        /// address, addresses drawn near the networks as well as anywhere.
+        #[test]
+        fn contains_agrees_with_ipnet(
+            nets in prop::collection::vec(net(), 0..6),
+            near in prop::collection::vec((any::<prop::sample::Index>(), any::<u128>()), 1..20),
+            far in any::<[u8; 16]>(),
+        ) {
+            let list = AllowList::only(&nets);
+            let mut addrs = vec![IpAddr::from(far), IpAddr::from([far[0], far[1], far[2], far[3]])];
+            for (i, noise) in near {
+                if nets.is_empty() {
+                    break;
+                }
+                // The network's address with a few low bits changed.
+                let bits = (noise % 5) as u32;
+                let change = (noise >> 8) & ((1 << bits) - 1);
+                addrs.push(match nets[i.index(nets.len())] {
+                    IpNet::V4(n) => IpAddr::V4(Ipv4Addr::from_bits(n.addr().to_bits() ^ change as u32)),
+                    IpNet::V6(n) => IpAddr::V6(Ipv6Addr::from_bits(n.addr().to_bits() ^ change)),
+                });
+            }
+            for a in addrs {
+                let n = crate::detect::normalize(a);
+                prop_assert_eq!(list.contains(a), nets.iter().any(|net| net.contains(&n)), "{}", a);
+            }
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! From parsed requests to hits: which requests count for which rule, under
 //! which client key, batched per (rule, key) for the limiter.
 //!
-//! `filter` holds the compiled `match:`/`ignore:` conditions, `allow` the
+//! `filter` holds the compiled `match:`/`ignore:` conditions (`literal`: the
+//! exact literal tests that replace their regexes when they have that shape), `allow` the
 //! networks that are never counted nor banned, `plan` which rules read which
 //! log (each log is parsed once per distinct format, whatever the number of
 //! rules), and `batch` the pending hits. Nothing here talks to Redis.
@@ -9,6 +10,7 @@
 mod allow;
 mod batch;
 mod filter;
+mod literal;
 mod plan;
 
 pub use allow::AllowList;

@@ -16,10 +16,12 @@
 //!   complete, so a truncated line parses only when all but the user agent is
 //!   there.
 
+use std::net::IpAddr;
+
 use memchr::memchr;
 
-use super::addr::parse_addr;
-use super::fields::{find_quote, is_byte_count, is_trailer, parse_status, split_request};
+use super::addr::{ipv4_field, parse_addr};
+use super::fields::{find_quote, is_trailer, parse_status, split_request};
 use super::time::parse_time_local;
 use super::Request;
 
@@ -28,9 +30,15 @@ const TIME_LOCAL_LEN: usize = 26;
 
 /// Parses a `combined` line, or only its `common` prefix when `combined` is false.
 pub(crate) fn parse(line: &[u8], combined: bool) -> Option<Request<'_>> {
-    // An address is at most 47 bytes: no need to look further for its end.
-    let space = memchr(b' ', &line[..line.len().min(48)])?;
-    let mut request = Request::with_addr(parse_addr(&line[..space])?);
+    let (addr, space) = match ipv4_field(line) {
+        Some((v4, space)) => (IpAddr::V4(v4), space),
+        None => {
+            // An address is at most 47 bytes: no need to look further for its end.
+            let space = memchr(b' ', &line[..line.len().min(48)])?;
+            (parse_addr(&line[..space])?, space)
+        }
+    };
+    let mut request = Request::with_addr(addr);
 
     let open = time_open(line, space)?;
     let time = open + 1;
@@ -51,14 +59,7 @@ pub(crate) fn parse(line: &[u8], combined: bool) -> Option<Request<'_>> {
         _ => return None,
     }
     at += 5;
-    // A few bytes long: a plain loop beats memchr's call here.
-    let bytes_end = line[at..]
-        .iter()
-        .position(|&b| b == b' ')
-        .map_or(line.len(), |n| at + n);
-    if !is_byte_count(&line[at..bytes_end]) {
-        return None;
-    }
+    let bytes_end = byte_count_end(line, at)?;
     if !combined {
         return Some(request);
     }
@@ -74,6 +75,21 @@ pub(crate) fn parse(line: &[u8], combined: bool) -> Option<Request<'_>> {
         None => request.user_agent = &line[at..],
     }
     Some(request)
+}
+
+/// Where the byte count starting at `at` ends: the field runs to the next
+/// space (or the end of the line) and must be a byte count (`is_byte_count`),
+/// checked in the same pass.
+#[inline]
+fn byte_count_end(line: &[u8], at: usize) -> Option<usize> {
+    let rest = line.get(at..)?;
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    let n = match digits {
+        0 if rest.first() == Some(&b'-') => 1,
+        0 => return None,
+        n => n,
+    };
+    matches!(rest.get(n), None | Some(b' ')).then_some(at + n)
 }
 
 /// Position of the `[` opening the time: the first `[` after a space,
@@ -98,4 +114,30 @@ fn time_open(line: &[u8], from: usize) -> Option<usize> {
 #[inline]
 fn quote_open(line: &[u8], at: usize) -> Option<usize> {
     (line.get(at..at + 2)? == b" \"").then_some(at + 2)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::super::fields::is_byte_count;
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(5_000))]
+
+        /// The one-pass byte count decides as "up to the next space, then
+        /// `is_byte_count`".
+        #[test]
+        fn byte_count_end_is_the_field_then_the_check(
+            line in prop::collection::vec(prop::sample::select(b"0123456789- x\"\t".to_vec()), 0..12),
+            at in 0usize..4,
+        ) {
+            let plain = line.get(at..).and_then(|rest| {
+                let end = rest.iter().position(|&b| b == b' ').map_or(line.len(), |n| at + n);
+                is_byte_count(&line[at..end]).then_some(end)
+            });
+            prop_assert_eq!(byte_count_end(&line, at), plain);
+        }
+    }
 }

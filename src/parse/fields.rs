@@ -15,7 +15,8 @@ pub(crate) fn find_quote(line: &[u8], from: usize) -> Option<usize> {
     let mut at = from;
     loop {
         let q = at + memchr(b'"', line.get(at..)?)?;
-        if !is_escaped(line, from, q) {
+        // Escaped only after a backslash: look no further on ordinary lines.
+        if q == from || line[q - 1] != b'\\' || !is_escaped(line, from, q) {
             return Some(q);
         }
         at = q + 1;
@@ -35,25 +36,40 @@ pub(crate) fn is_escaped(line: &[u8], from: usize, at: usize) -> bool {
 /// start with a method token (`-`, a TLS hello as `\x16\x03...`, garbage)
 /// gives an empty method and target; the line itself still counts.
 pub(crate) fn split_request(request: &[u8]) -> (&[u8], &[u8]) {
-    // Methods are short: a plain loop beats memchr's call here.
-    let Some(space) = request.iter().take(33).position(|&b| b == b' ') else {
-        return (b"", b"");
-    };
-    let (method, rest) = (&request[..space], &request[space + 1..]);
-    if !is_method(method) {
+    // The method's characters, then a space: 1 to 32 of them.
+    let len = request
+        .iter()
+        .take(33)
+        .position(|&b| !is_method_byte(b))
+        .unwrap_or(request.len().min(33));
+    if !(1..=32).contains(&len) || request.get(len) != Some(&b' ') {
         return (b"", b"");
     }
-    // The protocol is the last word; a target may itself contain spaces.
-    let target = match rest.iter().rposition(|&b| b == b' ') {
-        Some(space) if rest[space + 1..].starts_with(b"HTTP/") => &rest[..space],
-        _ => rest,
-    };
-    (method, target)
+    let (method, rest) = (&request[..len], &request[len + 1..]);
+    (method, strip_protocol(rest))
 }
 
-/// An HTTP method as nginx accepts one: 1 to 32 of `A-Z`, `_`, `-`.
-fn is_method(token: &[u8]) -> bool {
-    (1..=32).contains(&token.len()) && token.iter().all(|&b| b.is_ascii_uppercase() || b == b'_' || b == b'-')
+/// The target without the protocol, the last word when it is `HTTP/...`
+/// (a target may itself contain spaces).
+#[inline]
+fn strip_protocol(rest: &[u8]) -> &[u8] {
+    // Nearly always ` HTTP/1.1` or ` HTTP/2.0`: nine bytes whose first is
+    // the last space.
+    if let Some(start) = rest.len().checked_sub(9) {
+        let tail = &rest[start..];
+        if tail[0] == b' ' && tail[1..6] == *b"HTTP/" && tail[6] != b' ' && tail[7] != b' ' && tail[8] != b' ' {
+            return &rest[..start];
+        }
+    }
+    match rest.iter().rposition(|&b| b == b' ') {
+        Some(space) if rest[space + 1..].starts_with(b"HTTP/") => &rest[..space],
+        _ => rest,
+    }
+}
+
+#[inline]
+fn is_method_byte(b: u8) -> bool {
+    b.is_ascii_uppercase() || b == b'_' || b == b'-'
 }
 
 /// An HTTP status: exactly three digits.
@@ -78,4 +94,76 @@ pub(crate) fn is_byte_count(field: &[u8]) -> bool {
 #[inline]
 pub(crate) fn is_trailer(rest: &[u8]) -> bool {
     matches!(rest.first(), None | Some(b' ' | b'\t'))
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// `split_request` as it was written first (one loop per question).
+    fn split_request_plain(request: &[u8]) -> (&[u8], &[u8]) {
+        let Some(space) = request.iter().take(33).position(|&b| b == b' ') else {
+            return (b"", b"");
+        };
+        let (method, rest) = (&request[..space], &request[space + 1..]);
+        if !((1..=32).contains(&method.len()) && method.iter().all(|&b| is_method_byte(b))) {
+            return (b"", b"");
+        }
+        let target = match rest.iter().rposition(|&b| b == b' ') {
+            Some(space) if rest[space + 1..].starts_with(b"HTTP/") => &rest[..space],
+            _ => rest,
+        };
+        (method, target)
+    }
+
+    /// `find_quote` without the shortcut for a quote not after a backslash.
+    fn find_quote_plain(line: &[u8], from: usize) -> Option<usize> {
+        let mut at = from;
+        loop {
+            let q = at + memchr(b'"', line.get(at..)?)?;
+            if !is_escaped(line, from, q) {
+                return Some(q);
+            }
+            at = q + 1;
+        }
+    }
+
+    fn text() -> impl Strategy<Value = Vec<u8>> {
+        let piece = prop::sample::select(vec![
+            "GET",
+            "HEAD",
+            "M-SEARCH",
+            "get",
+            " ",
+            "/",
+            "/a b",
+            "HTTP/1.1",
+            "HTTP/2.0",
+            "HTTP/",
+            "HTTPS",
+            "\"",
+            "\\",
+            "\\\"",
+            "x",
+            "ABCDEFGHIJKLMNOPQRSTUVWXYZ_-ABCDEF",
+            "\t",
+        ]);
+        prop::collection::vec(piece, 0..8).prop_map(|v| v.concat().into_bytes())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(5_000))]
+
+        #[test]
+        fn split_request_agrees_with_the_plain_version(request in text()) {
+            prop_assert_eq!(split_request(&request), split_request_plain(&request));
+        }
+
+        #[test]
+        fn find_quote_agrees_with_the_plain_version(line in text(), from in 0usize..40) {
+            prop_assert_eq!(find_quote(&line, from), find_quote_plain(&line, from));
+        }
+    }
 }
