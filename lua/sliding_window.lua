@@ -32,8 +32,49 @@ if ARGV[3] == '1' then
   server_now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- A group of hits in time order, spanning less than a window, that all fit
+-- (the count after the first hit's sweep plus the hits <= limit: no hit can
+-- find the window full, later sweeps only remove more), with nothing for the
+-- later hits' sweeps to remove, ends as the per-hit steps below would: one
+-- ZADD NX for all its members. Returns nil when the group is not of that
+-- kind (the steps below decide it).
+local function all_fit(key, first, last)
+  local n = (last - first) / 2 + 1
+  if prefilter > 0 or n < 2 or n > 512 then return nil end
+  local t1 = server_now or tonumber(ARGV[first])
+  local tn = t1
+  for a = first + 2, last, 2 do
+    local t = server_now or tonumber(ARGV[a])
+    if t < tn then return nil end
+    tn = t
+  end
+  -- Within one window no hit of the group can sweep another one away (the
+  -- per-hit steps would then count a repeated member again).
+  if tn - t1 >= window then return nil end
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', t1 - window)
+  local count = redis.call('ZCARD', key)
+  if count + n > limit then return nil end
+  -- A member the later hits' sweeps would remove could come back in the
+  -- group (a re-read line, a folded member's twin): the per-hit steps then.
+  if tn > t1 and redis.call('ZCOUNT', key, '(' .. string.format('%d', t1 - window),
+      string.format('%d', tn - window)) > 0 then
+    return nil
+  end
+  local args = {}
+  for a = first, last, 2 do
+    args[#args + 1] = server_now or ARGV[a]
+    args[#args + 1] = ARGV[a + 1]
+  end
+  local added = redis.call('ZADD', key, 'NX', unpack(args))
+  count = count + added
+  if added > 0 then redis.call('PEXPIRE', key, window + 1000) end
+  return count
+end
+
 -- One group: the pairs ARGV[first], ARGV[first + 1] .. ARGV[last + 1].
 local function one(key, fw, first, last)
+  local fit = all_fit(key, first, last)
+  if fit then return 0, fit end
   local swept = nil
   local added = false
   -- The ZSET's cardinality, kept in step with what this call removes and adds

@@ -799,7 +799,11 @@ fn many_addresses_in_one_script_call_decide_as_one_call_each() {
                 (
                     0usize..2,
                     0usize..3 * groups,
-                    prop::collection::vec((0i64..20, 0u64..6), 1..6),
+                    prop::collection::vec(
+                        // Steps in ms: equal times, close, and wider than a window.
+                        (prop::sample::select(vec![0i64, 100, 900, 5_000, 40_000]), 0u64..6),
+                        1..6,
+                    ),
                 ),
                 1..4 * groups,
             ),
@@ -825,7 +829,7 @@ fn many_addresses_in_one_script_call_decide_as_one_call_each() {
                         let hits = hits
                             .iter()
                             .map(|&(step, m)| {
-                                t += step * 100;
+                                t += step;
                                 Hit {
                                     time_ms: t,
                                     member: (f as u64) << 32 | (*addr as u64) << 8 | m,
