@@ -15,7 +15,8 @@
 # Usage: scripts/bench-compare.sh [LINES] [REPS]   (defaults 1000000, 3)
 # Env: CLIENTS (50000), F2B_LINES (200000), BASE_LINES (50000), RUN_LINES
 # (LINES; more lines make the <= redis.hold wait after the last one weigh less), SKIP_NFT=1,
-# ONLY_RUN=1 (part 4 alone, for quick iterations on the Redis path).
+# ONLY_RUN=1 (part 4 alone, for quick iterations on the Redis path),
+# RSS_LATER=SECS (print the daemon's RSS again SECS after each run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LINES=${1:-1000000}
@@ -137,6 +138,10 @@ run_once() {
   "$BIN" status -c "$d/run.yaml" --json > "$d/status.json"
   local after
   after=$(rss_mb "$dpid")
+  if [ -n "${RSS_LATER:-}" ]; then
+    sleep "$RSS_LATER"
+    echo "  RSS ${RSS_LATER} s after the run: $(rss_mb "$dpid") MB (right after: $after MB)" >&2
+  fi
   kill "$dpid"; wait "$dpid" 2>/dev/null || true; dpid=""
   python3 - "$d/status.json" "$t0" "$t1" "$idle" "$after" "$c0" "$c1" "$r0" "$r1" "$calls" "$tr" <<'PY'
 import json, sys
@@ -168,12 +173,13 @@ kill "$rpid"; wait "$rpid" 2>/dev/null || true; rpid=""
 # 5: nft (root; network namespaces).
 if [ "${SKIP_NFT:-0}" != 1 ] && [ "${ONLY_RUN:-0}" != 1 ]; then
   ONE_BY_ONE=${ONE_BY_ONE:-20} scripts/bench-fleet.sh 20 100000 | tee "$work/fleet.out" | sed 's/^/  /'
-  start=$(sed -n 's/.*ban list applied \([0-9]*\) ms.*/\1/p' "$work/fleet.out")
-  tx=$(grep -o 'added=[0-9]\{5,\} .*seconds=[0-9.]*' "$work/fleet.out" | head -1 | sed 's/.*seconds=\([0-9.]\{5\}\).*/\1/')
-  nft1=$(grep -o 'added=1 deleted=0 seconds=[0-9.]*' "$work/fleet.out" | sed 's/.*seconds=//' | awk '{printf "%.2f\n", $1 * 1000}' | median)
-  one=$(sed -n 's/.*median \([0-9.]*\) ms.*/\1/p' "$work/fleet.out")
-  rss100k=$(sed -n 's/.*RSS with [0-9]* active bans: \([0-9.]*\) MB.*/\1/p' "$work/fleet.out")
-  row "nft: 100,000 bans at start (spawn -> applied)" "$start ms" "of which the nft transaction $tx s"
+  # The medians tests/bench_fleet.rs prints (START_REPS starts, bans one by one).
+  start=$(sed -n 's/^ *spawn -> applied (ms) *\([0-9.]*\).*/\1/p' "$work/fleet.out" | awk '{printf "%.0f", $1}')
+  tx=$(sed -n 's/^ *nft transaction (s) *\([0-9.]*\).*/\1/p' "$work/fleet.out")
+  nft1=$(sed -n 's/.*nft transaction median \([0-9.]*\) ms.*/\1/p' "$work/fleet.out")
+  one=$(sed -n 's/.*bans one by one on top of [0-9]*: median \([0-9.]*\) ms.*/\1/p' "$work/fleet.out")
+  rss100k=$(sed -n 's/^ *RSS with the bans (MB) *\([0-9.]*\).*/\1/p' "$work/fleet.out")
+  row "nft: 100,000 bans at start (spawn -> applied)" "$start ms" "median of the starts; of which the nft transaction $tx s (median)"
   row "nft: one ban at a time on top of 100,000 (median)" "$nft1 ms" "nft transaction; CLI -> ban.lua -> stream -> nft logged ${one} ms (test polls every 50 ms)"
   row "daemon RSS with 100,000 active bans" "$rss100k MB" ""
 fi

@@ -152,8 +152,13 @@ impl Pipeline {
                     }
                     None => break,
                 },
-                // Idle: offsets committed by the last flush still get saved.
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                // Idle: offsets committed by the last flush still get saved,
+                // and a burst's tables are given back.
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {
+                    if self.inflight.is_none() && self.pending.release(self.mono_ms()) {
+                        super::trim_heap();
+                    }
+                }
             }
             self.stats.busy_since_ms.store(crate::now_ms(), Relaxed);
             while let Ok(u) = self.updates.try_recv() {

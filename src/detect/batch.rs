@@ -258,6 +258,22 @@ impl Pending {
         }
     }
 
+    /// While idle: forgets counts older than their window and gives back
+    /// the tables' spare room. True if memory was given back (worth a
+    /// `malloc_trim`).
+    pub fn release(&mut self, now_ms: i64) -> bool {
+        let policy = &self.policy;
+        self.known
+            .retain(|(r, _), (_, at)| policy.get(*r).is_some_and(|p| now_ms - *at < p.window_ms));
+        let before = self.known.capacity() + self.held.capacity() + self.order.capacity() + self.urgent.capacity();
+        self.known.shrink_to_fit();
+        self.held.shrink_to_fit();
+        self.order.shrink_to_fit();
+        self.urgent.shrink_to_fit();
+        let after = self.known.capacity() + self.held.capacity() + self.order.capacity() + self.urgent.capacity();
+        after < before
+    }
+
     /// How many (rule, key) counts are remembered (status, tests).
     pub fn known(&self) -> usize {
         self.known.len()
