@@ -57,6 +57,7 @@ impl Params {
 }
 
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+type FixedMap = Map<(usize, IpNet, i64), Fixed>;
 
 /// The limiter state of every (rule, key) of this process.
 pub struct MemoryLimiter {
@@ -64,7 +65,7 @@ pub struct MemoryLimiter {
     windows: Map<(usize, IpNet), Entry>,
     /// Fixed-window counters (fixed_window, and the prefilter's first tier)
     /// by (rule, key, window number).
-    fixed: Map<(usize, IpNet, i64), Fixed>,
+    fixed: FixedMap,
     last_sweep: i64,
 }
 
@@ -133,11 +134,11 @@ impl MemoryLimiter {
                 let mut count = 0;
                 for (i, h) in hits.iter().enumerate() {
                     let n = now_of(h).div_euclid(rule.window_ms);
-                    let c = self.fixed_count(rule_index, key, n, wall_now);
+                    let c = Self::fixed_count(&self.fixed, rule_index, key, n, wall_now);
                     if c >= rule.hits {
                         return Verdict::Over { index: i, count: c };
                     }
-                    count = self.incr(rule_index, key, n, wall_now, rule.window_ms + 1000);
+                    count = Self::incr(&mut self.fixed, rule_index, key, n, wall_now, rule.window_ms + 1000);
                 }
                 Verdict::Under { count }
             }
@@ -151,16 +152,16 @@ impl MemoryLimiter {
         self.windows.get_mut(&(rule, key)).filter(|e| e.expires_at > wall_now)
     }
 
-    fn fixed_count(&self, rule: usize, key: IpNet, n: i64, wall_now: i64) -> u32 {
-        self.fixed
+    fn fixed_count(fixed: &FixedMap, rule: usize, key: IpNet, n: i64, wall_now: i64) -> u32 {
+        fixed
             .get(&(rule, key, n))
             .filter(|f| f.expires_at > wall_now)
             .map_or(0, |f| f.count)
     }
 
     /// INCR, and PEXPIRE when the counter is created.
-    fn incr(&mut self, rule: usize, key: IpNet, n: i64, wall_now: i64, ttl: i64) -> u32 {
-        let f = self.fixed.entry((rule, key, n)).or_insert(Fixed {
+    fn incr(fixed: &mut FixedMap, rule: usize, key: IpNet, n: i64, wall_now: i64, ttl: i64) -> u32 {
+        let f = fixed.entry((rule, key, n)).or_insert(Fixed {
             count: 0,
             expires_at: 0,
         });
@@ -174,6 +175,8 @@ impl MemoryLimiter {
         f.count
     }
 
+    /// The sliding window's steps (`lua/sliding_window.lua`, one group),
+    /// with its entry looked up once per batch, not per hit.
     fn sliding(
         &mut self,
         rule: &Params,
@@ -184,83 +187,8 @@ impl MemoryLimiter {
         now_of: impl Fn(&Hit) -> i64,
     ) -> Verdict {
         let (window_ms, limit, pre) = (rule.window_ms, rule.hits as usize, rule.prefilter);
-        let expire = wall_now + window_ms + 1000;
-        let mut swept: Option<i64> = None;
-        let mut added = false;
-        if pre == 0 {
-            return Self::sliding_plain(&mut self.windows, rule, (ri, key), hits, wall_now, now_of);
-        }
-        if let Some(e) = self.windows.get_mut(&(ri, key)) {
-            if e.expires_at <= wall_now || !matches!(e.state, State::Window(_)) {
-                e.state = State::Window(Vec::new());
-            }
-        }
-        for (i, hit) in hits.iter().enumerate() {
-            let now = now_of(hit);
-            if pre > 0 {
-                let n = now.div_euclid(window_ms);
-                if self.fixed_count(ri, key, n, wall_now) < pre {
-                    self.incr(ri, key, n, wall_now, window_ms + 1000);
-                    continue;
-                }
-            }
-            let e = self.windows.entry((ri, key)).or_insert(Entry {
-                state: State::Window(Vec::new()),
-                expires_at: 0,
-            });
-            let State::Window(members) = &mut e.state else {
-                continue; // cleared above: every entry of this rule is a window
-            };
-            if swept.is_none_or(|s| now > s) {
-                let cutoff = now - window_ms;
-                members.retain(|&(score, _)| score > cutoff);
-                swept = Some(now);
-            }
-            let member = super::zset_member(hit.member, rule.hits);
-            if members.iter().any(|&(_, m)| m == member) {
-                continue;
-            }
-            let count = members.len() + pre as usize;
-            if count >= limit {
-                if added {
-                    e.expires_at = expire;
-                }
-                return Verdict::Over {
-                    index: i,
-                    count: count as u32,
-                };
-            }
-            members.push((now, member));
-            added = true;
-        }
-        let e = self.windows.get_mut(&(ri, key));
-        let count = match e {
-            Some(e) => {
-                if added {
-                    e.expires_at = expire;
-                }
-                match &e.state {
-                    State::Window(m) => m.len(),
-                    _ => 0,
-                }
-            }
-            None => 0,
-        };
-        Verdict::Under { count: count as u32 }
-    }
-
-    /// `sliding` without a prefilter: the same steps with one map lookup
-    /// per batch instead of one per hit (the hot path of `fleetban test`).
-    fn sliding_plain(
-        windows: &mut Map<(usize, IpNet), Entry>,
-        rule: &Params,
-        at: (usize, IpNet),
-        hits: &[Hit],
-        wall_now: i64,
-        now_of: impl Fn(&Hit) -> i64,
-    ) -> Verdict {
-        let (window_ms, limit) = (rule.window_ms, rule.hits as usize);
-        let e = windows.entry(at).or_insert(Entry {
+        let fixed = &mut self.fixed;
+        let e = self.windows.entry((ri, key)).or_insert(Entry {
             state: State::Window(Vec::new()),
             expires_at: 0,
         });
@@ -275,6 +203,14 @@ impl MemoryLimiter {
         let mut over = None;
         for (i, hit) in hits.iter().enumerate() {
             let now = now_of(hit);
+            // Two tiers: the first `pre` hits of each fixed window are only counted.
+            if pre > 0 {
+                let n = now.div_euclid(window_ms);
+                if Self::fixed_count(fixed, ri, key, n, wall_now) < pre {
+                    Self::incr(fixed, ri, key, n, wall_now, window_ms + 1000);
+                    continue;
+                }
+            }
             if swept.is_none_or(|s| now > s) {
                 let cutoff = now - window_ms;
                 members.retain(|&(score, _)| score > cutoff);
@@ -284,10 +220,11 @@ impl MemoryLimiter {
             if members.iter().any(|&(_, m)| m == member) {
                 continue;
             }
-            if members.len() >= limit {
+            let count = members.len() + pre as usize;
+            if count >= limit {
                 over = Some(Verdict::Over {
                     index: i,
-                    count: members.len() as u32,
+                    count: count as u32,
                 });
                 break;
             }
