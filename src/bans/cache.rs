@@ -41,16 +41,16 @@ impl BanCache {
         }
     }
 
+    /// When the last ban covering the client `key` ends (its own, or a wider
+    /// network's); None if it has none.
+    pub fn until(&self, key: &IpNet) -> Option<Until> {
+        let wide = self.wide.iter().filter(|(n, _)| n.contains(key)).map(|(_, u)| *u);
+        self.exact.get(key).copied().into_iter().chain(wide).max()
+    }
+
     /// Whether the client `key` is banned at `at_ms`.
     pub fn is_banned(&self, key: &IpNet, at_ms: i64) -> bool {
-        let active = |u: &Until| match u {
-            Until::Permanent => true,
-            Until::At(t) => *t > at_ms,
-        };
-        if self.exact.get(key).is_some_and(active) {
-            return true;
-        }
-        self.wide.iter().any(|(n, u)| n.contains(key) && active(u))
+        self.until(key).is_some_and(|u| u > Until::At(at_ms))
     }
 
     pub fn len(&self) -> usize {

@@ -503,9 +503,9 @@ impl Pipeline {
         // A hit that waited may belong to an address banned meanwhile (by
         // another rule, or by the fleet): not counted, as at ingest.
         for b in &mut batches {
-            let key = b.key;
-            let cache = &self.cache;
-            b.hits.retain(|h| !cache.is_banned(&key, h.time_ms));
+            if let Some(until) = self.cache.until(&b.key) {
+                b.hits.retain(|h| until <= Until::At(h.time_ms));
+            }
         }
         batches.retain(|b| !b.hits.is_empty());
         (!batches.is_empty()).then_some(batches)

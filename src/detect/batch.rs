@@ -151,7 +151,6 @@ impl Pending {
     /// Batches to send at `now_ms`: the urgent ones and those whose hold is
     /// over, in the order of their first hit.
     pub fn take_ready(&mut self, now_ms: i64) -> Vec<Batch> {
-        let mut out = Vec::new();
         let mut taken: Vec<(u64, Batch)> = Vec::with_capacity(self.urgent.len());
         for (rule, key, generation) in std::mem::take(&mut self.urgent) {
             if let Some(b) = self.take_one(rule, key, generation) {
@@ -168,8 +167,7 @@ impl Pending {
             }
         }
         taken.sort_unstable_by_key(|(generation, _)| *generation);
-        out.extend(taken.into_iter().map(|(_, b)| b));
-        out
+        taken.into_iter().map(|(_, b)| b).collect()
     }
 
     /// Every pending batch (stop, reload, a limiter with nothing to gain
@@ -243,38 +241,31 @@ impl Pending {
                 self.known.remove(&(rule, key));
             }
         }
-        // Counts older than their rule's window say nothing any more.
         if now_ms - self.pruned_at >= 10_000 {
             self.pruned_at = now_ms;
-            let policy = &self.policy;
-            self.known
-                .retain(|(r, _), (_, at)| policy.get(*r).is_some_and(|p| now_ms - *at < p.window_ms));
-            // A burst's tables are given back once it is over.
-            shrink_map(&mut self.known);
-            shrink_map(&mut self.held);
-            if self.order.capacity() > 4 * self.order.len().max(1024) {
-                self.order.shrink_to(2 * self.order.len());
-            }
+            self.release(now_ms);
         }
     }
 
-    /// While idle: forgets counts older than their window and gives back
-    /// the tables' spare room. True if memory was given back (worth a
-    /// `malloc_trim`).
+    /// Forgets the counts older than their rule's window (they say nothing
+    /// any more) and gives back the spare room a burst left in the tables:
+    /// every 10 s while learning, and when the pipeline is idle. True if
+    /// room was given back (worth a `malloc_trim`).
     pub fn release(&mut self, now_ms: i64) -> bool {
         let policy = &self.policy;
         self.known
             .retain(|(r, _), (_, at)| policy.get(*r).is_some_and(|p| now_ms - *at < p.window_ms));
-        let before = self.known.capacity() + self.held.capacity() + self.order.capacity() + self.urgent.capacity();
-        self.known.shrink_to_fit();
-        self.held.shrink_to_fit();
-        self.order.shrink_to_fit();
-        self.urgent.shrink_to_fit();
-        let after = self.known.capacity() + self.held.capacity() + self.order.capacity() + self.urgent.capacity();
-        after < before
+        let room = |p: &Pending| p.known.capacity() + p.held.capacity() + p.order.capacity();
+        let before = room(self);
+        shrink_map(&mut self.known);
+        shrink_map(&mut self.held);
+        if self.order.capacity() > 4 * self.order.len().max(1024) {
+            self.order.shrink_to(2 * self.order.len());
+        }
+        room(self) < before
     }
 
-    /// How many (rule, key) counts are remembered (status, tests).
+    /// How many (rule, key) counts are remembered (tests).
     pub fn known(&self) -> usize {
         self.known.len()
     }
