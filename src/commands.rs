@@ -10,7 +10,8 @@ use crate::bans::{BanList, BanRecord, BanRequest, Mode, Outcome};
 use crate::config::{Config, Dur};
 use crate::daemon::control;
 use crate::detect::AllowList;
-use crate::store::{self, AddrText, Keys};
+use crate::addr::AddrText;
+use crate::store::{self, Keys};
 
 pub const OK: u8 = 0;
 pub const FAILURE: u8 = 1;
@@ -193,13 +194,8 @@ pub fn test(path: &Path, rule: Option<&str>, json: bool, logs: &[PathBuf]) -> u8
             return USAGE;
         }
     }
-    let mut allow: Vec<IpNet> = vec![
-        "127.0.0.0/8".parse().expect("literal"),
-        "::1/128".parse().expect("literal"),
-    ];
-    allow.extend_from_slice(&config.allow);
     let files: Vec<&Path> = logs.iter().map(PathBuf::as_path).collect();
-    let report = match crate::replay::replay(&config.rules, &files, &AllowList::only(&allow), config.ipv6_prefix) {
+    let report = match crate::replay::replay(&config.rules, &files, &AllowList::fleet(&config.allow), config.ipv6_prefix) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("reading logs: {e}");
@@ -363,7 +359,7 @@ pub struct BanArgs {
 }
 
 fn target(s: &str) -> Result<IpNet, u8> {
-    store::parse_member(s.trim()).ok_or_else(|| {
+    crate::addr::parse_member(s.trim()).ok_or_else(|| {
         eprintln!("`{s}` is not an address or a network (CIDR with no host bits set)");
         USAGE
     })
@@ -378,12 +374,7 @@ pub fn ban(path: &Path, args: &BanArgs) -> u8 {
         Ok(n) => n,
         Err(c) => return c,
     };
-    let mut allow = config.allow.clone();
-    allow.extend([
-        "127.0.0.0/8".parse::<IpNet>().expect("literal"),
-        "::1/128".parse().expect("literal"),
-    ]);
-    if AllowList::only(&allow).overlaps(&net) {
+    if AllowList::fleet(&config.allow).overlaps(&net) {
         eprintln!(
             "{} overlaps the allow list (loopback or `allow:`): not banned",
             AddrText(&net)

@@ -14,6 +14,7 @@
 //! - `config`: the YAML files, validated, with file:line:column errors.
 //! - `store`: the Redis connection and key names.
 
+pub mod addr;
 pub mod bans;
 pub mod commands;
 pub mod config;

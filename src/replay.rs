@@ -162,7 +162,7 @@ impl Replay<'_> {
                 continue;
             }
             let time = req.time_ms.unwrap_or(self.wall);
-            let key = detect::client_key(req.addr, self.ipv6_prefix);
+            let key = crate::addr::client_key(req.addr, self.ipv6_prefix);
             for &ri in &g.rules {
                 if !self.plan.filters[ri].accepts(&req) {
                     continue;

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
+use crate::addr::AddrText;
+
 use crate::config::RedisConfig;
 
 mod conn;
@@ -79,34 +81,6 @@ impl Keys {
     pub fn offences(&self, addr: &IpNet) -> String {
         format!("{{{}}}:off:{}", self.prefix, AddrText(addr))
     }
-}
-
-/// How an address or prefix is written in keys and in the ban list: a single
-/// address without `/32` or `/128`, a network in CIDR form.
-pub struct AddrText<'a>(pub &'a IpNet);
-
-impl std::fmt::Display for AddrText<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.0.prefix_len() == self.0.max_prefix_len() {
-            write!(f, "{}", self.0.addr())
-        } else {
-            write!(f, "{}", self.0)
-        }
-    }
-}
-
-/// Parses a ban list member back into a network. Anything that is not an
-/// address or a CIDR network is refused: values read from Redis never reach
-/// nft unparsed.
-pub fn parse_member(s: &str) -> Option<IpNet> {
-    if !s.contains('/') {
-        return s
-            .parse::<std::net::IpAddr>()
-            .ok()
-            .map(|a| IpNet::from(crate::detect::normalize(a)));
-    }
-    let n = s.parse::<IpNet>().ok()?;
-    (n.trunc() == n).then_some(n)
 }
 
 /// Connects now (fails if Redis does not answer); every command times out

@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use ipnet::IpNet;
 
 use super::{BanRecord, BanRequest, Mode, Outcome, Until};
-use crate::store::{self, AddrText, Keys, BAN, STREAM_MAXLEN, UNBAN};
+use crate::addr::AddrText;
+use crate::store::{Keys, BAN, STREAM_MAXLEN, UNBAN};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BanListError {
@@ -281,8 +282,8 @@ fn validate(reply: &redis::Value) -> Vec<(IpNet, Until)> {
 
 fn member_of(v: &redis::Value) -> Option<IpNet> {
     match v {
-        redis::Value::BulkString(b) => store::parse_member(std::str::from_utf8(b).ok()?),
-        redis::Value::SimpleString(s) => store::parse_member(s),
+        redis::Value::BulkString(b) => crate::addr::parse_member(std::str::from_utf8(b).ok()?),
+        redis::Value::SimpleString(s) => crate::addr::parse_member(s),
         _ => None,
     }
 }

@@ -83,11 +83,11 @@ mod net_text {
     use serde::{Deserialize, Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(n: &IpNet, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(&crate::store::AddrText(n))
+        s.collect_str(&crate::addr::AddrText(n))
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<IpNet, D::Error> {
         let s = String::deserialize(d)?;
-        crate::store::parse_member(&s).ok_or_else(|| serde::de::Error::custom(format!("not an address: {s}")))
+        crate::addr::parse_member(&s).ok_or_else(|| serde::de::Error::custom(format!("not an address: {s}")))
     }
 }

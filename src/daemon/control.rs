@@ -80,7 +80,7 @@ impl Control {
                 Err(e) => json!({"error": e.to_string()}),
             },
             Some("ban") => {
-                let Some(net) = req["addr"].as_str().and_then(crate::store::parse_member) else {
+                let Some(net) = req["addr"].as_str().and_then(crate::addr::parse_member) else {
                     return json!({"error": "addr is not an address or network"});
                 };
                 let mode = if req["permanent"].as_bool() == Some(true) {
@@ -102,7 +102,7 @@ impl Control {
                             humantime::format_duration(Duration::from_secs(((u - now).max(0) / 1000) as u64))
                                 .to_string()
                         });
-                        tracing::info!(rule = "manual", addr = %crate::store::AddrText(&net), hits = 0u32,
+                        tracing::info!(rule = "manual", addr = %crate::addr::AddrText(&net), hits = 0u32,
                             duration = %duration, reason = %r.reason, "Banned.");
                         self.send(Change::Add(vec![Element {
                             net,
@@ -115,7 +115,7 @@ impl Control {
                 }
             }
             Some("unban") => {
-                let Some(net) = req["addr"].as_str().and_then(crate::store::parse_member) else {
+                let Some(net) = req["addr"].as_str().and_then(crate::addr::parse_member) else {
                     return json!({"error": "addr is not an address or network"});
                 };
                 match self.bans.lock().await.unban(&net, &self.host).await {
@@ -152,7 +152,7 @@ pub fn ban_request(req: &BanRequest) -> Value {
         Mode::Permanent => (0, true),
         Mode::Auto(p) => (p.duration_ms, false),
     };
-    json!({"cmd": "ban", "addr": crate::store::AddrText(&req.addr).to_string(), "for_ms": for_ms,
+    json!({"cmd": "ban", "addr": crate::addr::AddrText(&req.addr).to_string(), "for_ms": for_ms,
            "permanent": permanent, "reason": req.reason})
 }
 

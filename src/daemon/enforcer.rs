@@ -93,7 +93,7 @@ pub async fn run(
         let now = crate::now_ms();
         // One line per unban, whoever asked (manual, another host, the fleet's list).
         for net in &f.removes {
-            tracing::info!(addr = %crate::store::AddrText(net), "Unbanned.");
+            tracing::info!(addr = %crate::addr::AddrText(net), "Unbanned.");
         }
         let started = std::time::Instant::now();
         let result = match f.replace {

@@ -327,7 +327,7 @@ impl Pipeline {
                 if self.allow.contains(req.addr) {
                     continue;
                 }
-                let key = detect::client_key(req.addr, self.ipv6_prefix);
+                let key = crate::addr::client_key(req.addr, self.ipv6_prefix);
                 for &ri in &g.rules {
                     if !self.plan.filters[ri].accepts(&req) {
                         continue;
@@ -678,7 +678,7 @@ impl Pipeline {
                 let duration = rec.until.map_or("permanent".into(), |u| {
                     humantime::format_duration(Duration::from_secs(((u - now).max(0) / 1000) as u64)).to_string()
                 });
-                tracing::info!(rule = %info.name, addr = %crate::store::AddrText(&key), hits, duration = %duration,
+                tracing::info!(rule = %info.name, addr = %crate::addr::AddrText(&key), hits, duration = %duration,
                     at = %crate::rfc3339(at_ms), until = %rec.until.map_or("forever".into(), crate::rfc3339),
                     count = rec.count, "Banned.");
                 rec.until()

@@ -17,16 +17,22 @@ pub struct AllowList {
 impl AllowList {
     /// Loopback, the host's interface addresses and `configured`.
     pub fn new(configured: &[IpNet]) -> AllowList {
-        let mut nets: Vec<IpNet> = vec![
-            "127.0.0.0/8".parse().expect("literal"),
-            "::1/128".parse().expect("literal"),
-        ];
+        let mut nets = crate::addr::loopback().to_vec();
         nets.extend(local_addresses().into_iter().map(IpNet::from));
         nets.extend_from_slice(configured);
         AllowList::only(&nets)
     }
 
-    /// Only the given networks (tests, replay of another host's logs).
+    /// Loopback and `configured`, not this host's addresses: for decisions
+    /// about other hosts' logs (`fleetban test`) and for the CLI, which
+    /// decides for the whole fleet.
+    pub fn fleet(configured: &[IpNet]) -> AllowList {
+        let mut nets = crate::addr::loopback().to_vec();
+        nets.extend_from_slice(configured);
+        AllowList::only(&nets)
+    }
+
+    /// Only the given networks (tests).
     pub fn only(nets: &[IpNet]) -> AllowList {
         let mut list = AllowList {
             nets: nets.to_vec(),
@@ -44,7 +50,7 @@ impl AllowList {
     /// Whether a network of the list holds `a` (IPv4-mapped IPv6 as IPv4),
     /// as `IpNet::contains` decides.
     pub fn contains(&self, a: IpAddr) -> bool {
-        match super::normalize(a) {
+        match crate::addr::normalize(a) {
             IpAddr::V4(a) => {
                 let a = a.to_bits();
                 self.v4.iter().any(|&(net, mask)| a & mask == net)
@@ -144,7 +150,7 @@ mod tests {
                 });
             }
             for a in addrs {
-                let n = crate::detect::normalize(a);
+                let n = crate::addr::normalize(a);
                 prop_assert_eq!(list.contains(a), nets.iter().any(|net| net.contains(&n)), "{}", a);
             }
         }

@@ -18,33 +18,6 @@ pub use batch::{Batch, Hit, HoldPolicy, Pending};
 pub use filter::RuleFilter;
 pub use plan::{Group, Plan};
 
-use std::net::IpAddr;
-
-use ipnet::{IpNet, Ipv4Net, Ipv6Net};
-
-/// IPv4-mapped IPv6 (`::ffff:a.b.c.d`) is the IPv4 address it carries.
-pub fn normalize(a: IpAddr) -> IpAddr {
-    match a {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(v6),
-        },
-        v4 => v4,
-    }
-}
-
-/// The key a client is counted and banned under: the address itself for
-/// IPv4, its prefix of `v6_prefix` bits for IPv6 (one host has a whole /64).
-pub fn client_key(a: IpAddr, v6_prefix: u8) -> IpNet {
-    match normalize(a) {
-        IpAddr::V4(v4) => IpNet::V4(Ipv4Net::from(v4)),
-        IpAddr::V6(v6) => {
-            let net = Ipv6Net::new(v6, v6_prefix.min(128)).unwrap_or_else(|_| Ipv6Net::from(v6));
-            IpNet::V6(net.trunc())
-        }
-    }
-}
-
 /// A deterministic member for one hit, from where its line was read: the
 /// same line read again after a crash gives the same member, which the
 /// window then recognises instead of counting twice. `origin` identifies the
@@ -76,22 +49,6 @@ fn splitmix(mut x: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn keys() {
-        assert_eq!(
-            client_key("::ffff:1.2.3.4".parse().unwrap(), 64).to_string(),
-            "1.2.3.4/32"
-        );
-        assert_eq!(
-            client_key("2001:db8:1:2:3::9".parse().unwrap(), 64).to_string(),
-            "2001:db8:1:2::/64"
-        );
-        assert_eq!(
-            client_key("2001:db8::9".parse().unwrap(), 128).to_string(),
-            "2001:db8::9/128"
-        );
-    }
 
     #[test]
     fn members_are_stable_and_distinct() {

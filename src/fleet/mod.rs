@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::bans::{list::parse_until, BanList};
 use crate::daemon::Change;
 use crate::enforce::Element;
-use crate::store::{self, Keys};
+use crate::store::Keys;
 
 /// How long one XREAD waits for events before looping (to notice shutdown
 /// and reconcile deadlines).
@@ -238,7 +238,7 @@ fn change_of(entry: &redis::streams::StreamId) -> Option<Change> {
     let field = |k: &str| entry.get::<String>(k);
     let op = field("op")?;
     let addr = field("addr")?;
-    let Some(net) = store::parse_member(&addr) else {
+    let Some(net) = crate::addr::parse_member(&addr) else {
         tracing::warn!(member = %addr.escape_debug(), "Ban event for something that is not an address; ignored.");
         return None;
     };

@@ -1,0 +1,103 @@
+//! Addresses as fleetban names them, the ground floor every other module
+//! stands on: how an address or network is written (in keys, the ban list,
+//! events, output), the gate every value read back from Redis or typed by
+//! an operator passes before it may become a ban, and the key a client is
+//! counted and banned under.
+
+use std::net::IpAddr;
+
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+
+/// Loopback, never counted nor banned, whatever the configuration says.
+pub fn loopback() -> [IpNet; 2] {
+    [
+        IpNet::V4(Ipv4Net::new_assert(std::net::Ipv4Addr::new(127, 0, 0, 0), 8)),
+        IpNet::V6(Ipv6Net::new_assert(std::net::Ipv6Addr::LOCALHOST, 128)),
+    ]
+}
+
+/// How an address or prefix is written in keys, the ban list and output: a
+/// single address without `/32` or `/128`, a network in CIDR form.
+pub struct AddrText<'a>(pub &'a IpNet);
+
+impl std::fmt::Display for AddrText<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.prefix_len() == self.0.max_prefix_len() {
+            write!(f, "{}", self.0.addr())
+        } else {
+            write!(f, "{}", self.0)
+        }
+    }
+}
+
+/// Reads an address or network as [`AddrText`] writes it (ban list members,
+/// events, records, the CLI's targets). Anything else is refused, a network
+/// with host bits set included: values read from Redis never reach nft
+/// unparsed. IPv4-mapped IPv6 is the IPv4 address it carries.
+pub fn parse_member(s: &str) -> Option<IpNet> {
+    if !s.contains('/') {
+        return s.parse::<IpAddr>().ok().map(|a| IpNet::from(normalize(a)));
+    }
+    let n = s.parse::<IpNet>().ok()?;
+    (n.trunc() == n).then_some(n)
+}
+
+/// IPv4-mapped IPv6 (`::ffff:a.b.c.d`) is the IPv4 address it carries.
+pub fn normalize(a: IpAddr) -> IpAddr {
+    match a {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        },
+        v4 => v4,
+    }
+}
+
+/// The key a client is counted and banned under: the address itself for
+/// IPv4, its prefix of `v6_prefix` bits for IPv6 (one host has a whole /64).
+pub fn client_key(a: IpAddr, v6_prefix: u8) -> IpNet {
+    match normalize(a) {
+        IpAddr::V4(v4) => IpNet::V4(Ipv4Net::from(v4)),
+        IpAddr::V6(v6) => {
+            let net = Ipv6Net::new(v6, v6_prefix.min(128)).unwrap_or_else(|_| Ipv6Net::from(v6));
+            IpNet::V6(net.trunc())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys() {
+        assert_eq!(
+            client_key("::ffff:1.2.3.4".parse().unwrap(), 64).to_string(),
+            "1.2.3.4/32"
+        );
+        assert_eq!(
+            client_key("2001:db8:1:2:3::9".parse().unwrap(), 64).to_string(),
+            "2001:db8:1:2::/64"
+        );
+        assert_eq!(
+            client_key("2001:db8::9".parse().unwrap(), 128).to_string(),
+            "2001:db8::9/128"
+        );
+    }
+
+    #[test]
+    fn members_are_written_and_read_back_alike() {
+        for text in ["192.0.2.1", "198.51.100.0/24", "2001:db8:1:2::/64", "2001:db8::9"] {
+            let net = parse_member(text).unwrap();
+            assert_eq!(AddrText(&net).to_string(), text);
+        }
+        assert_eq!(parse_member("::ffff:192.0.2.1"), parse_member("192.0.2.1"));
+        for bad in ["192.0.2.1/24", "garbage; flush ruleset", "", "10.0.0.256", "1.2.3.4/33"] {
+            assert_eq!(parse_member(bad), None, "{bad}");
+        }
+        assert_eq!(
+            loopback().map(|n| n.to_string()),
+            ["127.0.0.0/8".to_owned(), "::1/128".to_owned()]
+        );
+    }
+}
