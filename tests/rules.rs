@@ -9,7 +9,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use fleetban::config::Config;
-use fleetban::detect::{client_key, AllowList, RuleFilter};
+use fleetban::addr::client_key;
+use fleetban::detect::{AllowList, RuleFilter};
 use fleetban::parse::Parser;
 
 /// What an annotation says about the line after it.
