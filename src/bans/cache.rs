@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use ipnet::IpNet;
 
-use super::Until;
+use crate::enforce::Until;
 
 #[derive(Default)]
 pub struct BanCache {

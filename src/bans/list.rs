@@ -8,7 +8,8 @@ use std::path::PathBuf;
 
 use ipnet::IpNet;
 
-use super::{BanRecord, BanRequest, Mode, Outcome, Until};
+use super::{BanRecord, BanRequest, Mode, Outcome};
+use crate::enforce::Until;
 use crate::addr::AddrText;
 use crate::store::{Keys, BAN, STREAM_MAXLEN, UNBAN};
 

@@ -17,7 +17,7 @@ pub use valve::SafetyValve;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-pub use crate::enforce::Until;
+use crate::enforce::Until;
 
 /// One ban as stored in the record hash and shown by `fleetban bans`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

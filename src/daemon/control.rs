@@ -12,11 +12,10 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
-use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use super::enforcer::Change;
+use crate::enforce::{Change, Changes};
 use super::stats::Stats;
 use crate::bans::{BanList, BanRequest, Mode, Outcome};
 use crate::enforce::Element;
@@ -26,7 +25,7 @@ pub struct Control {
     pub bans: Arc<Mutex<BanList>>,
     pub host: String,
     /// To the enforcer and to the pipeline's cache.
-    pub sinks: Vec<UnboundedSender<Change>>,
+    pub changes: Changes,
 }
 
 /// Binds the socket (replacing a stale one) with mode 0600.
@@ -65,12 +64,6 @@ impl Control {
         }
     }
 
-    fn send(&self, c: Change) {
-        for s in &self.sinks {
-            let _ = s.send(c.clone());
-        }
-    }
-
     async fn answer(&self, req: &Value) -> Value {
         let now = crate::now_ms();
         match req["cmd"].as_str() {
@@ -104,7 +97,7 @@ impl Control {
                         });
                         tracing::info!(rule = "manual", addr = %crate::addr::AddrText(&net), hits = 0u32,
                             duration = %duration, reason = %r.reason, "Banned.");
-                        self.send(Change::Add(vec![Element {
+                        self.changes.send(Change::Add(vec![Element {
                             net,
                             until: rec.until(),
                         }]));
@@ -120,7 +113,7 @@ impl Control {
                 };
                 match self.bans.lock().await.unban(&net, &self.host).await {
                     Ok(removed) => {
-                        self.send(Change::Remove(vec![net]));
+                        self.changes.send(Change::Remove(vec![net]));
                         json!({"removed": removed})
                     }
                     Err(e) => json!({"error": e.to_string()}),

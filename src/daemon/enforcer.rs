@@ -4,62 +4,11 @@
 //! call costs a lot: see ARCHITECTURE.md). Allowed addresses are filtered
 //! out here, the last step before the kernel.
 
-use ipnet::IpNet;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
 
 use crate::detect::AllowList;
-use crate::enforce::{Element, Enforcer};
-
-/// One change to the local set (also used for the pipeline's ban cache).
-#[derive(Clone, Debug)]
-pub enum Change {
-    Add(Vec<Element>),
-    Remove(Vec<IpNet>),
-    /// The whole list (after a reconcile).
-    Replace(Vec<Element>),
-}
-
-/// A queue of changes folded into what one nft transaction must do.
-#[derive(Default, Debug, PartialEq)]
-struct Folded {
-    /// A reconcile target, with later adds and removes applied to it.
-    replace: Option<Vec<Element>>,
-    adds: Vec<Element>,
-    removes: Vec<IpNet>,
-}
-
-fn fold(queue: Vec<Change>) -> Folded {
-    let mut f = Folded::default();
-    for c in queue {
-        match c {
-            Change::Replace(elems) => {
-                f = Folded {
-                    replace: Some(elems),
-                    ..Folded::default()
-                };
-            }
-            Change::Add(elems) => {
-                f.removes.retain(|n| !elems.iter().any(|e| e.net == *n));
-                match &mut f.replace {
-                    Some(r) => {
-                        r.retain(|x| !elems.iter().any(|e| e.net == x.net));
-                        r.extend(elems);
-                    }
-                    None => f.adds.extend(elems),
-                }
-            }
-            Change::Remove(nets) => {
-                f.adds.retain(|e| !nets.contains(&e.net));
-                match &mut f.replace {
-                    Some(r) => r.retain(|e| !nets.contains(&e.net)),
-                    None => f.removes.extend(nets),
-                }
-            }
-        }
-    }
-    f
-}
+use crate::enforce::{fold, Change, Element, Enforcer};
 
 pub async fn run(
     mut enforcer: Enforcer,
@@ -138,36 +87,4 @@ fn allowed(elems: Vec<Element>, allow: &AllowList, warned: &mut u32) -> Vec<Elem
             ok
         })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::enforce::Until;
-
-    fn el(s: &str) -> Element {
-        Element {
-            net: s.parse().unwrap(),
-            until: Until::At(1),
-        }
-    }
-
-    #[test]
-    fn folds_into_one_transaction() {
-        let f = fold(vec![
-            Change::Add(vec![el("192.0.2.1/32")]),
-            Change::Remove(vec!["192.0.2.1/32".parse().unwrap(), "192.0.2.2/32".parse().unwrap()]),
-            Change::Add(vec![el("192.0.2.2/32"), el("192.0.2.3/32")]),
-        ]);
-        assert_eq!(f.adds, vec![el("192.0.2.2/32"), el("192.0.2.3/32")]);
-        assert_eq!(f.removes, vec!["192.0.2.1/32".parse::<IpNet>().unwrap()]);
-        let f = fold(vec![
-            Change::Add(vec![el("192.0.2.9/32")]),
-            Change::Replace(vec![el("192.0.2.1/32")]),
-            Change::Add(vec![el("192.0.2.2/32")]),
-            Change::Remove(vec!["192.0.2.1/32".parse().unwrap()]),
-        ]);
-        assert_eq!(f.replace, Some(vec![el("192.0.2.2/32")]));
-        assert!(f.adds.is_empty() && f.removes.is_empty());
-    }
 }

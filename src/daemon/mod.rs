@@ -19,7 +19,6 @@ mod pipeline;
 mod ratelog;
 pub mod stats;
 
-pub use enforcer::Change;
 pub use notify::notify;
 
 use std::future::Future;
@@ -185,7 +184,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
                 list: BanList::redis(con.clone(), keys.clone()),
                 keys: keys.clone(),
                 reconcile_every: r.reconcile_every,
-                sinks: vec![enf_tx.clone(), cache_tx.clone()],
+                changes: crate::enforce::Changes::to(vec![enf_tx.clone(), cache_tx.clone()]),
                 gaps: 0,
                 held: outage.held.clone(),
             };
@@ -306,7 +305,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         stats: stats.clone(),
         bans: bans.clone(),
         host: config.host_id.clone(),
-        sinks: vec![enf_tx.clone(), cache_tx.clone()],
+        changes: crate::enforce::Changes::to(vec![enf_tx.clone(), cache_tx.clone()]),
     };
     tracker.spawn(ctl.serve(listener, token.clone()));
     let (reload_tx, reload_rx) = tokio::sync::mpsc::unbounded_channel();

@@ -16,13 +16,13 @@ use tokio::sync::mpsc::{Receiver, UnboundedReceiver, UnboundedSender};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use super::enforcer::Change;
+use crate::enforce::Change;
 use super::stats::{RuleCounters, Stats};
-use crate::bans::{BanCache, BanList, BanRequest, Mode, Outcome, SafetyValve, Until};
+use crate::bans::{BanCache, BanList, BanRequest, Mode, Outcome, SafetyValve};
 use crate::config::OnDown;
 use crate::config::{BanPolicy, Clock};
 use crate::detect::{self, AllowList, Batch, Group, Hit, Pending, Plan};
-use crate::enforce::Element;
+use crate::enforce::{Element, Until};
 use crate::fleet::outage::Outage;
 use crate::limit::{Limiter, Verdict};
 use crate::source::{Chunk, FileId, OffsetStore};

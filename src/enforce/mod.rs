@@ -22,6 +22,7 @@
 //! timeouts are the remaining time, so the kernel expires bans on its own even
 //! while the daemon is down.
 
+mod change;
 mod cover;
 mod listing;
 mod log;
@@ -30,6 +31,7 @@ mod script;
 
 use std::time::Duration;
 
+pub use self::change::{fold, Change, Changes, Folded};
 pub use self::log::LogEnforcer;
 pub use self::nft::NftEnforcer;
 

@@ -16,12 +16,10 @@ use std::time::Duration;
 
 use redis::streams::{StreamReadOptions, StreamReadReply};
 use redis::AsyncCommands;
-use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
 use crate::bans::{list::parse_until, BanList};
-use crate::daemon::Change;
-use crate::enforce::Element;
+use crate::enforce::{Change, Changes, Element};
 use crate::store::Keys;
 
 /// How long one XREAD waits for events before looping (to notice shutdown
@@ -35,8 +33,8 @@ pub struct FleetSync {
     pub list: BanList,
     pub keys: Keys,
     pub reconcile_every: Duration,
-    /// To the enforcer and to the pipeline's cache.
-    pub sinks: Vec<UnboundedSender<Change>>,
+    /// To the enforcer and to the pipeline's view of the list.
+    pub changes: Changes,
     /// Gaps detected in the stream (each one caused a reconcile).
     pub gaps: u64,
     /// Bans this host decided while Redis was down and has not yet written
@@ -67,12 +65,6 @@ impl FleetSync {
         ))
     }
 
-    fn send(&self, c: Change) {
-        for s in &self.sinks {
-            let _ = s.send(c.clone());
-        }
-    }
-
     pub async fn run(mut self, mut last_id: String, shutdown: CancellationToken) {
         let mut next_reconcile = tokio::time::Instant::now() + self.reconcile_every;
         let mut backoff = Duration::from_millis(100);
@@ -88,7 +80,7 @@ impl FleetSync {
                             tracing::info!("Ban list read again after an error; reconciled.");
                         }
                         backoff = Duration::from_millis(100);
-                        self.send(Change::Replace(outage::with_held(elems, &self.held, crate::now_ms())));
+                        self.changes.send(Change::Replace(outage::with_held(elems, &self.held, crate::now_ms())));
                         next_reconcile = tokio::time::Instant::now() + self.reconcile_every;
                     }
                     Err(e) => {
@@ -116,7 +108,7 @@ impl FleetSync {
                     for key in reply.keys {
                         for entry in key.ids {
                             if let Some(c) = change_of(&entry) {
-                                self.send(c);
+                                self.changes.send(c);
                             }
                             last_id = entry.id;
                         }
