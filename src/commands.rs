@@ -449,28 +449,9 @@ pub fn unban(path: &Path, t: &str) -> u8 {
             .block_on(async {
                 // Windows first: once the unban event is out, a host counting
                 // the next request must find them empty.
-                let keys = crate::store::Keys::new(config.redis.as_ref().map_or("fleetban", |r| r.prefix.as_str()));
-                // Every algorithm's state of this address, fleet and host scope;
-                // fixed-window counters are per window number: the current and previous.
-                let now = crate::now_ms();
-                let keys = &keys;
-                let windows: Vec<String> = config
-                    .rules
-                    .iter()
-                    .flat_map(|r| {
-                        let n = now / r.limit.window_ms.max(1);
-                        [None, Some(config.host_id.as_str())].into_iter().flat_map(move |host| {
-                            let fixed = keys.fixed(&net, &r.name, host);
-                            [
-                                keys.window(&net, &r.name, host),
-                                keys.bucket(&net, &r.name, host),
-                                keys.counter(&net, &r.name, host),
-                                format!("{fixed}:{n}"),
-                                format!("{fixed}:{}", n - 1),
-                            ]
-                        })
-                    })
-                    .collect();
+                let keys = Keys::new(config.redis.as_ref().map_or("fleetban", |r| r.prefix.as_str()));
+                let rules = config.rules.iter().map(|r| (r.name.as_str(), r.limit.window_ms));
+                let windows = keys.of_address(&net, rules, &config.host_id, crate::now_ms());
                 list.forget_windows(&windows).await?;
                 list.unban(&net, &config.host_id).await
             })

@@ -1,0 +1,126 @@
+//! Whether Redis answers, as this host's users of one connection last saw
+//! it. The limiter and the ban list share one [`Health`]: when either finds
+//! Redis down, the other stops paying a timeout per call and decides locally
+//! (`redis.on_down`) until the backoff says to try again (100 ms, doubling
+//! to 5 s); whichever sees it answer again ends the outage for both.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+#[derive(Clone)]
+pub struct Health(Arc<Shared>);
+
+struct Shared {
+    state: Mutex<State>,
+    /// Failed Redis operations (every attempt of every user).
+    errors: AtomicU64,
+}
+
+struct State {
+    /// Redis answered the last time it was asked (false until it first does).
+    connected: bool,
+    down: bool,
+    /// While down, Redis is tried again no earlier than this.
+    next_try: Instant,
+    backoff: Duration,
+}
+
+impl Default for Health {
+    fn default() -> Health {
+        Health(Arc::new(Shared {
+            state: Mutex::new(State {
+                connected: false,
+                down: false,
+                next_try: Instant::now(),
+                backoff: FIRST_BACKOFF,
+            }),
+            errors: AtomicU64::new(0),
+        }))
+    }
+}
+
+impl Health {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.0.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Redis answered the last time it was asked.
+    pub fn is_connected(&self) -> bool {
+        self.state().connected
+    }
+
+    /// Known down: calls are not worth their timeout until [`Health::due`].
+    pub fn is_down(&self) -> bool {
+        self.state().down
+    }
+
+    /// Whether Redis should be tried now (always when up; with backoff when down).
+    pub fn due(&self) -> bool {
+        let s = self.state();
+        !s.down || Instant::now() >= s.next_try
+    }
+
+    /// When Redis is next worth trying, while down.
+    pub fn next_try(&self) -> Option<Instant> {
+        let s = self.state();
+        s.down.then_some(s.next_try)
+    }
+
+    /// Redis did not answer: down, next try after the backoff. True if this
+    /// starts an outage.
+    pub fn failed(&self) -> bool {
+        let mut s = self.state();
+        let started = !s.down;
+        s.down = true;
+        s.connected = false;
+        s.next_try = Instant::now() + s.backoff;
+        s.backoff = (s.backoff * 2).min(MAX_BACKOFF);
+        started
+    }
+
+    /// Redis answered. True if this ends an outage.
+    pub fn succeeded(&self) -> bool {
+        let mut s = self.state();
+        let ended = s.down;
+        s.down = false;
+        s.connected = true;
+        s.backoff = FIRST_BACKOFF;
+        ended
+    }
+
+    /// Counts one failed operation (`redis.errors` in `status`); returns
+    /// how many failed before it.
+    pub fn count_error(&self) -> u64 {
+        self.0.errors.fetch_add(1, Relaxed)
+    }
+
+    pub fn errors(&self) -> u64 {
+        self.0.errors.load(Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn down_backs_off_and_one_success_ends_it_for_every_holder() {
+        let h = Health::default();
+        let other = h.clone();
+        assert!(!h.is_connected() && !h.is_down() && h.due());
+        assert!(h.failed(), "starts an outage");
+        assert!(!other.failed(), "already down");
+        assert!(other.is_down() && !other.due());
+        tokio::time::advance(Duration::from_millis(250)).await;
+        assert!(h.due(), "after 100 ms then 200 ms of backoff");
+        assert!(other.succeeded(), "ends the outage");
+        assert!(h.is_connected() && !h.is_down() && h.due() && h.next_try().is_none());
+        assert_eq!((h.count_error(), other.count_error(), h.errors()), (0, 1, 2));
+    }
+}
