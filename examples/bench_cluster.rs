@@ -10,7 +10,8 @@
 use std::time::{Duration, Instant};
 
 use fleetban::config::{Algorithm, RedisConfig, Servers};
-use fleetban::detect::{member, Batch, Hit};
+use fleetban::detect::{member, Hit};
+use fleetban::limit::Batch;
 use fleetban::limit::{RedisLimiter, RuleLimit};
 use fleetban::store::{self, Keys};
 use ipnet::IpNet;

@@ -15,7 +15,8 @@
 use std::time::{Duration, Instant};
 
 use fleetban::config::{Algorithm, RedisConfig};
-use fleetban::detect::{member, Batch, Hit};
+use fleetban::detect::{member, Hit};
+use fleetban::limit::Batch;
 use fleetban::limit::{RedisLimiter, RuleLimit, Verdict};
 use fleetban::store::{self, Keys};
 use ipnet::IpNet;

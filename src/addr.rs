@@ -65,6 +65,22 @@ pub fn client_key(a: IpAddr, v6_prefix: u8) -> IpNet {
     }
 }
 
+/// Serde as [`AddrText`] writes and [`parse_member`] reads: `#[serde(with =
+/// "crate::addr::text")]` on an `IpNet` (records, the control protocol).
+pub mod text {
+    use ipnet::IpNet;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(n: &IpNet, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&super::AddrText(n))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<IpNet, D::Error> {
+        let s = String::deserialize(d)?;
+        super::parse_member(&s).ok_or_else(|| serde::de::Error::custom(format!("not an address or network: {s}")))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

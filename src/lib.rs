@@ -16,8 +16,8 @@
 
 pub mod addr;
 pub mod bans;
-pub mod commands;
 pub mod config;
+pub mod control;
 pub mod daemon;
 pub mod detect;
 pub mod enforce;

@@ -4,7 +4,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
-use fleetban::commands::{self, BanArgs};
+
+mod commands;
+
+use commands::list::BanArgs;
+use commands::{check, list, run, status, test, Failure};
 
 #[derive(Parser)]
 #[command(
@@ -99,29 +103,38 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let code = match cli.command {
+    match execute(Cli::parse().command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            failure.print();
+            ExitCode::from(failure.code())
+        }
+    }
+}
+
+fn execute(command: Command) -> commands::Outcome {
+    match command {
         Command::Run {
             config,
             dry_run,
             bench_one_call_per_hit,
-        } => commands::run(&config, dry_run, bench_one_call_per_hit),
-        Command::Check { config } => commands::check(&config),
+        } => run::run(&config, dry_run, bench_one_call_per_hit),
+        Command::Check { config } => check::check(&config),
         Command::Test {
             config,
             rule,
             json,
             logs,
-        } => commands::test(&config, rule.as_deref(), json, &logs),
-        Command::Status { config, json } => commands::status(&config, json),
-        Command::Bans { config, json } => commands::bans(&config, json),
+        } => test::test(&config, rule.as_deref(), json, &logs),
+        Command::Status { config, json } => status::status(&config, json),
+        Command::Bans { config, json } => list::bans(&config, json),
         Command::Ban {
             config,
             target,
             duration,
             permanent,
             reason,
-        } => commands::ban(
+        } => list::ban(
             &config,
             &BanArgs {
                 target,
@@ -130,19 +143,14 @@ fn main() -> ExitCode {
                 reason,
             },
         ),
-        Command::Unban { config, target } => commands::unban(&config, &target),
-        Command::Flush { config } => commands::flush(&config),
+        Command::Unban { config, target } => list::unban(&config, &target),
+        Command::Flush { config } => run::flush(&config),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "fleetban", &mut std::io::stdout());
-            0
+            Ok(())
         }
-        Command::Manpage => match clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()) {
-            Ok(()) => 0,
-            Err(e) => {
-                eprintln!("fleetban: {e}");
-                1
-            }
-        },
-    };
-    ExitCode::from(code)
+        Command::Manpage => clap_mangen::Man::new(Cli::command())
+            .render(&mut std::io::stdout())
+            .map_err(|e| Failure::Runtime(anyhow::Error::new(e).context("fleetban"))),
+    }
 }

@@ -1,16 +1,18 @@
 //! `fleetban test`: replays log files through the rules with log time and the
-//! embedded store, exactly as DESIGN §2 defines the decisions: hits in log
-//! order, one at a time, a banned client's hits not counted. It is the
-//! reference the daemon's batched path is compared with.
+//! embedded store, exactly as docs/design.md §2 defines the decisions: hits
+//! in log order, one at a time, a banned client's hits not counted. It is
+//! the reference the daemon's batched path is compared with. It reads lines
+//! as the daemon does (`source::read_file`, `detect::Scanner` in
+//! `Mode::Replay`) and bans through the same owner (`bans::Bans`).
 
-use std::io::Read;
 use std::path::Path;
 
 use ipnet::IpNet;
 
-use crate::bans::{BanCache, BanRequest, Mode, Outcome};
+use crate::bans::{BanList, BanRequest, Bans, Mode};
 use crate::config::Rule;
-use crate::detect::{self, AllowList, Hit, Plan};
+use crate::detect::{self, AllowList, Hit, Plan, Scanner, Sink};
+use crate::enforce::Changes;
 use crate::limit::{MemoryLimiter, RuleLimit, Verdict};
 
 /// One ban decided by the replay.
@@ -59,16 +61,13 @@ pub struct Report {
 /// Replays `files` through `rules`; `allow` is never counted.
 pub fn replay(rules: &[Rule], files: &[&Path], allow: &AllowList, ipv6_prefix: u8) -> std::io::Result<Report> {
     let plan = Plan::new(rules).map_err(|e| std::io::Error::other(e.to_string()))?;
+    let mut scanner = Scanner::new(detect::Mode::Replay, plan, allow.clone(), ipv6_prefix);
+    let wall = crate::now_ms();
     let mut r = Replay {
         rules,
-        groups: plan.all(),
-        plan: &plan,
-        allow,
-        ipv6_prefix,
         limiter: MemoryLimiter::new(RuleLimit::of(rules)),
-        bans: crate::bans::BanList::memory(None),
-        cache: BanCache::default(),
-        wall: crate::now_ms(),
+        bans: Bans::new(BanList::memory(None), "replay", Changes::default()),
+        wall,
         peaks: (0..rules.len()).map(|_| Default::default()).collect(),
         report: Report {
             rules: rules
@@ -82,7 +81,15 @@ pub fn replay(rules: &[Rule], files: &[&Path], allow: &AllowList, ipv6_prefix: u
         },
     };
     for (i, f) in files.iter().enumerate() {
-        r.file(i, f)?;
+        let origin = detect::origin_seed("replay", &[i as u64]);
+        crate::source::read_file(f, |chunk| {
+            let seen = scanner.scan(chunk, origin, wall, &mut r);
+            r.report.lines += seen.lines;
+            r.report.unparsed += seen.unparsed;
+        })?;
+    }
+    for (stats, count) in r.report.rules.iter_mut().zip(scanner.take_counts()) {
+        stats.matched = count.matched;
     }
     for (stats, peaks) in r.report.rules.iter_mut().zip(&r.peaks) {
         let mut all: Vec<Closest> = peaks
@@ -104,95 +111,38 @@ pub fn replay(rules: &[Rule], files: &[&Path], allow: &AllowList, ipv6_prefix: u
     Ok(r.report)
 }
 
+/// The replay's sink: each hit decided at once, in log order, by the
+/// embedded store; a crossing is banned before the next hit is read.
 struct Replay<'a> {
     rules: &'a [Rule],
-    plan: &'a Plan,
-    groups: Vec<crate::detect::Group>,
-    allow: &'a AllowList,
-    ipv6_prefix: u8,
     limiter: MemoryLimiter,
-    bans: crate::bans::BanList,
-    cache: BanCache,
+    bans: Bans,
     wall: i64,
     /// Per rule: each client's fullest window and whether it was banned.
     peaks: Vec<foldhash::HashMap<IpNet, (u32, bool)>>,
     report: Report,
 }
 
+impl Sink for Replay<'_> {
+    fn is_banned(&self, key: &IpNet, time_ms: i64) -> bool {
+        self.bans.is_banned(key, time_ms)
+    }
+
+    fn hit(&mut self, rule: usize, key: IpNet, hit: Hit) {
+        let (peak, over) = match self.limiter.check(rule, key, &[hit], self.wall) {
+            Verdict::Over { count, .. } => (count + 1, true),
+            Verdict::Under { count } => (count, false),
+        };
+        let p = self.peaks[rule].entry(key).or_insert((0, false));
+        p.0 = p.0.max(peak);
+        p.1 |= over;
+        if over {
+            self.decide(rule, key, hit.time_ms, peak);
+        }
+    }
+}
+
 impl Replay<'_> {
-    fn file(&mut self, index: usize, path: &Path) -> std::io::Result<()> {
-        let mut f = std::fs::File::open(path)?;
-        let origin = detect::origin_seed("replay", &[index as u64]);
-        let mut buf: Vec<u8> = Vec::with_capacity(4 << 20);
-        let mut base: u64 = 0; // file offset of buf[0]
-        loop {
-            // Straight into `buf`'s spare room (no copy from a second buffer).
-            let n = (&mut f).take(4 << 20).read_to_end(&mut buf)?;
-            let eof = n == 0;
-            let mut start = 0;
-            while let Some(nl) = memchr::memchr(b'\n', &buf[start..]) {
-                self.line(origin, base + start as u64, &buf[start..start + nl]);
-                start += nl + 1;
-            }
-            if eof {
-                if start < buf.len() {
-                    let tail = buf[start..].to_vec();
-                    self.line(origin, base + start as u64, &tail);
-                }
-                return Ok(());
-            }
-            buf.drain(..start);
-            base += start as u64;
-        }
-    }
-
-    fn line(&mut self, origin: u64, offset: u64, line: &[u8]) {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if line.is_empty() {
-            return;
-        }
-        self.report.lines += 1;
-        let mut parsed_any = false;
-        // Taken out for the loop so that `decide` may borrow `self` mutably.
-        let groups = std::mem::take(&mut self.groups);
-        for g in &groups {
-            let Some(req) = g.parser.parse(line) else { continue };
-            parsed_any = true;
-            if self.allow.contains(req.addr) {
-                continue;
-            }
-            let time = req.time_ms.unwrap_or(self.wall);
-            let key = crate::addr::client_key(req.addr, self.ipv6_prefix);
-            for &ri in &g.rules {
-                if !self.plan.filters[ri].accepts(&req) {
-                    continue;
-                }
-                self.report.rules[ri].matched += 1;
-                if self.cache.is_banned(&key, time) {
-                    continue;
-                }
-                let hit = Hit {
-                    time_ms: time,
-                    member: detect::member(origin, offset),
-                };
-                let (peak, over) = match self.limiter.check(ri, key, &[hit], self.wall) {
-                    Verdict::Over { count, .. } => (count + 1, true),
-                    Verdict::Under { count } => (count, false),
-                };
-                let p = self.peaks[ri].entry(key).or_insert((0, false));
-                p.0 = p.0.max(peak);
-                p.1 |= over;
-                if over {
-                    self.decide(ri, key, time, peak);
-                }
-            }
-        }
-        self.groups = groups;
-        if !parsed_any {
-            self.report.unparsed += 1;
-        }
-    }
-
     fn decide(&mut self, rule: usize, key: IpNet, at_ms: i64, hits: u32) {
         let req = BanRequest {
             addr: key,
@@ -202,11 +152,7 @@ impl Replay<'_> {
             hits,
             mode: Mode::Auto(self.rules[rule].ban),
         };
-        let crate::bans::BanList::Memory(m) = &mut self.bans else {
-            return;
-        };
-        if let Outcome::Banned(rec) = m.ban(&req, at_ms) {
-            self.cache.insert(key, rec.until());
+        if let Some(rec) = self.bans.ban_embedded(&req, at_ms) {
             self.report.rules[rule].bans += 1;
             self.report.decisions.push(Decision {
                 addr: key,

@@ -788,3 +788,39 @@ async fn stress(opts: FollowOptions) {
         "missing {missing:?}, repeated {repeated:?}"
     );
 }
+
+proptest! {
+    /// Reading into the splitter's own memory (`lend` + `push_buf`, what
+    /// `fleetban test` does) gives what pushing copies gives.
+    #[test]
+    fn reading_into_lent_buffers_gives_the_same_lines(
+        input in proptest::collection::vec(prop::sample::select(b"ab\r\n\n".to_vec()), 0..300),
+        cuts in proptest::collection::vec(0usize..40, 0..40),
+        max_line in 0usize..12,
+    ) {
+        let path: Arc<Path> = Path::new("/x").into();
+        let id = FileId { dev: 1, ino: 2, fingerprint: 3 };
+        let mut split = LineSplitter::new(max_line, 0);
+        let (mut chunks, mut buf) = (Vec::new(), Vec::new());
+        let mut rest = &input[..];
+        for len in cuts.into_iter().chain([usize::MAX]) {
+            let (piece, tail) = rest.split_at(len.min(rest.len()));
+            split.lend(&mut buf);
+            buf.extend_from_slice(piece);
+            split.push_buf(&mut buf);
+            rest = tail;
+            split.take(0, &path, id, &mut chunks);
+        }
+        let (want, want_skipped, want_end) = reference_split(&input, max_line);
+        let got: Vec<(u64, Vec<u8>)> = chunks.iter().flat_map(|c| c.lines().map(|(o, l)| (o, l.to_vec()))).collect();
+        prop_assert_eq!(got, want);
+        prop_assert_eq!(chunks.iter().map(|c| c.skipped_long).sum::<u64>(), want_skipped);
+        prop_assert_eq!(split.position(), want_end);
+        let mut at = 0;
+        for c in &chunks {
+            prop_assert_eq!(c.start, at);
+            prop_assert_eq!(c.lines as usize, c.lines().count());
+            at = c.end();
+        }
+    }
+}

@@ -9,8 +9,8 @@ use std::process::Command;
 use common::model::{model, Algo, ModelHit, ModelRule};
 use common::{corpus_path, fleetban_bin};
 use fleetban::addr::client_key;
-use fleetban::parse::{Format, Parser};
 use fleetban::addr::AddrText;
+use fleetban::parse::{Format, Parser};
 
 fn run_test(rules_yaml: &str, extra: &[&str]) -> (i32, String, String) {
     let dir = tempfile::tempdir().unwrap();

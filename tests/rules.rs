@@ -8,8 +8,8 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use fleetban::config::Config;
 use fleetban::addr::client_key;
+use fleetban::config::Config;
 use fleetban::detect::{AllowList, RuleFilter};
 use fleetban::parse::Parser;
 

@@ -400,7 +400,7 @@ fn one_log_line_per_ban_and_unban_and_bad_lines_warned_once() {
 
 #[test]
 fn the_journal_is_chosen_only_when_stderr_is_the_journal_stream() {
-    use fleetban::commands::wants_journal;
+    use fleetban::daemon::wants_journal;
     assert!(wants_journal(None, Some("8:1234"), Some((8, 1234))));
     assert!(
         !wants_journal(None, Some("8:1234"), Some((8, 999))),
@@ -437,7 +437,7 @@ fn under_the_journal_bans_are_logged_with_native_fields() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let status = || fleetban::daemon::control::request(&r.control, &serde_json::json!({"cmd": "status"})).ok();
+    let status = || common::status_of(&r.control);
     wait_until(Duration::from_secs(20), "daemon up", || status().is_some());
     append(&r.log, &hits("203.0.113.13", 11, "/p", 200));
     wait_until(Duration::from_secs(10), "ban", || {

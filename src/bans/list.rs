@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use ipnet::IpNet;
 
 use super::{BanRecord, BanRequest, Mode, Outcome};
-use crate::enforce::Until;
 use crate::addr::AddrText;
+use crate::enforce::Until;
 use crate::store::{Keys, BAN, STREAM_MAXLEN, UNBAN};
 
 #[derive(Debug, thiserror::Error)]
@@ -21,6 +21,8 @@ pub enum BanListError {
     Reply(String),
     #[error("saving the ban list: {0}")]
     Io(#[from] std::io::Error),
+    #[error("Redis is down (tried again after a backoff)")]
+    Down,
 }
 
 pub enum BanList {
@@ -85,6 +87,17 @@ impl BanList {
                 } else {
                     Outcome::AlreadyBanned(until)
                 })
+            }
+        }
+    }
+
+    /// Whether the list answers (Redis: `PING`; embedded: always).
+    pub async fn ping(&mut self) -> Result<(), BanListError> {
+        match self {
+            BanList::Memory(_) => Ok(()),
+            BanList::Redis { con, .. } => {
+                let _: String = redis::cmd("PING").query_async(con).await?;
+                Ok(())
             }
         }
     }

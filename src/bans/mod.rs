@@ -1,17 +1,23 @@
-//! The ban list and the decisions around it: a ban's duration and its
-//! escalation for repeat offenders, the safety valve, and the local view of
-//! who is banned (so that a banned client's hits are not counted).
+//! The ban list and everything that applies a ban to it: a ban's duration
+//! and its escalation for repeat offenders, the safety valve, the queue of
+//! bans decided while Redis is down, and this host's view of who is banned
+//! (so that a banned client's hits are not counted).
 //!
-//! `list` is the ban list itself, in Redis (`lua/ban.lua`, `lua/unban.lua`)
-//! or embedded; `valve` the per-host cap on new bans; `cache` this host's
-//! view of the list.
+//! `apply` holds [`Bans`], the one owner of ban application; `list` is the
+//! ban list itself, in Redis (`lua/ban.lua`, `lua/unban.lua`) or embedded;
+//! `valve` the per-host cap on new bans; `queue` the bans waiting for
+//! Redis; `cache` this host's view of the list.
 
+mod apply;
 mod cache;
 pub mod list;
+mod queue;
 mod valve;
 
+pub use apply::{Applied, BanCounters, Bans};
 pub use cache::BanCache;
 pub use list::{BanList, BanListError};
+pub use queue::{with_held, Held, QUEUE_CAP};
 pub use valve::SafetyValve;
 
 use ipnet::IpNet;
@@ -22,7 +28,7 @@ use crate::enforce::Until;
 /// One ban as stored in the record hash and shown by `fleetban bans`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BanRecord {
-    #[serde(with = "net_text")]
+    #[serde(with = "crate::addr::text")]
     pub addr: IpNet,
     pub rule: String,
     #[serde(default)]
@@ -58,6 +64,23 @@ pub enum Mode {
     Permanent,
 }
 
+/// An operator's ban lasts this long unless told otherwise (`ban --for`).
+pub const MANUAL_DEFAULT_MS: i64 = 3_600_000;
+/// An operator's ban lasts at least this long.
+pub const MANUAL_MIN_MS: i64 = 1000;
+
+impl Mode {
+    /// An operator's ban: until unbanned, or `for_ms` (default
+    /// [`MANUAL_DEFAULT_MS`], at least [`MANUAL_MIN_MS`]).
+    pub fn manual(for_ms: Option<i64>, permanent: bool) -> Mode {
+        if permanent {
+            Mode::Permanent
+        } else {
+            Mode::For(for_ms.unwrap_or(MANUAL_DEFAULT_MS).max(MANUAL_MIN_MS))
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct BanRequest {
     pub addr: IpNet,
@@ -68,6 +91,20 @@ pub struct BanRequest {
     pub mode: Mode,
 }
 
+impl BanRequest {
+    /// An operator's ban of `addr` (rule `manual`).
+    pub fn manual(addr: IpNet, mode: Mode, reason: &str, host: &str) -> BanRequest {
+        BanRequest {
+            addr,
+            rule: "manual".into(),
+            reason: reason.to_owned(),
+            host: host.to_owned(),
+            hits: 0,
+            mode,
+        }
+    }
+}
+
 /// What came of a ban request.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {
@@ -75,19 +112,4 @@ pub enum Outcome {
     Banned(BanRecord),
     /// The address was already banned until then; nothing changed.
     AlreadyBanned(Until),
-}
-
-/// Addresses without `/32` or `/128`, networks in CIDR form, in JSON too.
-mod net_text {
-    use ipnet::IpNet;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(n: &IpNet, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(&crate::addr::AddrText(n))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<IpNet, D::Error> {
-        let s = String::deserialize(d)?;
-        crate::addr::parse_member(&s).ok_or_else(|| serde::de::Error::custom(format!("not an address: {s}")))
-    }
 }

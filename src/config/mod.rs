@@ -23,6 +23,7 @@ pub use error::{ConfigError, ConfigErrors};
 pub use schema::{ActionSpec, Algorithm, Backend, Clock, MatchSpec, OnDown, Scope};
 pub use values::{Dur, Method, Net, Rate, Re, StatusPat};
 
+use crate::enforce::{Action, EnforceError, Enforcer, NftOptions};
 use crate::parse::Format;
 
 /// Where `fleetban` looks when `-c` is not given.
@@ -132,6 +133,30 @@ pub struct FirewallConfig {
     pub table: String,
     pub action: ActionSpec,
     pub ports: Vec<u16>,
+}
+
+impl FirewallConfig {
+    /// The firewall this section asks for (`log` on a dry run). The nft
+    /// binary is `nft`, or `$FLEETBAN_NFT` (tests, unusual installs: a
+    /// path, run as argv, never as a shell string).
+    pub fn enforcer(&self, dry_run: bool) -> Result<Enforcer, EnforceError> {
+        if dry_run || self.backend == Backend::Log {
+            return Ok(Enforcer::log());
+        }
+        let command = match std::env::var("FLEETBAN_NFT") {
+            Ok(p) if !p.is_empty() => vec![p],
+            _ => vec!["nft".to_owned()],
+        };
+        Enforcer::nft(NftOptions {
+            table: self.table.clone(),
+            action: match self.action {
+                ActionSpec::Drop => Action::Drop,
+                ActionSpec::Reject => Action::Reject,
+            },
+            ports: self.ports.clone(),
+            command,
+        })
+    }
 }
 
 /// One rule: which requests of which logs count, the limit, and the ban.

@@ -7,6 +7,7 @@
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
 
+use super::sleep_until_opt;
 use crate::detect::AllowList;
 use crate::enforce::{fold, Change, Element, Enforcer};
 
@@ -61,17 +62,10 @@ pub async fn run(
                     .await
             }
         };
-        stats.timings.nft_apply.observe(started.elapsed().as_secs_f64());
+        stats.nft_apply.observe(started.elapsed().as_secs_f64());
         if let Err(e) = result {
             tracing::warn!(error = %e, "Applying bans to the firewall failed; the next reconcile retries.");
         }
-    }
-}
-
-async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(t) => tokio::time::sleep_until(t).await,
-        None => std::future::pending().await,
     }
 }
 

@@ -3,7 +3,7 @@
 //! they are (a `Collector`), so counting costs nothing extra; the two timing
 //! histograms are filled where the work happens (flush, nft transaction).
 //!
-//! Names (DESIGN §6): `fleetban_lines_total`, `fleetban_hits_total{rule}`,
+//! Names (docs/design.md §6): `fleetban_lines_total`, `fleetban_hits_total{rule}`,
 //! `fleetban_bans_total{rule}`, `fleetban_redis_errors_total`,
 //! `fleetban_redis_roundtrip_seconds`, `fleetban_nft_apply_seconds`,
 //! `fleetban_sync_lag_seconds` (wall clock minus the log time of the last hit
@@ -62,25 +62,25 @@ impl prometheus_client::collector::Collector for StatsCollector {
             &mut e,
             "fleetban_redis_errors",
             "Failed Redis operations.",
-            s.redis_errors.load(Relaxed),
+            s.redis_errors(),
         )?;
         counter(
             &mut e,
             "fleetban_safety_refused",
             "Bans the safety valve did not apply.",
-            s.refused.load(Relaxed),
+            s.bans.refused.load(Relaxed),
         )?;
         gauge(
             &mut e,
             "fleetban_bans_active",
             "Bans in force on this host.",
-            s.bans_active.load(Relaxed) as f64,
+            s.bans.active.load(Relaxed) as f64,
         )?;
         gauge(
             &mut e,
             "fleetban_redis_connected",
             "1 when the last Redis operation succeeded.",
-            if s.redis_connected.load(Relaxed) { 1.0 } else { 0.0 },
+            if s.redis_connected() { 1.0 } else { 0.0 },
         )?;
         gauge(
             &mut e,
@@ -112,12 +112,12 @@ pub fn render(stats: &Arc<Stats>) -> String {
     registry.register(
         "fleetban_redis_roundtrip_seconds",
         "Redis round trips of the limiter.",
-        stats.timings.redis_roundtrip.clone(),
+        stats.limit.roundtrip.clone(),
     );
     registry.register(
         "fleetban_nft_apply_seconds",
         "nft transactions.",
-        stats.timings.nft_apply.clone(),
+        stats.nft_apply.clone(),
     );
     let mut out = String::new();
     if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {

@@ -4,8 +4,10 @@
 //!
 //! The watchdog pings only while the pipeline makes progress: it is either
 //! waiting for input or has been busy for less than the watchdog interval
-//! (`Stats::busy_since_ms`, refreshed by each Redis retry too). A pipeline
-//! stuck in one flush stops the pings and systemd restarts the service.
+//! (`Stats::busy_since_ms`; a failed Redis attempt, `LimitCounters::
+//! failed_at_ms`, counts as progress too: retrying is not being stuck). A
+//! pipeline stuck in one flush stops the pings and systemd restarts the
+//! service.
 
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
@@ -56,7 +58,8 @@ pub fn watchdog_interval() -> Option<Duration> {
 /// Whether the pipeline is waiting for input or busy for less than `limit`.
 pub fn progressing(stats: &Stats, limit: Duration, now_ms: i64) -> bool {
     let since = stats.busy_since_ms.load(Relaxed);
-    since == 0 || now_ms - since < limit.as_millis() as i64
+    let progress = since.max(stats.limit.failed_at_ms.load(Relaxed));
+    since == 0 || now_ms - progress < limit.as_millis() as i64
 }
 
 /// Pings `WATCHDOG=1` every half interval while the pipeline progresses.
@@ -94,7 +97,7 @@ pub async fn status_updates(stats: Arc<Stats>, shutdown: CancellationToken) {
 
 /// One line: lines read, bans active and made, Redis, lag.
 pub fn summary(stats: &Stats) -> String {
-    let redis = match (stats.redis_used.load(Relaxed), stats.redis_connected.load(Relaxed)) {
+    let redis = match (stats.health.is_some(), stats.redis_connected()) {
         (false, _) => "not used",
         (true, true) => "up",
         (true, false) => "DOWN",
@@ -102,9 +105,9 @@ pub fn summary(stats: &Stats) -> String {
     format!(
         "{} lines, {} bans active, {} made, {} refused by safety valve, redis {}, lag {} ms",
         stats.lines.load(Relaxed),
-        stats.bans_active.load(Relaxed),
-        stats.bans.load(Relaxed),
-        stats.refused.load(Relaxed),
+        stats.bans.active.load(Relaxed),
+        stats.bans.bans.load(Relaxed),
+        stats.bans.refused.load(Relaxed),
         redis,
         stats.lag_ms.load(Relaxed),
     )
@@ -116,7 +119,7 @@ mod tests {
 
     #[test]
     fn pings_only_while_idle_or_busy_for_less_than_the_interval() {
-        let stats = Stats::default();
+        let stats = Stats::detached();
         let limit = Duration::from_secs(30);
         let now = 1_000_000_000;
         assert!(progressing(&stats, limit, now), "idle");
@@ -124,5 +127,7 @@ mod tests {
         assert!(progressing(&stats, limit, now), "busy 29 s");
         stats.busy_since_ms.store(now - 31_000, Relaxed);
         assert!(!progressing(&stats, limit, now), "stuck 31 s");
+        stats.limit.failed_at_ms.store(now - 1_000, Relaxed);
+        assert!(progressing(&stats, limit, now), "retrying Redis");
     }
 }

@@ -1,8 +1,15 @@
 //! Counters of the running daemon, shared with the control socket. The
 //! pipeline adds to them once per chunk or flush, not once per line.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
+
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+
+use crate::bans::BanCounters;
+use crate::control::{RedisStatus, RuleStatus, SafetyStatus, SourceStatus, Status};
+use crate::limit::LimitCounters;
+use crate::store::Health;
 
 #[derive(Default)]
 pub struct RuleCounters {
@@ -35,53 +42,20 @@ impl SourceCounters {
     }
 }
 
-/// Per source: (path, offset, lines, lines/s, lag ms, bytes not yet read).
-pub type SourceRow = (String, u64, u64, f64, Option<i64>, Option<u64>);
-
-/// Timings exported as Prometheus histograms.
-pub struct Timings {
-    /// One limiter call (a few pipelined Redis round trips), per round trip.
-    pub redis_roundtrip: prometheus_client::metrics::histogram::Histogram,
-    /// One nft transaction.
-    pub nft_apply: prometheus_client::metrics::histogram::Histogram,
-}
-
-impl Default for Timings {
-    fn default() -> Self {
-        use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-        Timings {
-            redis_roundtrip: Histogram::new(exponential_buckets(0.000_1, 2.0, 16)),
-            nft_apply: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
-        }
-    }
-}
-
-#[derive(Default)]
+/// The daemon's counters, shared with the control socket, the metrics
+/// endpoint and systemd's STATUS=. What the limiter, the ban owner and the
+/// Redis connection count is theirs (`limit`, `bans`, `store::Health`),
+/// read here.
 pub struct Stats {
     pub lines: AtomicU64,
     pub unparsed: AtomicU64,
     pub skipped_long: AtomicU64,
-    /// Hits older than the window at arrival (DESIGN §2): not counted.
+    /// Hits older than the window at arrival (docs/design.md §2): not counted.
     pub stale: AtomicU64,
-    pub bans: AtomicU64,
-    /// Bans the safety valve refused.
-    pub refused: AtomicU64,
-    pub redis_errors: AtomicU64,
-    pub redis_connected: AtomicBool,
-    /// Batches decided by the in-process fallback while Redis was down.
-    pub local_decisions: AtomicU64,
-    /// Bans decided while Redis was down, waiting to be written to the list.
-    pub ban_queue: AtomicU64,
-    /// Bans the full queue could not keep (enforced here, never written).
-    pub ban_queue_dropped: AtomicU64,
-    /// `redis:` is configured (else the embedded store is used).
-    pub redis_used: AtomicBool,
-    pub round_trips: AtomicU64,
     /// Hits waiting in the daemon to share a script call (`redis.hold`).
     pub held_hits: AtomicU64,
     /// Hits of the limiter round trip in flight.
     pub inflight_hits: AtomicU64,
-    pub bans_active: AtomicU64,
     /// Wall clock minus the log time of the last hit processed.
     pub lag_ms: AtomicI64,
     /// When the pipeline started the work it is doing now (ms), 0 while it
@@ -92,18 +66,60 @@ pub struct Stats {
     pub reload_errors: AtomicU64,
     /// Per rule of the running config; the pipeline holds the same `Arc`s.
     pub rules: Mutex<Vec<Arc<RuleCounters>>>,
-    /// Safety valve: its limit per minute, and when it last refused a ban (ms).
-    pub valve_limit: AtomicU64,
-    pub valve_refused_at_ms: AtomicI64,
-    pub timings: Timings,
+    /// `safety.max_bans_per_minute`.
+    pub valve_limit: u64,
     pub sources: Mutex<Vec<SourceCounters>>,
+    pub limit: Arc<LimitCounters>,
+    pub bans: Arc<BanCounters>,
+    /// With Redis: whether it answers.
+    pub health: Option<Health>,
+    /// One nft transaction, in seconds.
+    pub nft_apply: Histogram,
 }
 
 impl Stats {
-    pub fn new(rule_names: &[String]) -> Stats {
-        let stats = Stats::default();
+    pub fn new(
+        rule_names: &[String],
+        valve_limit: u32,
+        limit: Arc<LimitCounters>,
+        bans: Arc<BanCounters>,
+        health: Option<Health>,
+    ) -> Stats {
+        let stats = Stats {
+            lines: AtomicU64::new(0),
+            unparsed: AtomicU64::new(0),
+            skipped_long: AtomicU64::new(0),
+            stale: AtomicU64::new(0),
+            held_hits: AtomicU64::new(0),
+            inflight_hits: AtomicU64::new(0),
+            lag_ms: AtomicI64::new(0),
+            busy_since_ms: AtomicI64::new(0),
+            reloads: AtomicU64::new(0),
+            reload_errors: AtomicU64::new(0),
+            rules: Mutex::default(),
+            valve_limit: u64::from(valve_limit),
+            sources: Mutex::default(),
+            limit,
+            bans,
+            health,
+            nft_apply: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+        };
         stats.set_rules(rule_names);
         stats
+    }
+
+    /// Counters of nothing (tests).
+    pub fn detached() -> Stats {
+        Stats::new(&[], 0, Arc::default(), Arc::default(), None)
+    }
+
+    /// Redis answered the last time it was asked (false without Redis).
+    pub fn redis_connected(&self) -> bool {
+        self.health.as_ref().is_some_and(Health::is_connected)
+    }
+
+    pub fn redis_errors(&self) -> u64 {
+        self.health.as_ref().map_or(0, Health::errors)
     }
 
     /// The counters of `rule_names`, in order: a rule that keeps its name
@@ -162,7 +178,7 @@ impl Stats {
 
     /// `open`, or `tripped` when it refused a ban within the last minute.
     pub fn valve_state(&self) -> &'static str {
-        let at = self.valve_refused_at_ms.load(Relaxed);
+        let at = self.bans.refused_at_ms.load(Relaxed);
         if at != 0 && crate::now_ms() - at < 60_000 {
             "tripped"
         } else {
@@ -170,62 +186,63 @@ impl Stats {
         }
     }
 
-    /// Per source: (path, offset, lines, lines/s, lag ms, bytes not yet read).
-    pub fn source_rows(&self) -> Vec<SourceRow> {
+    /// Per source: its path, position, lines, rate, lag and bytes not yet read.
+    pub fn source_rows(&self) -> Vec<SourceStatus> {
         let s = self.sources.lock().unwrap_or_else(|e| e.into_inner());
         s.iter()
-            .map(|c| {
-                let behind = std::fs::metadata(&c.path)
+            .map(|c| SourceStatus {
+                path: c.path.clone(),
+                offset: c.offset,
+                lines: c.lines,
+                lines_per_s: (c.lines_per_s() * 10.0).round() / 10.0,
+                lag_ms: c.lag_ms,
+                bytes_behind: std::fs::metadata(&c.path)
                     .ok()
-                    .map(|m| m.len().saturating_sub(c.offset));
-                (c.path.clone(), c.offset, c.lines, c.lines_per_s(), c.lag_ms, behind)
+                    .map(|m| m.len().saturating_sub(c.offset)),
             })
             .collect()
     }
 
-    pub fn to_json(&self) -> serde_json::Value {
-        let sources: Vec<_> = self
-            .source_rows()
-            .into_iter()
-            .map(|(path, offset, lines, rate, lag, behind)| {
-                serde_json::json!({"path": path, "offset": offset, "lines": lines,
-                    "lines_per_s": (rate * 10.0).round() / 10.0, "lag_ms": lag, "bytes_behind": behind})
-            })
-            .collect();
-        let rules: Vec<_> = self
-            .rule_counters()
-            .iter()
-            .map(|r| serde_json::json!({"name": r.name, "hits": r.hits.load(Relaxed), "bans": r.bans.load(Relaxed)}))
-            .collect();
-        serde_json::json!({
-            "sources": sources,
-            "rules": rules,
-            "lines": self.lines.load(Relaxed),
-            "unparsed": self.unparsed.load(Relaxed),
-            "skipped_long": self.skipped_long.load(Relaxed),
-            "stale": self.stale.load(Relaxed),
-            "bans": self.bans.load(Relaxed),
-            "safety_refused": self.refused.load(Relaxed),
-            "safety": {
-                "state": self.valve_state(),
-                "max_bans_per_minute": self.valve_limit.load(Relaxed),
-                "refused": self.refused.load(Relaxed),
+    /// What `fleetban status` shows.
+    pub fn report(&self) -> Status {
+        let refused = self.bans.refused.load(Relaxed);
+        Status {
+            sources: self.source_rows(),
+            rules: self
+                .rule_counters()
+                .iter()
+                .map(|r| RuleStatus {
+                    name: r.name.clone(),
+                    hits: r.hits.load(Relaxed),
+                    bans: r.bans.load(Relaxed),
+                })
+                .collect(),
+            lines: self.lines.load(Relaxed),
+            unparsed: self.unparsed.load(Relaxed),
+            skipped_long: self.skipped_long.load(Relaxed),
+            stale: self.stale.load(Relaxed),
+            bans: self.bans.bans.load(Relaxed),
+            safety_refused: refused,
+            safety: SafetyStatus {
+                state: self.valve_state().to_owned(),
+                max_bans_per_minute: self.valve_limit,
+                refused,
             },
-            "redis": {
-                "connected": self.redis_connected.load(Relaxed),
-                "used": self.redis_used.load(Relaxed),
-                "errors": self.redis_errors.load(Relaxed),
-                "round_trips": self.round_trips.load(Relaxed),
-                "held_hits": self.held_hits.load(Relaxed),
-                "inflight_hits": self.inflight_hits.load(Relaxed),
-                "local_decisions": self.local_decisions.load(Relaxed),
-                "queued_bans": self.ban_queue.load(Relaxed),
-                "dropped_bans": self.ban_queue_dropped.load(Relaxed),
+            redis: RedisStatus {
+                connected: self.redis_connected(),
+                used: self.health.is_some(),
+                errors: self.redis_errors(),
+                round_trips: self.limit.round_trips.load(Relaxed),
+                held_hits: self.held_hits.load(Relaxed),
+                inflight_hits: self.inflight_hits.load(Relaxed),
+                local_decisions: self.limit.local_decisions.load(Relaxed),
+                queued_bans: self.bans.queued.load(Relaxed),
+                dropped_bans: self.bans.dropped.load(Relaxed),
             },
-            "bans_active": self.bans_active.load(Relaxed),
-            "lag_ms": self.lag_ms.load(Relaxed),
-            "reloads": self.reloads.load(Relaxed),
-            "reload_errors": self.reload_errors.load(Relaxed),
-        })
+            bans_active: self.bans.active.load(Relaxed),
+            lag_ms: self.lag_ms.load(Relaxed),
+            reloads: self.reloads.load(Relaxed),
+            reload_errors: self.reload_errors.load(Relaxed),
+        }
     }
 }

@@ -1,22 +1,33 @@
-//! From parsed requests to hits: which requests count for which rule, under
-//! which client key, batched per (rule, key) for the limiter.
+//! From lines to hits: which requests count for which rule, under which
+//! client key, at which time.
 //!
+//! `scan` is the one per-line loop (the daemon's and `fleetban test`'s),
 //! `filter` holds the compiled `match:`/`ignore:` conditions (`literal`: the
-//! exact literal tests that replace their regexes when they have that shape), `allow` the
-//! networks that are never counted nor banned, `plan` which rules read which
-//! log (each log is parsed once per distinct format, whatever the number of
-//! rules), and `batch` the pending hits. Nothing here talks to Redis.
+//! exact literal tests that replace their regexes when they have that shape),
+//! `allow` the networks that are never counted nor banned, `plan` which rules
+//! read which log (each log is parsed once per distinct format, whatever the
+//! number of rules). Nothing here talks to Redis or knows of bans but
+//! through [`Sink`].
 
 mod allow;
-mod batch;
 mod filter;
 mod literal;
 mod plan;
+mod scan;
 
 pub use allow::AllowList;
-pub use batch::{Batch, Hit, HoldPolicy, Pending};
 pub use filter::RuleFilter;
 pub use plan::{Group, Plan};
+pub use scan::{Mode, RuleCount, Scanned, Scanner, Sink};
+
+/// One counted request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hit {
+    /// Time of the request in unix ms (log time, or arrival time for `clock: redis`).
+    pub time_ms: i64,
+    /// Deterministic member (see [`member`]).
+    pub member: u64,
+}
 
 /// A deterministic member for one hit, from where its line was read: the
 /// same line read again after a crash gives the same member, which the

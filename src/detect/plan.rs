@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::config::Rule;
+use crate::config::{Clock, Rule};
 use crate::parse::{Format, FormatError, Parser};
 
 use super::RuleFilter;
@@ -21,6 +21,8 @@ pub struct Group {
 /// which groups read a given file.
 pub struct Plan {
     pub filters: Vec<RuleFilter>,
+    /// Per rule: its window (ms) and where its hits take their time from.
+    pub times: Vec<(i64, Clock)>,
     formats: Vec<Format>,
     /// Per rule: its `logs:` entries as glob patterns (a plain path matches itself).
     globs: Vec<Vec<(String, Option<glob::Pattern>)>>,
@@ -39,12 +41,23 @@ impl Plan {
         }
         Ok(Plan {
             filters: rules.iter().map(|r| RuleFilter::new(&r.matches, &r.ignore)).collect(),
+            times: rules.iter().map(|r| (r.limit.window_ms, r.limit.clock)).collect(),
             formats: rules.iter().map(|r| r.format.clone()).collect(),
             globs: rules
                 .iter()
                 .map(|r| r.logs.iter().map(|l| (l.clone(), glob::Pattern::new(l).ok())).collect())
                 .collect(),
         })
+    }
+
+    /// No rules.
+    pub fn empty() -> Plan {
+        Plan {
+            filters: Vec::new(),
+            times: Vec::new(),
+            formats: Vec::new(),
+            globs: Vec::new(),
+        }
     }
 
     /// The groups of the rules that name `path` (by path or glob).

@@ -10,15 +10,13 @@
 //! is younger than our last id (Redis restarted empty, key deleted); either
 //! way the host reconciles at once.
 
-pub mod outage;
-
 use std::time::Duration;
 
 use redis::streams::{StreamReadOptions, StreamReadReply};
 use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
 
-use crate::bans::{list::parse_until, BanList};
+use crate::bans::{list::parse_until, with_held, BanList, Held};
 use crate::enforce::{Change, Changes, Element};
 use crate::store::Keys;
 
@@ -39,7 +37,7 @@ pub struct FleetSync {
     pub gaps: u64,
     /// Bans this host decided while Redis was down and has not yet written
     /// to the list: a reconcile keeps them rather than lifting them.
-    pub held: outage::Held,
+    pub held: Held,
 }
 
 impl FleetSync {
@@ -80,7 +78,8 @@ impl FleetSync {
                             tracing::info!("Ban list read again after an error; reconciled.");
                         }
                         backoff = Duration::from_millis(100);
-                        self.changes.send(Change::Replace(outage::with_held(elems, &self.held, crate::now_ms())));
+                        self.changes
+                            .send(Change::Replace(with_held(elems, &self.held, crate::now_ms())));
                         next_reconcile = tokio::time::Instant::now() + self.reconcile_every;
                     }
                     Err(e) => {

@@ -4,14 +4,19 @@
 //! [`MemoryLimiter`] for a single host and for `fleetban test`. The
 //! differential tests hold them to the same decisions hit by hit.
 
+mod fallback;
+mod limiter;
 mod memory;
+mod pending;
 mod redis;
 
+pub use self::fallback::local_limits;
+pub use self::limiter::{Flight, Landed, LimitCounters, Limiter};
 pub use self::memory::MemoryLimiter;
+pub use self::pending::{Batch, HoldPolicy, Pending};
 pub use self::redis::{RedisLimiter, MAX_CALLS_PER_TRIP, MAX_GROUPS_PER_CALL, MAX_HITS_PER_TRIP};
 
 use crate::config::{Algorithm, Clock, Rule, Scope};
-use crate::detect::Batch;
 
 /// Redis's default `zset-max-listpack-entries`: a ZSET with more members
 /// leaves the compact encoding.
@@ -143,34 +148,6 @@ pub enum LimitError {
     Redis(#[from] ::redis::RedisError),
     #[error("unexpected reply from the window script: {0}")]
     Reply(String),
-}
-
-pub enum Limiter {
-    Memory(MemoryLimiter),
-    Redis(RedisLimiter),
-}
-
-impl Limiter {
-    /// Appends one verdict per batch to `out`, in order (for Redis, few
-    /// pipelined round trips). On error, `out` holds the verdicts of the
-    /// batches already decided: retry with the rest.
-    pub async fn check(&mut self, batches: &[Batch], out: &mut Vec<Verdict>) -> Result<(), LimitError> {
-        match self {
-            Limiter::Memory(m) => {
-                let now = crate::now_ms();
-                out.extend(batches.iter().map(|b| m.check(b.rule, b.key, &b.hits, now)));
-                Ok(())
-            }
-            Limiter::Redis(r) => r.check(batches, out).await,
-        }
-    }
-
-    pub fn set_rules(&mut self, rules: Vec<RuleLimit>) {
-        match self {
-            Limiter::Memory(m) => m.set_rules(rules),
-            Limiter::Redis(r) => r.set_rules(rules),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -12,9 +12,9 @@
 
 use ::redis::Value;
 
+use super::Batch;
 use super::{LimitError, RuleLimit, Verdict};
 use crate::config::{Algorithm, Clock, Scope};
-use crate::detect::Batch;
 use crate::store::{self, Keys, LuaScript, FIXED_WINDOW, SLIDING_COUNTER, SLIDING_WINDOW, TOKEN_BUCKET};
 
 /// The script of an algorithm.
@@ -63,6 +63,10 @@ impl RedisLimiter {
 
     pub fn set_rules(&mut self, rules: Vec<RuleLimit>) {
         self.rules = rules;
+    }
+
+    pub fn rules(&self) -> &[RuleLimit] {
+        &self.rules
     }
 
     /// A limiter for one round trip run apart (the daemon parses the next

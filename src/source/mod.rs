@@ -47,6 +47,7 @@
 mod follow;
 mod identity;
 mod offsets;
+mod once;
 mod patterns;
 mod reader;
 mod split;
@@ -57,11 +58,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use memchr::memchr;
-
 pub use follow::{spawn, Follower, WakeHandle};
 pub use identity::{fingerprint, FileId, FINGERPRINT_BYTES};
 pub use offsets::OffsetStore;
+pub use once::read_file;
 pub use split::LineSplitter;
 
 /// How the follower reads. `Default` gives the production values.
@@ -111,6 +111,8 @@ pub struct Chunk {
     pub start: u64,
     /// Whole lines, each ending in `\n`; contiguous in the file.
     pub data: Vec<u8>,
+    /// Where each line of `data` ends, just past its `\n`.
+    pub ends: Vec<u32>,
     /// Number of lines in `data`.
     pub lines: u64,
     /// Lines longer than `max_line` dropped right after `data`.
@@ -129,6 +131,7 @@ impl Chunk {
     pub fn lines(&self) -> Lines<'_> {
         Lines {
             data: &self.data,
+            ends: self.ends.iter(),
             start: self.start,
             pos: 0,
         }
@@ -139,6 +142,7 @@ impl Chunk {
 #[derive(Clone, Debug)]
 pub struct Lines<'a> {
     data: &'a [u8],
+    ends: std::slice::Iter<'a, u32>,
     start: u64,
     pos: usize,
 }
@@ -146,13 +150,13 @@ pub struct Lines<'a> {
 impl<'a> Iterator for Lines<'a> {
     type Item = (u64, &'a [u8]);
 
+    #[inline]
     fn next(&mut self) -> Option<Self::Item> {
-        let rest = self.data.get(self.pos..).filter(|r| !r.is_empty())?;
-        let n = memchr(b'\n', rest).unwrap_or(rest.len());
-        let line = &rest[..n];
+        let end = *self.ends.next()? as usize;
+        let line = self.data.get(self.pos..end - 1)?;
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         let offset = self.start + self.pos as u64;
-        self.pos += n + 1;
+        self.pos = end;
         Some((offset, line))
     }
 }

@@ -2,7 +2,8 @@
 //! in whatever pieces reads return and hands back [`Chunk`]s of complete lines.
 //!
 //! It finds newlines with `memchr` and copies runs of good lines in bulk: no
-//! allocation per line. The one unterminated line at the end of the input is
+//! allocation per line. Where each line ends is kept with the chunk
+//! ([`Chunk::lines`] walks those ends instead of searching again). The one unterminated line at the end of the input is
 //! carried to the next push, but never more than `max_line` bytes of it: a line
 //! longer than that switches to skip mode, which only counts bytes until the
 //! newline. Skipped lines are recorded at the end of a chunk (a chunk is closed
@@ -29,6 +30,10 @@ pub struct LineSplitter {
     cur: Run,
     /// Runs closed because a skipped line was followed by good lines.
     done: Vec<Run>,
+    /// Newlines of the lines pushed but not yet copied, by input index.
+    newlines: Vec<usize>,
+    /// Bytes of the carried line lent to a reader's buffer ([`LineSplitter::lend`]).
+    lent: usize,
 }
 
 /// A chunk before it is labelled with the file it came from.
@@ -36,6 +41,9 @@ pub struct LineSplitter {
 struct Run {
     start: u64,
     data: Vec<u8>,
+    /// Where each line of `data` ends, past its `\n` (a run holds less than
+    /// 4 GiB: callers take chunks after each read).
+    ends: Vec<u32>,
     lines: u64,
     skipped_long: u64,
     skipped_bytes: u64,
@@ -68,6 +76,8 @@ impl LineSplitter {
             skipping: None,
             cur: Run::at(start),
             done: Vec::new(),
+            newlines: Vec::new(),
+            lent: 0,
         }
     }
 
@@ -102,20 +112,85 @@ impl LineSplitter {
             input = tail;
         }
         self.cur.data.reserve(input.len());
-        let (mut run_start, mut line_start, mut lines) = (0, 0, 0);
+        let mut newlines = std::mem::take(&mut self.newlines);
+        newlines.clear();
+        let (mut run_start, mut line_start) = (0, 0);
         for nl in memchr_iter(b'\n', input) {
             if nl - line_start > self.max_line {
-                self.emit(&input[run_start..line_start], lines);
+                self.emit_lines(input, run_start, line_start, &newlines);
+                newlines.clear();
                 self.skip((nl + 1 - line_start) as u64);
                 run_start = nl + 1;
-                lines = 0;
             } else {
-                lines += 1;
+                newlines.push(nl);
             }
             line_start = nl + 1;
         }
-        self.emit(&input[run_start..line_start], lines);
+        self.emit_lines(input, run_start, line_start, &newlines);
+        self.newlines = newlines;
         self.carry(&input[line_start..]);
+    }
+
+    /// Emits `input[from..to]`, whole lines whose newlines are `newlines`.
+    fn emit_lines(&mut self, input: &[u8], from: usize, to: usize, newlines: &[usize]) {
+        if from == to {
+            return;
+        }
+        self.close_after_skip();
+        let base = self.cur.data.len();
+        self.cur
+            .ends
+            .extend(newlines.iter().map(|&nl| (base + nl + 1 - from) as u32));
+        self.cur.data.extend_from_slice(&input[from..to]);
+        self.cur.lines += newlines.len() as u64;
+    }
+
+    /// For a reader that reads into the splitter's memory instead of its
+    /// own (no copy of what it reads): `buf` is emptied and gets the
+    /// unterminated line carried so far; read the next bytes onto its end,
+    /// then hand it back with [`LineSplitter::push_buf`].
+    pub fn lend(&mut self, buf: &mut Vec<u8>) {
+        buf.clear();
+        buf.append(&mut self.carried);
+        self.lent = buf.len();
+    }
+
+    /// [`LineSplitter::push`] of what was read onto a [`LineSplitter::lend`]
+    /// buffer. When it holds only whole lines no longer than `max_line`
+    /// after the carried one (the usual case), it becomes the chunk's data
+    /// as it is, and `buf` gets an empty buffer to lend next time.
+    pub fn push_buf(&mut self, buf: &mut Vec<u8>) {
+        let lent = std::mem::take(&mut self.lent);
+        let in_place = self.skipping.is_none()
+            && self.carried.is_empty()
+            && self.cur.data.is_empty()
+            && self.cur.skipped_bytes == 0;
+        let mut ends = std::mem::take(&mut self.cur.ends);
+        ends.clear();
+        let mut line_start = 0;
+        let mut fits = in_place;
+        if in_place {
+            for nl in memchr_iter(b'\n', buf) {
+                if nl - line_start > self.max_line {
+                    fits = false;
+                    break;
+                }
+                ends.push((nl + 1) as u32);
+                line_start = nl + 1;
+            }
+        }
+        if !fits {
+            self.cur.ends = ends;
+            self.cur.ends.clear();
+            self.carried.extend_from_slice(&buf[..lent]);
+            self.push(&buf[lent..]);
+            return;
+        }
+        self.carry(&buf[line_start..]);
+        buf.truncate(line_start);
+        std::mem::swap(buf, &mut self.cur.data);
+        self.cur.lines += ends.len() as u64;
+        self.cur.ends = ends;
     }
 
     /// Moves the complete lines seen so far into `out` as chunks labelled
@@ -133,10 +208,24 @@ impl LineSplitter {
                 file,
                 start: run.start,
                 data: run.data,
+                ends: run.ends,
                 lines: run.lines,
                 skipped_long: run.skipped_long,
                 skipped_bytes: run.skipped_bytes,
             });
+        }
+    }
+
+    /// Gives back the buffer of a chunk taken earlier, to be filled again:
+    /// a reader that is done with its chunks saves an allocation (and its
+    /// page faults) per chunk.
+    pub fn recycle(&mut self, chunk: Chunk) {
+        let (mut data, mut ends) = (chunk.data, chunk.ends);
+        if self.cur.data.is_empty() && data.capacity() > self.cur.data.capacity() {
+            data.clear();
+            ends.clear();
+            self.cur.data = data;
+            self.cur.ends = ends;
         }
     }
 
@@ -151,7 +240,7 @@ impl LineSplitter {
         } else if !self.carried.is_empty() {
             let mut line = std::mem::take(&mut self.carried);
             line.push(b'\n');
-            self.emit(&line, 1);
+            self.emit_line(&line);
         }
     }
 
@@ -164,16 +253,21 @@ impl LineSplitter {
         self.cur = Run::at(start);
     }
 
-    fn emit(&mut self, bytes: &[u8], lines: u64) {
-        if bytes.is_empty() {
-            return;
-        }
+    /// Emits one whole line, `\n` included.
+    fn emit_line(&mut self, line: &[u8]) {
+        self.close_after_skip();
+        self.cur.data.extend_from_slice(line);
+        self.cur.ends.push(self.cur.data.len() as u32);
+        self.cur.lines += 1;
+    }
+
+    /// A chunk is one contiguous range of the file: good lines after a
+    /// skipped one start the next.
+    fn close_after_skip(&mut self) {
         if self.cur.skipped_bytes > 0 {
             let next = Run::at(self.cur.end());
             self.done.push(std::mem::replace(&mut self.cur, next));
         }
-        self.cur.data.extend_from_slice(bytes);
-        self.cur.lines += lines;
     }
 
     fn skip(&mut self, bytes: u64) {
@@ -203,7 +297,7 @@ impl LineSplitter {
         } else {
             let mut line = std::mem::take(&mut self.carried);
             line.extend_from_slice(head);
-            self.emit(&line, 1);
+            self.emit_line(&line);
             line.clear();
             self.carried = line;
         }

@@ -17,8 +17,7 @@ pub use conn::Conn;
 pub use health::Health;
 pub use keys::{Keys, STREAM_MAXLEN};
 pub use scripts::{
-    is_noscript, value_is_noscript, LuaScript, BAN, FIXED_WINDOW, SLIDING_COUNTER, SLIDING_WINDOW, TOKEN_BUCKET,
-    UNBAN,
+    is_noscript, value_is_noscript, LuaScript, BAN, FIXED_WINDOW, SLIDING_COUNTER, SLIDING_WINDOW, TOKEN_BUCKET, UNBAN,
 };
 
 /// Connects now (fails if Redis does not answer); every command times out

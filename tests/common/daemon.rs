@@ -71,7 +71,7 @@ impl Daemon {
     }
 
     fn status_opt(&self) -> Option<serde_json::Value> {
-        fleetban::daemon::control::request(&self.control, &serde_json::json!({"cmd": "status"})).ok()
+        crate::common::status_of(&self.control)
     }
 
     pub fn status(&self) -> serde_json::Value {

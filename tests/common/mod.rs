@@ -106,6 +106,13 @@ pub fn corpus_path() -> PathBuf {
     panic!("corpus not found; looked at {candidates:?}");
 }
 
+/// The daemon's `status` at `control` as JSON (what `status --json`
+/// prints), or None if it does not answer.
+pub fn status_of(control: &Path) -> Option<serde_json::Value> {
+    let status = fleetban::control::Client::new(control).status().ok()?;
+    Some(serde_json::to_value(status).expect("a status is JSON"))
+}
+
 /// Sends `sig` to `pid`; a process that is already gone is not an error.
 pub(crate) fn signal(pid: u32, sig: libc::c_int) {
     let Ok(pid) = libc::pid_t::try_from(pid) else {

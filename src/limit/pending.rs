@@ -16,14 +16,7 @@ use std::collections::{HashMap, VecDeque};
 
 use ipnet::IpNet;
 
-/// One counted request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Hit {
-    /// Time of the request in unix ms (log time, or arrival time for `clock: redis`).
-    pub time_ms: i64,
-    /// Deterministic member (see [`super::member`]).
-    pub member: u64,
-}
+use crate::detect::Hit;
 
 /// All pending hits of one (rule, key), in log order.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,0 +1,329 @@
+//! [`Bans`]: the one place a ban is applied, whoever decided it (a rule in
+//! the pipeline, an operator through the CLI or the control socket, the
+//! queue of bans decided while Redis was down, `fleetban test`). Applying a
+//! ban is always the same steps, in this order: the safety valve (rule bans
+//! only), the list (Redis or embedded; a rule's ban that the list cannot
+//! take is enforced here anyway and queued for it), this host's view of the
+//! list ([`BanCache`]), the "Banned." line, and the change sent to the
+//! enforcer. Lifting a ban is its mirror: windows, list, view, change.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use super::queue::{Held, Queue};
+use super::{BanCache, BanList, BanListError, BanRecord, BanRequest, Mode, Outcome, SafetyValve};
+use crate::addr::AddrText;
+use crate::enforce::{Change, Changes, Element, Until};
+use crate::store::Health;
+
+/// What the ban owner counts, read by `status` and the metrics endpoint.
+#[derive(Default)]
+pub struct BanCounters {
+    /// New bans applied (written to the list, or enforced here while it
+    /// could not be written).
+    pub bans: AtomicU64,
+    /// Rule bans the safety valve refused, and when it last refused one (ms).
+    pub refused: AtomicU64,
+    pub refused_at_ms: AtomicI64,
+    /// Bans decided while Redis was down, waiting to be written.
+    pub queued: AtomicU64,
+    /// Bans a full queue could not keep (enforced here, never written).
+    pub dropped: AtomicU64,
+    /// Entries of this host's view of the list.
+    pub active: AtomicU64,
+}
+
+/// What came of a ban.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Applied {
+    /// A new ban: in the list, this host's view and the firewall.
+    New(BanRecord),
+    /// The list could not take a rule's ban: enforced here for the rule's
+    /// base duration (and queued for the list, with Redis).
+    Local(Element),
+    /// Already banned until then: nothing new.
+    Already(Until),
+    /// The safety valve refused it: not applied.
+    Refused,
+}
+
+/// This host's bans: the list, the view of it, and the way to the firewall.
+pub struct Bans {
+    list: BanList,
+    /// Names this host in records and events.
+    host: String,
+    cache: BanCache,
+    /// Caps new rule bans per minute (the daemon; not `test`, not the CLI).
+    valve: Option<SafetyValve>,
+    /// With Redis: bans decided while it is down, waiting to be written.
+    queue: Option<Queue>,
+    /// To the enforcer (nothing for `test` and the CLI).
+    changes: Changes,
+    counters: Arc<BanCounters>,
+}
+
+impl Bans {
+    /// Bans over `list`, written as `host`'s, enforced through `changes`.
+    pub fn new(list: BanList, host: &str, changes: Changes) -> Bans {
+        Bans {
+            list,
+            host: host.to_owned(),
+            cache: BanCache::default(),
+            valve: None,
+            queue: None,
+            changes,
+            counters: Arc::default(),
+        }
+    }
+
+    /// At most `max_per_minute` new rule bans a minute (`safety:`).
+    pub fn with_valve(mut self, max_per_minute: u32) -> Bans {
+        self.valve = Some(SafetyValve::new(max_per_minute));
+        self
+    }
+
+    /// With Redis: a rule's ban decided while `health` says Redis is down
+    /// (or that the list refused) is queued and written when it answers.
+    pub fn with_queue(mut self, health: Health) -> Bans {
+        self.queue = Some(Queue::new(health));
+        self
+    }
+
+    /// The host whose bans these are.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The queued bans a reconcile must keep (for the fleet sync).
+    pub fn held(&self) -> Held {
+        self.queue.as_ref().map(|q| q.held.clone()).unwrap_or_default()
+    }
+
+    pub fn counters(&self) -> Arc<BanCounters> {
+        self.counters.clone()
+    }
+
+    /// Takes `view` as this host's view of the list (built at start).
+    pub fn set_view(&mut self, view: BanCache) {
+        self.cache = view;
+        self.publish_active();
+    }
+
+    /// Whether the client `key` is banned at `at_ms` (asked per hit).
+    #[inline]
+    pub fn is_banned(&self, key: &IpNet, at_ms: i64) -> bool {
+        self.cache.is_banned(key, at_ms)
+    }
+
+    /// When the last ban covering `key` ends, if it has one.
+    pub fn until(&self, key: &IpNet) -> Option<Until> {
+        self.cache.until(key)
+    }
+
+    /// Applies `req` at `now_ms`; `at_ms` is when its limit was crossed
+    /// (the hit's time) or when the operator asked. A rule's ban
+    /// (`Mode::Auto`) of a client already banned here is `Already`; it goes
+    /// through the valve, and when the list cannot take it, it is enforced
+    /// here anyway (`Local`). An operator's ban replaces an active one and
+    /// fails with the list.
+    pub async fn ban(&mut self, req: BanRequest, at_ms: i64, now_ms: i64) -> Result<Applied, BanListError> {
+        let Mode::Auto(policy) = req.mode else {
+            return match self.list.ban(&req, now_ms).await? {
+                Outcome::Banned(rec) => Ok(self.banned(rec, at_ms, now_ms)),
+                Outcome::AlreadyBanned(u) => Ok(Applied::Already(u)),
+            };
+        };
+        if let Some(u) = self.cache.until(&req.addr).filter(|u| *u > Until::At(now_ms)) {
+            return Ok(Applied::Already(u));
+        }
+        if !self.admit(&req, now_ms) {
+            return Ok(Applied::Refused);
+        }
+        // Known down: straight to the local ban and the queue, no timeout paid.
+        let known_down = self
+            .queue
+            .as_ref()
+            .is_some_and(|q| q.health.is_down() && !q.health.due());
+        let outcome = match known_down {
+            true => Err(BanListError::Down),
+            false => self.list.ban(&req, now_ms).await,
+        };
+        match outcome {
+            Ok(Outcome::Banned(rec)) => Ok(self.banned(rec, at_ms, now_ms)),
+            Ok(Outcome::AlreadyBanned(until)) => {
+                self.enforce(req.addr, until);
+                Ok(Applied::Already(until))
+            }
+            Err(e) => {
+                // The list is unreachable: enforce here at once for the base
+                // duration; written to the list when Redis answers again.
+                self.counters.bans.fetch_add(1, Relaxed);
+                tracing::warn!(rule = %req.rule, addr = %AddrText(&req.addr), error = %e,
+                    "Ban list unreachable; banning locally.");
+                let until = Until::At(now_ms + policy.duration_ms);
+                let net = req.addr;
+                if let Some(q) = &mut self.queue {
+                    if !matches!(e, BanListError::Down) {
+                        q.health.count_error();
+                        q.health.failed();
+                    }
+                    if !q.push(req, now_ms, until) {
+                        self.counters.dropped.fetch_add(1, Relaxed);
+                    }
+                    self.counters.queued.store(q.len() as u64, Relaxed);
+                }
+                self.enforce(net, until);
+                Ok(Applied::Local(Element { net, until }))
+            }
+        }
+    }
+
+    /// [`Bans::ban`] for an embedded list, without a runtime: `fleetban
+    /// test` applies each decision before it reads the next hit. None for
+    /// a Redis list, or when the ban is not new.
+    pub fn ban_embedded(&mut self, req: &BanRequest, now_ms: i64) -> Option<BanRecord> {
+        let BanList::Memory(m) = &mut self.list else {
+            return None;
+        };
+        match m.ban(req, now_ms) {
+            Outcome::Banned(rec) => {
+                self.enforce(rec.addr, rec.until());
+                Some(rec)
+            }
+            Outcome::AlreadyBanned(_) => None,
+        }
+    }
+
+    /// The valve: true if one more rule ban may be applied now.
+    fn admit(&mut self, req: &BanRequest, now_ms: i64) -> bool {
+        let Some(valve) = &mut self.valve else { return true };
+        if valve.admit(now_ms) {
+            return true;
+        }
+        let n = self.counters.refused.fetch_add(1, Relaxed);
+        self.counters.refused_at_ms.store(now_ms, Relaxed);
+        if n < 10 || n.is_power_of_two() {
+            tracing::warn!(rule = %req.rule, addr = %AddrText(&req.addr), refused = n + 1,
+                "Safety valve: too many bans this minute; ban not applied.");
+        }
+        false
+    }
+
+    /// A new ban in the list: logged, counted, enforced.
+    fn banned(&mut self, rec: BanRecord, at_ms: i64, now_ms: i64) -> Applied {
+        self.counters.bans.fetch_add(1, Relaxed);
+        let duration = rec.until.map_or("permanent".into(), |u| {
+            humantime::format_duration(Duration::from_secs(((u - now_ms).max(0) / 1000) as u64)).to_string()
+        });
+        tracing::info!(rule = %rec.rule, addr = %AddrText(&rec.addr), hits = rec.hits, duration = %duration,
+            at = %crate::rfc3339(at_ms), until = %rec.until.map_or("forever".into(), crate::rfc3339),
+            count = rec.count, reason = %rec.reason, "Banned.");
+        self.enforce(rec.addr, rec.until());
+        Applied::New(rec)
+    }
+
+    /// This host's view and the firewall take `net` until `until`.
+    fn enforce(&mut self, net: IpNet, until: Until) {
+        self.cache.insert(net, until);
+        self.publish_active();
+        self.changes.send(Change::Add(vec![Element { net, until }]));
+    }
+
+    fn publish_active(&self) {
+        self.counters.active.store(self.cache.len() as u64, Relaxed);
+    }
+
+    /// Lifts the ban of `net` (true if it had one). With Redis, `windows`
+    /// (every key of the address: `Keys::of_address`) are deleted first:
+    /// once the unban event is out, a host counting the next request must
+    /// find them empty.
+    pub async fn unban(&mut self, net: &IpNet, windows: &[String]) -> Result<bool, BanListError> {
+        self.list.forget_windows(windows).await?;
+        let removed = self.list.unban(net, &self.host).await?;
+        self.cache.remove(net);
+        self.publish_active();
+        self.changes.send(Change::Remove(vec![*net]));
+        Ok(removed)
+    }
+
+    /// A change to the list made elsewhere (the fleet's events and
+    /// reconciles): this host's view follows it.
+    pub fn observe(&mut self, change: &Change) {
+        match change {
+            Change::Add(elems) => {
+                for e in elems {
+                    self.cache.insert(e.net, e.until);
+                }
+            }
+            Change::Remove(nets) => {
+                for n in nets {
+                    self.cache.remove(n);
+                }
+            }
+            Change::Replace(elems) => self.cache.replace(elems.iter().map(|e| (e.net, e.until))),
+        }
+        self.cache.expire(crate::now_ms());
+        self.publish_active();
+    }
+
+    /// The active bans with their records (`fleetban bans`).
+    pub async fn records(&mut self, now_ms: i64) -> Result<Vec<BanRecord>, BanListError> {
+        self.list.records(now_ms).await
+    }
+
+    /// When [`Bans::recover`] has work: while Redis is down, or bans wait.
+    pub fn next_attempt(&self) -> Option<tokio::time::Instant> {
+        self.queue.as_ref().and_then(Queue::next_attempt)
+    }
+
+    /// While Redis is down, or bans decided meanwhile wait: when due, asks
+    /// Redis whether it answers again, then writes the queued bans, oldest
+    /// first, each with the time it was decided (its end does not move).
+    pub async fn recover(&mut self) {
+        let Some(q) = &mut self.queue else { return };
+        if !q.health.due() || (!q.health.is_down() && q.len() == 0) {
+            return;
+        }
+        if q.health.is_down() {
+            if self.list.ping().await.is_err() {
+                q.health.failed();
+                return;
+            }
+            if q.health.succeeded() {
+                tracing::info!(
+                    queued = q.len(),
+                    "Redis answers again; deciding with the fleet's windows."
+                );
+            }
+        }
+        let now = crate::now_ms();
+        while let Some((req, at, until)) = q.front() {
+            if matches!(until, Until::At(t) if *t <= now) {
+                q.pop();
+                continue;
+            }
+            match self.list.ban(req, *at).await {
+                Ok(out) => {
+                    let until = match out {
+                        Outcome::Banned(rec) => rec.until(),
+                        Outcome::AlreadyBanned(u) => u,
+                    };
+                    let net = req.addr;
+                    q.pop();
+                    self.cache.insert(net, until);
+                    self.changes.send(Change::Add(vec![Element { net, until }]));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, queued = q.len(), "Writing queued bans failed; retrying.");
+                    q.health.failed();
+                    break;
+                }
+            }
+        }
+        self.counters.queued.store(q.len() as u64, Relaxed);
+        self.publish_active();
+    }
+}

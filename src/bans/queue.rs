@@ -1,0 +1,92 @@
+//! Bans decided while Redis was down, waiting to be written to the list.
+//! They are enforced here at once (for the rule's base duration); the queue
+//! writes them when Redis answers again, each with the time it was decided,
+//! so their ends do not move. Until then they are also *held*: a reconcile
+//! with the fleet's list (which lacks them) keeps them in the set rather
+//! than lifting them.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use super::BanRequest;
+use crate::enforce::{Element, Until};
+use crate::store::Health;
+
+/// Bans decided while Redis was down that wait to be written, at most.
+pub const QUEUE_CAP: usize = 10_000;
+
+/// Local bans not yet in the fleet's list; shared with the fleet sync.
+pub type Held = Arc<Mutex<Vec<Element>>>;
+
+pub(super) struct Queue {
+    /// Whether Redis answers, shared with the limiter.
+    pub health: Health,
+    /// (request, time decided in ms, local end) in decision order.
+    items: VecDeque<(BanRequest, i64, Until)>,
+    pub held: Held,
+    /// Bans dropped from a full queue (enforced here, never written).
+    pub dropped: u64,
+}
+
+impl Queue {
+    pub fn new(health: Health) -> Queue {
+        Queue {
+            health,
+            items: VecDeque::new(),
+            held: Held::default(),
+            dropped: 0,
+        }
+    }
+
+    /// Queues a ban for the list and holds it in the set meanwhile; false
+    /// if the queue is full (the ban stays enforced here, unwritten).
+    pub fn push(&mut self, req: BanRequest, at_ms: i64, until: Until) -> bool {
+        if self.items.len() >= QUEUE_CAP {
+            self.dropped += 1;
+            return false;
+        }
+        self.lock_held().push(Element { net: req.addr, until });
+        self.items.push_back((req, at_ms, until));
+        true
+    }
+
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// The oldest queued ban, to write now.
+    pub fn front(&self) -> Option<&(BanRequest, i64, Until)> {
+        self.items.front()
+    }
+
+    /// The oldest queued ban was written (or has ended): no longer held.
+    pub fn pop(&mut self) {
+        if let Some((req, _, _)) = self.items.pop_front() {
+            self.lock_held().retain(|e| e.net != req.addr);
+        }
+    }
+
+    /// When to try again: while Redis is down, or while bans wait.
+    pub fn next_attempt(&self) -> Option<tokio::time::Instant> {
+        (self.health.is_down() || !self.items.is_empty()).then(|| self.health.next_try())
+    }
+
+    fn lock_held(&self) -> std::sync::MutexGuard<'_, Vec<Element>> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Adds the held elements that the list lacks to a reconcile target.
+pub fn with_held(mut elems: Vec<Element>, held: &Held, now_ms: i64) -> Vec<Element> {
+    let held = held.lock().unwrap_or_else(|e| e.into_inner());
+    for h in held.iter() {
+        let live = match h.until {
+            Until::At(t) => t > now_ms,
+            Until::Permanent => true,
+        };
+        if live && !elems.iter().any(|e| e.net == h.net) {
+            elems.push(h.clone());
+        }
+    }
+    elems
+}

@@ -1,0 +1,70 @@
+//! What each subcommand does, for `main.rs`: the binary's side of fleetban
+//! (the library does the work). Every command returns `Result<(), Failure>`;
+//! `main` prints a failure once and exits with its code.
+
+pub mod check;
+pub mod list;
+pub mod run;
+pub mod status;
+pub mod test;
+
+use std::path::Path;
+
+use fleetban::config::{Config, ConfigErrors};
+
+/// Why a command failed: `main` prints it once and exits with [`Failure::code`].
+pub enum Failure {
+    /// Bad arguments: exit 2.
+    Usage(String),
+    /// The configuration has errors, each with file:line:column: exit 2.
+    Config(ConfigErrors),
+    /// Something failed while running: exit 1.
+    Runtime(anyhow::Error),
+}
+
+impl Failure {
+    pub fn code(&self) -> u8 {
+        match self {
+            Failure::Usage(_) | Failure::Config(_) => 2,
+            Failure::Runtime(_) => 1,
+        }
+    }
+
+    pub fn print(&self) {
+        match self {
+            Failure::Usage(m) => eprintln!("{m}"),
+            Failure::Config(errs) => {
+                eprintln!("{errs}");
+                eprintln!("{} error(s) in the configuration", errs.0.len());
+            }
+            Failure::Runtime(e) => eprintln!("{e:#}"),
+        }
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(e: anyhow::Error) -> Failure {
+        Failure::Runtime(e)
+    }
+}
+
+/// A library error as a runtime failure.
+pub fn failed(e: impl std::error::Error + Send + Sync + 'static) -> Failure {
+    Failure::Runtime(e.into())
+}
+
+pub type Outcome = Result<(), Failure>;
+
+/// The configuration at `path`, or every error in it.
+pub fn load(path: &Path) -> Result<Config, Failure> {
+    Config::load(path).map_err(Failure::Config)
+}
+
+/// The runtime of the commands that talk to Redis or nft.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}

@@ -1,0 +1,104 @@
+//! The CLI's side of the control socket: one request, one answer, 5 s at most.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use super::{Request, Response, Status};
+use crate::bans::BanRecord;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// The socket could not be reached or the exchange broke off.
+    #[error("cannot reach the daemon at {}: {source}", path.display())]
+    Unreachable { path: PathBuf, source: std::io::Error },
+    /// The daemon answered an error.
+    #[error("{0}")]
+    Refused(String),
+    /// The answer was not the one asked for.
+    #[error("cannot reach the daemon at {}: bad answer: {detail}", path.display())]
+    BadAnswer { path: PathBuf, detail: String },
+}
+
+pub struct Client {
+    path: PathBuf,
+}
+
+impl Client {
+    pub fn new(path: &Path) -> Client {
+        Client { path: path.to_owned() }
+    }
+
+    pub fn status(&self) -> Result<Status, ControlError> {
+        match self.call(&Request::Status)? {
+            Response::Status(s) => Ok(*s),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
+    pub fn bans(&self) -> Result<Vec<BanRecord>, ControlError> {
+        match self.call(&Request::Bans)? {
+            Response::Bans { bans } => Ok(bans),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
+    /// An operator's ban; the ban's end (None: permanent, or already banned).
+    pub fn ban(
+        &self,
+        addr: IpNet,
+        for_ms: Option<i64>,
+        permanent: bool,
+        reason: &str,
+    ) -> Result<Option<i64>, ControlError> {
+        let req = Request::Ban {
+            addr,
+            for_ms,
+            permanent,
+            reason: reason.to_owned(),
+        };
+        match self.call(&req)? {
+            Response::Ban { until, .. } => Ok(until),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
+    /// True if `addr` had a ban.
+    pub fn unban(&self, addr: IpNet) -> Result<bool, ControlError> {
+        match self.call(&Request::Unban { addr })? {
+            Response::Unban { removed } => Ok(removed),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
+    fn call(&self, req: &Request) -> Result<Response, ControlError> {
+        let io = |source| ControlError::Unreachable {
+            path: self.path.clone(),
+            source,
+        };
+        let mut s = UnixStream::connect(&self.path).map_err(io)?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).map_err(io)?;
+        let line = serde_json::to_string(req).map_err(|e| io(e.into()))?;
+        writeln!(s, "{line}").map_err(io)?;
+        let mut answer = String::new();
+        BufReader::new(s).read_line(&mut answer).map_err(io)?;
+        match serde_json::from_str(&answer) {
+            Ok(Response::Error { error }) => Err(ControlError::Refused(error)),
+            Ok(r) => Ok(r),
+            Err(e) => Err(ControlError::BadAnswer {
+                path: self.path.clone(),
+                detail: e.to_string(),
+            }),
+        }
+    }
+
+    fn unexpected(&self, got: &Response) -> ControlError {
+        ControlError::BadAnswer {
+            path: self.path.clone(),
+            detail: format!("{got:?}"),
+        }
+    }
+}

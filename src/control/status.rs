@@ -1,0 +1,72 @@
+//! [`Status`]: the daemon's counters as `fleetban status` shows them (and
+//! `status --json` prints them).
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    pub sources: Vec<SourceStatus>,
+    pub rules: Vec<RuleStatus>,
+    pub lines: u64,
+    pub unparsed: u64,
+    pub skipped_long: u64,
+    /// Hits older than their window at arrival: not counted.
+    pub stale: u64,
+    pub bans: u64,
+    pub safety_refused: u64,
+    pub safety: SafetyStatus,
+    pub redis: RedisStatus,
+    pub bans_active: u64,
+    /// Wall clock minus the log time of the last hit read.
+    pub lag_ms: i64,
+    pub reloads: u64,
+    pub reload_errors: u64,
+}
+
+/// One followed file.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SourceStatus {
+    pub path: String,
+    pub offset: u64,
+    pub lines: u64,
+    pub lines_per_s: f64,
+    /// Wall clock minus the log time of its last hit.
+    pub lag_ms: Option<i64>,
+    /// The file's size past `offset`, when it could be read.
+    pub bytes_behind: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RuleStatus {
+    pub name: String,
+    pub hits: u64,
+    pub bans: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SafetyStatus {
+    /// `open`, or `tripped` when it refused a ban within the last minute.
+    pub state: String,
+    pub max_bans_per_minute: u64,
+    pub refused: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RedisStatus {
+    /// Redis answered the last time it was asked.
+    pub connected: bool,
+    /// `redis:` is configured (else the embedded store is used).
+    pub used: bool,
+    pub errors: u64,
+    pub round_trips: u64,
+    /// Hits waiting in the daemon to share a script call (`redis.hold`).
+    pub held_hits: u64,
+    /// Hits of the limiter round trip in flight.
+    pub inflight_hits: u64,
+    /// Batches decided by the local fallback while Redis was down.
+    pub local_decisions: u64,
+    /// Bans decided while Redis was down, waiting to be written.
+    pub queued_bans: u64,
+    /// Bans the full queue could not keep.
+    pub dropped_bans: u64,
+}

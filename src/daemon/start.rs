@@ -1,0 +1,166 @@
+//! The start of `fleetban run`: the store the configuration names (Redis,
+//! waited for rather than exited on, or the embedded one), the limiter and
+//! the ban owner built on it, the fleet sync, and the first sync: the
+//! kernel's set equal to the list before anything else runs.
+
+use std::time::Duration;
+
+use super::Options;
+use crate::bans::{BanCache, BanList, Bans};
+use crate::config::{Config, RedisConfig};
+use crate::detect::AllowList;
+use crate::enforce::{Changes, Element, Enforcer};
+use crate::fleet::FleetSync;
+use crate::limit::{Limiter, RedisLimiter, RuleLimit};
+use crate::store::{self, Health, Keys};
+
+/// What the daemon runs on.
+pub struct Store {
+    pub limiter: Limiter,
+    pub bans: Bans,
+    /// With Redis: whether it answers, shared by the limiter and the bans.
+    pub health: Option<Health>,
+    /// With Redis: the fleet sync and the stream id it follows from.
+    pub fleet: Option<(FleetSync, String)>,
+    /// The list as read at start; None if it could not be read (the
+    /// kernel's set then stays as the last run left it until the first
+    /// reconcile).
+    pub initial: Option<Vec<Element>>,
+}
+
+/// Opens the store: `to_enforcer` takes this host's ban changes,
+/// `to_all` (the enforcer and the pipeline) the fleet's.
+pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all: Changes) -> Store {
+    let rules = RuleLimit::of(&config.rules);
+    let Some(r) = &config.redis else {
+        let mut list = BanList::memory(Some(config.state_dir.join("bans.json")));
+        let initial = list
+            .active(crate::now_ms())
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(net, until)| Element { net, until })
+            .collect();
+        return Store {
+            limiter: Limiter::memory(rules),
+            bans: Bans::new(list, &config.host_id, to_enforcer).with_valve(config.max_bans_per_minute),
+            health: None,
+            fleet: None,
+            initial: Some(initial),
+        };
+    };
+    let (con, events) = connect_until_up(r).await;
+    let keys = Keys::new(&r.prefix);
+    let health = Health::default();
+    let bans = Bans::new(BanList::redis(con.clone(), keys.clone()), &config.host_id, to_enforcer)
+        .with_valve(config.max_bans_per_minute)
+        .with_queue(health.clone());
+    let mut fleet = FleetSync {
+        events,
+        list: BanList::redis(con.clone(), keys.clone()),
+        keys: keys.clone(),
+        reconcile_every: r.reconcile_every,
+        changes: to_all,
+        gaps: 0,
+        held: bans.held(),
+    };
+    let (last_id, initial) = match fleet.snapshot().await {
+        Ok((id, list)) => {
+            health.succeeded();
+            (id, Some(list))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "Reading the ban list at start failed; keeping the kernel's set until Redis answers.");
+            ("$".to_owned(), None)
+        }
+    };
+    warn_listpack(config, store::listpack_threshold(&mut con.clone()).await);
+    let mut redis = RedisLimiter::new(con, keys, &config.host_id, rules);
+    redis.one_call_per_hit = opts.bench_one_call_per_hit;
+    // The benchmark baseline is the textbook form: nothing waits.
+    let hold_ms = match opts.bench_one_call_per_hit {
+        true => 0,
+        false => i64::try_from(r.hold.as_millis()).unwrap_or(i64::MAX),
+    };
+    Store {
+        limiter: Limiter::redis(redis, health.clone(), r.on_down, r.fleet_size, hold_ms),
+        bans,
+        health: Some(health),
+        fleet: Some((fleet, last_id)),
+        initial,
+    }
+}
+
+/// The first sync: the kernel's set takes `initial` (without allowed
+/// addresses) while this host's view of the list is built on another
+/// thread. The number of bans applied, and the view.
+pub async fn first_sync(
+    enforcer: &mut Enforcer,
+    initial: Option<Vec<Element>>,
+    allow: &AllowList,
+) -> (usize, BanCache) {
+    let Some(list) = initial else {
+        return (0, BanCache::default());
+    };
+    let initial: Vec<Element> = list.into_iter().filter(|e| !allow.overlaps(&e.net)).collect();
+    let copy: Vec<_> = initial.iter().map(|e| (e.net, e.until)).collect();
+    let view = tokio::task::spawn_blocking(move || {
+        let mut view = BanCache::default();
+        view.replace(copy);
+        view
+    });
+    if let Err(e) = enforcer.replace_all(&initial, crate::now_ms()).await {
+        tracing::warn!(error = %e, "Applying the ban list at start failed; the next reconcile retries.");
+    }
+    match view.await {
+        Ok(view) => (initial.len(), view),
+        // Only a panic in the view (a bug) gets here: keep it a panic.
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
+/// Logs the server's ZSET listpack threshold and warns for each sliding
+/// window that can outgrow it.
+fn warn_listpack(config: &Config, threshold: Option<u64>) {
+    let effective = match threshold {
+        Some(t) => {
+            tracing::info!(
+                zset_max_listpack_entries = t,
+                "Read the ZSET listpack threshold from the server."
+            );
+            t
+        }
+        None => {
+            tracing::info!(
+                zset_max_listpack_entries = crate::limit::LISTPACK_DEFAULT,
+                "CONFIG GET refused or unanswered; assuming Redis's default ZSET listpack threshold."
+            );
+            crate::limit::LISTPACK_DEFAULT
+        }
+    };
+    for r in &config.rules {
+        if let Some(w) = crate::limit::listpack_warning(&r.limit, effective) {
+            tracing::warn!(rule = %r.name, "{w}");
+        }
+    }
+}
+
+/// Two connections (commands, and blocking event reads), connected lazily:
+/// a Redis that is down at start is handled like one that goes down later
+/// (`redis.on_down`), so the daemon follows its logs from the first second.
+/// Only a URL the client refuses is retried here (logged, never an exit).
+async fn connect_until_up(r: &RedisConfig) -> (store::Conn, store::Conn) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let cmd = store::connect_lazy(r, Some(r.timeout));
+        let ev = store::connect_lazy(r, Some(Duration::from_secs(5)));
+        match (cmd, ev) {
+            (Ok(c), Ok(e)) => return (c, e),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!(url = %r.url, error = %e, "Redis client refused the URL; retrying.");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}

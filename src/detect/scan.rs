@@ -1,0 +1,176 @@
+//! The one per-line loop, of `fleetban run` and `fleetban test` alike: each
+//! line of a chunk is parsed once per format group, its client checked
+//! against the allow list and keyed ([`crate::addr::client_key`]), and for
+//! each rule whose filter accepts the request, a [`Hit`] goes to a [`Sink`]
+//! unless the client is banned at the hit's time. Where the two commands
+//! differ is [`Mode`], stated once here. The hot path: no allocation per
+//! line, no lock, no I/O.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use ipnet::IpNet;
+
+use super::{member, AllowList, Group, Hit, Plan};
+use crate::config::Clock;
+use crate::source::Chunk;
+
+/// Where `fleetban run` and `fleetban test` read lines differently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `fleetban run`: a file is read by the rules that name it; each rule
+    /// takes its time from its `clock`; a hit older than its rule's window
+    /// at arrival cannot end any current window: counted as stale, skipped.
+    Live,
+    /// `fleetban test`: every file is read by every rule, with log time
+    /// (wall time for a line without one), and nothing is stale.
+    Replay,
+}
+
+/// Where hits go.
+pub trait Sink {
+    /// Whether `key` is banned at `time_ms`: its hit is then not counted.
+    fn is_banned(&self, key: &IpNet, time_ms: i64) -> bool;
+    /// One counted hit of rule `rule` (an index into the rules).
+    fn hit(&mut self, rule: usize, key: IpNet, hit: Hit);
+}
+
+/// What one chunk held.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Scanned {
+    /// Lines read (empty ones not counted).
+    pub lines: u64,
+    /// Lines no rule's format could parse.
+    pub unparsed: u64,
+    /// Hits older than their window at arrival ([`Mode::Live`]).
+    pub stale: u64,
+    /// The time of the last request a rule accepted.
+    pub last_time: Option<i64>,
+}
+
+/// Per rule, since the last [`Scanner::take_counts`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuleCount {
+    /// Requests its filter accepted.
+    pub matched: u64,
+    /// Hits it counted (not stale, client not banned).
+    pub hits: u64,
+}
+
+pub struct Scanner {
+    mode: Mode,
+    plan: Plan,
+    allow: AllowList,
+    ipv6_prefix: u8,
+    /// Which groups read each file seen so far ([`Mode::Live`]: a file
+    /// matched by several rules' paths or globs is read once and fanned out
+    /// to all of them).
+    routes: HashMap<Arc<Path>, Vec<Group>>,
+    /// Every rule's groups ([`Mode::Replay`]).
+    all: Vec<Group>,
+    counts: Vec<RuleCount>,
+}
+
+impl Scanner {
+    pub fn new(mode: Mode, plan: Plan, allow: AllowList, ipv6_prefix: u8) -> Scanner {
+        let mut s = Scanner {
+            mode,
+            plan: Plan::empty(),
+            allow,
+            ipv6_prefix,
+            routes: HashMap::new(),
+            all: Vec::new(),
+            counts: Vec::new(),
+        };
+        s.set_plan(plan);
+        s
+    }
+
+    /// New rules (reload), with the counts of the old ones taken.
+    pub fn set_plan(&mut self, plan: Plan) {
+        self.routes.clear();
+        self.all = match self.mode {
+            Mode::Replay => plan.all(),
+            Mode::Live => Vec::new(),
+        };
+        self.counts = vec![RuleCount::default(); plan.filters.len()];
+        self.plan = plan;
+    }
+
+    /// The per-rule counts since the last call, which start again at zero.
+    pub fn take_counts(&mut self) -> Vec<RuleCount> {
+        let zero = vec![RuleCount::default(); self.counts.len()];
+        std::mem::replace(&mut self.counts, zero)
+    }
+
+    /// Reads the lines of `chunk`: hits go to `sink`. `origin` identifies
+    /// the file for hit members ([`super::origin_seed`]), `wall` is the
+    /// wall clock in ms.
+    pub fn scan(&mut self, chunk: &Chunk, origin: u64, wall: i64, sink: &mut impl Sink) -> Scanned {
+        let Scanner {
+            mode,
+            plan,
+            allow,
+            ipv6_prefix,
+            routes,
+            all,
+            counts,
+        } = self;
+        let (mode, ipv6_prefix) = (*mode, *ipv6_prefix);
+        let groups: &[Group] = match mode {
+            Mode::Replay => all,
+            Mode::Live => routes
+                .entry(chunk.path.clone())
+                .or_insert_with(|| plan.groups_for(&chunk.path)),
+        };
+        let mut out = Scanned::default();
+        for (offset, line) in chunk.lines() {
+            if line.is_empty() {
+                continue;
+            }
+            out.lines += 1;
+            let mut parsed = false;
+            for g in groups {
+                let Some(req) = g.parser.parse(line) else { continue };
+                parsed = true;
+                if allow.contains(req.addr) {
+                    continue;
+                }
+                let key = crate::addr::client_key(req.addr, ipv6_prefix);
+                for &ri in &g.rules {
+                    if !plan.filters[ri].accepts(&req) {
+                        continue;
+                    }
+                    let (window_ms, clock) = plan.times[ri];
+                    let time = match (req.time_ms, mode, clock) {
+                        (Some(t), Mode::Replay, _) | (Some(t), Mode::Live, Clock::Log) => t,
+                        _ => wall,
+                    };
+                    out.last_time = Some(time);
+                    counts[ri].matched += 1;
+                    if mode == Mode::Live && time <= wall - window_ms {
+                        out.stale += 1;
+                        continue;
+                    }
+                    if sink.is_banned(&key, time) {
+                        continue;
+                    }
+                    counts[ri].hits += 1;
+                    sink.hit(
+                        ri,
+                        key,
+                        Hit {
+                            time_ms: time,
+                            member: member(origin, offset),
+                        },
+                    );
+                }
+            }
+            if !parsed {
+                out.unparsed += 1;
+            }
+        }
+        out
+    }
+}
