@@ -4,7 +4,7 @@
 //! private `redis-server` on a unix socket, or on loopback for the
 //! topologies that need TCP ([`Redis`]), network namespaces that stand in for
 //! fleet hosts ([`NetNs`], [`veth_pair`]), an nginx writing a real access log
-//! inside one of them ([`Nginx`]), curl as the client ([`http_get`]), nft
+//! inside one of them ([`Nginx`], [`web_and_client`]), curl as the client ([`http_get`]), nft
 //! read back as JSON ([`nft_bans`]) and the real daemon ([`Daemon`]). Each
 //! guard cleans up on Drop, also when the test panics. A missing binary is a
 //! loud failure ([`require`]), never a silent skip: `scripts/ensure-deps.sh`
@@ -36,11 +36,11 @@ pub use daemon::Daemon;
 
 pub use netns::{http_get, http_get_with, veth_pair, NetNs};
 pub use nft::{nft_bans, nft_bans_detailed, nft_set_elements, nft_set_elements_detailed, parse_set_json, NftElem};
-pub use nginx::Nginx;
+pub use nginx::{web_and_client, Nginx};
 pub use redis::{connect, runtime, Redis, ACL_PASSWORD};
 
 use std::path::{Path, PathBuf};
-use std::process::Child;
+use std::process::{Child, Command, Output};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -162,6 +162,19 @@ pub(crate) fn wait_exit(child: &mut Child, timeout: Duration) -> bool {
         thread::sleep(step);
     }
     exited
+}
+
+/// Runs `cmd` to completion; panics with what it printed unless it succeeds.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }
 
 /// Reads a file for a diagnostic message; never fails.

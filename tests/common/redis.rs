@@ -7,7 +7,7 @@
 //! The library's side of the same server is here too: its `RedisConfig` and
 //! a connection (`store::connect`), for tests that drive the library directly.
 
-use super::{kill_and_reap, read_lossy, require};
+use super::{kill_and_reap, read_lossy, require, run_ok};
 use fleetban::config::RedisConfig;
 use fleetban::store::{self, Conn};
 use std::io::{Read, Write};
@@ -129,19 +129,7 @@ impl Redis {
     /// the final newline. Error replies come back as text ("ERR ..."), since
     /// redis-cli exits 0 for them; a redis-cli that cannot run panics.
     pub fn cli(&self, args: &[&str]) -> String {
-        let out = self
-            .cli_command()
-            .arg("--raw")
-            .args(args)
-            .output()
-            .expect("spawn redis-cli");
-        assert!(
-            out.status.success(),
-            "redis-cli {args:?} failed ({}): {}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = run_ok(self.cli_command().arg("--raw").args(args));
         let mut s = String::from_utf8_lossy(&out.stdout).into_owned();
         if s.ends_with('\n') {
             s.pop();
