@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{
-    append, cli, combined_line, combined_lines, now_ms, require, wait_until, ConfigDir, Daemon, Redis, Rule,
+    append, cli, combined_line, combined_lines, now_ms, require, run_ok, wait_until, ConfigDir, Daemon, Redis, Rule,
     ACL_PASSWORD,
 };
 
@@ -45,16 +45,11 @@ fn listed(cfg: &Path) -> Vec<String> {
 }
 
 fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new(require("openssl"))
-        .current_dir(dir)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("spawn openssl");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        Command::new(require("openssl"))
+            .current_dir(dir)
+            .args(args)
+            .stdin(Stdio::null()),
     );
 }
 
@@ -228,6 +223,18 @@ fn sentinel_trio() -> (Redis, Redis, Redis) {
     (master, replica, sentinel)
 }
 
+/// Waits until the daemon applies both bans of a failover test (one before,
+/// one after), connected to Redis, and checks `fleetban bans` lists them.
+fn wait_both_bans(d: &Daemon, cfg: &Path) {
+    wait_until(Duration::from_secs(10), "both bans applied, Redis connected", || {
+        let s = d.status();
+        s["bans_active"].as_u64() == Some(2) && s["redis"]["connected"] == true
+    });
+    let mut l = listed(cfg);
+    l.sort();
+    assert_eq!(l, vec!["198.51.100.7".to_owned(), "198.51.100.8".to_owned()]);
+}
+
 fn sentinel_rig(sentinel: &Redis) -> ConfigDir {
     rig(&format!(
         "redis: {{ sentinel: {{ service: mymaster, nodes: ['redis://127.0.0.1:{}'], user: fleetban, password: {ACL_PASSWORD} }}, timeout: 500ms }}\n",
@@ -260,13 +267,7 @@ fn the_daemon_follows_a_sentinel_failover_to_the_promoted_replica() {
         !zscore(&replica, "198.51.100.7").is_empty(),
         "the first ban was replicated"
     );
-    wait_until(Duration::from_secs(10), "both bans applied, Redis connected", || {
-        let s = d.status();
-        s["bans_active"].as_u64() == Some(2) && s["redis"]["connected"] == true
-    });
-    let mut l = listed(&r.cfg);
-    l.sort();
-    assert_eq!(l, vec!["198.51.100.7".to_owned(), "198.51.100.8".to_owned()]);
+    wait_both_bans(&d, &r.cfg);
     // The daemon asked the sentinels again: its log says where it went.
     assert!(
         d.log_text().contains("asking the sentinels again") && d.log_text().contains(&format!("127.0.0.1:{rport}")),
@@ -314,13 +315,7 @@ fn a_switchover_demoting_the_master_is_followed() {
     wait_until(Duration::from_secs(30), "ban on the new master", || {
         !zscore(&replica, "198.51.100.8").is_empty()
     });
-    wait_until(Duration::from_secs(10), "both bans applied, Redis connected", || {
-        let s = d.status();
-        s["bans_active"].as_u64() == Some(2) && s["redis"]["connected"] == true
-    });
-    let mut l = listed(&r.cfg);
-    l.sort();
-    assert_eq!(l, vec!["198.51.100.7".to_owned(), "198.51.100.8".to_owned()]);
+    wait_both_bans(&d, &r.cfg);
     assert!(d.log_text().contains("asking the sentinels again"), "{}", d.log_text());
 }
 
@@ -343,18 +338,12 @@ fn the_daemon_bans_through_a_three_master_cluster() {
         })
         .collect();
     let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
-    let out = Command::new(require("redis-cli"))
-        .arg("--cluster")
-        .arg("create")
-        .args(&addrs)
-        .args(["--cluster-replicas", "0", "--cluster-yes"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "cluster create: {}",
-        String::from_utf8_lossy(&out.stdout)
+    run_ok(
+        Command::new(require("redis-cli"))
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null()),
     );
     wait_until(Duration::from_secs(20), "cluster state ok on every node", || {
         nodes

@@ -42,7 +42,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{
-    combined_line, http_get, now_ms, require, veth_pair, wait_until, ConfigDir, Daemon, NetNs, Nginx, Redis, Rule,
+    combined_line, http_get, now_ms, require, run_ok, wait_until, web_and_client, ConfigDir, Daemon, Redis, Rule,
 };
 
 const LINES: u64 = 1_000_000;
@@ -117,18 +117,12 @@ impl Rig {
     }
 
     fn logrotate(&self, conf: &str) {
-        let out = Command::new(require("logrotate"))
-            .arg("-f")
-            .arg("-s")
-            .arg(self.files.path().join("logrotate.state"))
-            .arg(self.files.path().join(conf))
-            .output()
-            .expect("run logrotate");
-        assert!(
-            out.status.success(),
-            "logrotate failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+        run_ok(
+            Command::new(require("logrotate"))
+                .arg("-f")
+                .arg("-s")
+                .arg(self.files.path().join("logrotate.state"))
+                .arg(self.files.path().join(conf)),
         );
     }
 
@@ -504,10 +498,7 @@ fn torture_with_sigkills() {
 fn nginx_reopen_after_rename_loses_no_request() {
     const T: Duration = Duration::from_secs(5);
     let redis = Redis::start();
-    let web = NetNs::new("rotweb");
-    let client = NetNs::new("rotcli");
-    veth_pair(&web, "10.213.31.1/24", &client, "10.213.31.2/24");
-    let nginx = Nginx::start(&web, "10.213.31.1:8080", None);
+    let (_web, client, nginx) = web_and_client("rotweb", "rotcli", "10.213.31", None);
     let log = nginx.access_log();
     let rotated = log.with_extension("log.1");
 

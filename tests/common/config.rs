@@ -11,66 +11,82 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use tempfile::TempDir;
 
-/// One rule of a rule file.
+/// `key: value` lines written in one fixed key order, whatever the order
+/// they were set in.
+#[derive(Clone, Debug)]
+struct Keys {
+    order: &'static [&'static str],
+    /// The value of `order[i]`, as YAML.
+    values: Vec<Option<String>>,
+}
+
+impl Keys {
+    fn new(order: &'static [&'static str]) -> Keys {
+        Keys {
+            order,
+            values: vec![None; order.len()],
+        }
+    }
+
+    fn set(mut self, key: &str, value: String) -> Keys {
+        let i = self.order.iter().position(|k| *k == key);
+        self.values[i.unwrap_or_else(|| panic!("no key {key} in {:?}", self.order))] = Some(value);
+        self
+    }
+
+    /// Appends the lines that are set to `y`, each after `indent`.
+    fn write(&self, y: &mut String, indent: &str) {
+        for (key, value) in self.order.iter().zip(&self.values) {
+            if let Some(v) = value {
+                let _ = writeln!(y, "{indent}{key}: {v}");
+            }
+        }
+    }
+}
+
+/// One rule of a rule file; its keys come out as an operator orders them
+/// (name, logs, format, match, ignore, limit, ban).
 #[derive(Clone, Debug)]
 pub struct Rule {
     name: String,
-    logs: Vec<PathBuf>,
-    /// `format:` (YAML of the value), when not the default `combined`.
-    format: Option<String>,
-    /// `match:` (YAML of the value).
-    matches: Option<String>,
-    /// `ignore:` (YAML of the value).
-    ignore: Option<String>,
-    /// `limit:` (YAML of the value).
-    limit: String,
-    /// `ban: { duration: ... }`; None leaves the rule's default ban.
-    ban: Option<String>,
+    keys: Keys,
 }
 
 impl Rule {
     /// Rule `name` reading `log`, with `limit` the YAML of its `limit:`.
     pub fn new(name: &str, log: impl AsRef<Path>, limit: &str) -> Rule {
+        let keys = Keys::new(&["logs", "format", "match", "ignore", "limit", "ban"])
+            .set("logs", format!("[{}]", log.as_ref().display()))
+            .set("limit", limit.to_owned());
         Rule {
             name: name.to_owned(),
-            logs: vec![log.as_ref().to_path_buf()],
-            format: None,
-            matches: None,
-            ignore: None,
-            limit: limit.to_owned(),
-            ban: None,
+            keys,
         }
     }
 
+    fn set(mut self, key: &str, value: String) -> Rule {
+        self.keys = self.keys.set(key, value);
+        self
+    }
+
+    /// `format:`, when not the default `combined`.
     pub fn format(self, format: &str) -> Rule {
-        Rule {
-            format: Some(format.to_owned()),
-            ..self
-        }
+        self.set("format", format.to_owned())
     }
 
     /// `match:`, e.g. `"{ method: [GET] }"`.
     pub fn matching(self, matches: &str) -> Rule {
-        Rule {
-            matches: Some(matches.to_owned()),
-            ..self
-        }
+        self.set("match", matches.to_owned())
     }
 
     /// `ignore:`, e.g. `"{ path: '^/static/' }"`.
     pub fn ignoring(self, ignore: &str) -> Rule {
-        Rule {
-            ignore: Some(ignore.to_owned()),
-            ..self
-        }
+        self.set("ignore", ignore.to_owned())
     }
 
-    /// `ban: { duration: <duration> }`.
+    /// `ban: { duration: <duration> }`; without it the rule's default ban.
     pub fn ban(self, duration: &str) -> Rule {
-        Rule {
-            ban: Some(duration.to_owned()),
-            ..self
-        }
+        self.set("ban", format!("{{ duration: {duration} }}"))
     }
 }
 
@@ -78,17 +94,8 @@ impl Rule {
 pub fn rules_yaml(rules: &[Rule]) -> String {
     let mut y = String::from("rules:\n");
     for r in rules {
-        let logs: Vec<String> = r.logs.iter().map(|l| l.display().to_string()).collect();
-        let _ = writeln!(y, "  - name: {}\n    logs: [{}]", r.name, logs.join(", "));
-        for (key, value) in [("format", &r.format), ("match", &r.matches), ("ignore", &r.ignore)] {
-            if let Some(v) = value {
-                let _ = writeln!(y, "    {key}: {v}");
-            }
-        }
-        let _ = writeln!(y, "    limit: {}", r.limit);
-        if let Some(d) = &r.ban {
-            let _ = writeln!(y, "    ban: {{ duration: {d} }}");
-        }
+        let _ = writeln!(y, "  - name: {}", r.name);
+        r.keys.write(&mut y, "    ");
     }
     y
 }
@@ -99,13 +106,8 @@ pub fn rules_yaml(rules: &[Rule]) -> String {
 /// test can name the line an error is reported at.
 #[derive(Clone, Debug)]
 pub struct MainConfig {
-    host_id: Option<String>,
-    state_dir: Option<PathBuf>,
-    control: Option<PathBuf>,
-    allow: Option<String>,
-    firewall: Option<String>,
-    metrics: Option<String>,
-    safety: Option<String>,
+    /// The one-line keys before `redis`.
+    keys: Keys,
     /// The whole `redis:` section, newline-terminated.
     redis: Option<String>,
     /// The entries of `rules:`.
@@ -117,53 +119,45 @@ impl MainConfig {
     /// default paths.
     pub fn new() -> MainConfig {
         MainConfig {
-            host_id: None,
-            state_dir: None,
-            control: None,
-            allow: None,
-            firewall: None,
-            metrics: None,
-            safety: None,
+            keys: Keys::new(&[
+                "host_id",
+                "state_dir",
+                "control",
+                "allow",
+                "firewall",
+                "metrics",
+                "safety",
+            ]),
             redis: None,
             rule_files: vec!["rules.yaml".to_owned()],
         }
     }
 
+    fn set(mut self, key: &str, value: String) -> MainConfig {
+        self.keys = self.keys.set(key, value);
+        self
+    }
+
     pub fn host_id(self, id: &str) -> MainConfig {
-        MainConfig {
-            host_id: Some(id.to_owned()),
-            ..self
-        }
+        self.set("host_id", id.to_owned())
     }
 
     pub fn state_dir(self, dir: &Path) -> MainConfig {
-        MainConfig {
-            state_dir: Some(dir.to_path_buf()),
-            ..self
-        }
+        self.set("state_dir", dir.display().to_string())
     }
 
     pub fn control(self, socket: &Path) -> MainConfig {
-        MainConfig {
-            control: Some(socket.to_path_buf()),
-            ..self
-        }
+        self.set("control", socket.display().to_string())
     }
 
     /// `allow:`, e.g. `"[192.0.2.0/24]"`.
     pub fn allow(self, list: &str) -> MainConfig {
-        MainConfig {
-            allow: Some(list.to_owned()),
-            ..self
-        }
+        self.set("allow", list.to_owned())
     }
 
     /// `firewall:`, e.g. `"{ backend: log }"` or `"{ table: t }"`.
     pub fn firewall(self, firewall: &str) -> MainConfig {
-        MainConfig {
-            firewall: Some(firewall.to_owned()),
-            ..self
-        }
+        self.set("firewall", firewall.to_owned())
     }
 
     /// `firewall: { backend: log }`: bans are logged, nft is never run.
@@ -171,20 +165,14 @@ impl MainConfig {
         self.firewall("{ backend: log }")
     }
 
-    /// `metrics:` the address of the Prometheus endpoint.
+    /// `metrics:`, the address of the Prometheus endpoint.
     pub fn metrics(self, addr: &str) -> MainConfig {
-        MainConfig {
-            metrics: Some(addr.to_owned()),
-            ..self
-        }
+        self.set("metrics", addr.to_owned())
     }
 
     /// `safety:`, e.g. `"{ max_bans_per_minute: 2 }"`.
     pub fn safety(self, safety: &str) -> MainConfig {
-        MainConfig {
-            safety: Some(safety.to_owned()),
-            ..self
-        }
+        self.set("safety", safety.to_owned())
     }
 
     /// `redis: { url: '<url>', <options> }`; `options` (`"timeout: 2s,
@@ -219,20 +207,7 @@ impl MainConfig {
     /// The file's text.
     pub fn yaml(&self) -> String {
         let mut y = String::new();
-        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
-        for (key, value) in [
-            ("host_id", self.host_id.clone()),
-            ("state_dir", path(&self.state_dir)),
-            ("control", path(&self.control)),
-            ("allow", self.allow.clone()),
-            ("firewall", self.firewall.clone()),
-            ("metrics", self.metrics.clone()),
-            ("safety", self.safety.clone()),
-        ] {
-            if let Some(v) = value {
-                let _ = writeln!(y, "{key}: {v}");
-            }
-        }
+        self.keys.write(&mut y, "");
         if let Some(r) = &self.redis {
             y += r;
         }
