@@ -32,14 +32,9 @@ struct Host {
 }
 
 /// Writes the config of host `id` (reading its nginx's log, or its own
-/// `files.log`) and starts its daemon: a fleet limit of 10 GETs a minute.
-fn start_host(ns: NetNs, addr: String, id: &str, nginx: Option<Nginx>, redis: &Redis) -> Host {
-    start_host_with(ns, addr, id, nginx, redis, 10, "reconcile_every: 1h")
-}
-
-/// As `start_host`, with the rule's `hits` and the `redis:` settings besides
-/// the url.
-fn start_host_with(
+/// `files.log`) and starts its daemon: a fleet limit of `hits` GETs a
+/// minute, Redis with `redis_options` besides its url.
+fn start_host(
     ns: NetNs,
     addr: String,
     id: &str,
@@ -69,6 +64,12 @@ fn start_host_with(
         daemon,
         files,
     }
+}
+
+/// A host without nginx in a namespace `tag` of its own: the test writes
+/// its `files.log`.
+fn bare_host(tag: &str, id: &str, redis: &Redis, hits: u32, redis_options: &str) -> Host {
+    start_host(NetNs::new(tag), String::new(), id, None, redis, hits, redis_options)
 }
 
 /// As `wait_until`, with the daemons' logs in the failure message.
@@ -112,7 +113,16 @@ fn a_client_spread_over_three_hosts_is_banned_by_all_and_unbanned_everywhere() {
         veth_pair(&ns, &format!("{host_addr}/24"), &client, &format!("{client_addr}/24"));
         ns.run(&["ip", "route", "add", &format!("{CLIENT}/32"), "via", &client_addr]);
         let nginx = Nginx::start(&ns, "0.0.0.0:8080", None);
-        hosts.push(start_host(ns, host_addr, &format!("web-{i}"), Some(nginx), &redis));
+        let id = format!("web-{i}");
+        hosts.push(start_host(
+            ns,
+            host_addr,
+            &id,
+            Some(nginx),
+            &redis,
+            10,
+            "reconcile_every: 1h",
+        ));
     }
 
     // Pages spread 4, 4, 3 over the hosts: under 10 on every host, 11 > 10 in
@@ -172,7 +182,7 @@ fn a_client_spread_over_three_hosts_is_banned_by_all_and_unbanned_everywhere() {
 fn a_host_whose_events_were_trimmed_reconciles() {
     let redis = Redis::start();
     // No periodic reconcile to hide behind: only gap detection can repair.
-    let h = start_host(NetNs::new("gap"), String::new(), "gap-1", None, &redis);
+    let h = bare_host("gap", "gap-1", &redis, 10, "reconcile_every: 1h");
     let out = cli(&h.files.cfg, &["ban", "203.0.113.1", "--for", "1h"]);
     assert_eq!(out.code, 0, "{}", out.text());
     wait_until(Duration::from_secs(5), "a ban by event", || {
@@ -251,7 +261,7 @@ fn a_large_list_with_garbage_reaches_nft_with_only_valid_members() {
         redis.cli(&["EVAL", script, "1", "{fleetban}:bans", &until.to_string()]),
         "2507"
     );
-    let h = start_host(NetNs::new("biglist"), String::new(), "big-1", None, &redis);
+    let h = bare_host("biglist", "big-1", &redis, 10, "reconcile_every: 1h");
     wait_for(&[&h], Duration::from_secs(10), "the list applied", || {
         h.daemon.log_text().contains("Ban list applied")
     });
@@ -306,11 +316,9 @@ fn redis_killed_during_traffic_the_fleet_keeps_banning_and_converges_after() {
     for i in 1..=3 {
         // Fleet limit 9 over 3 hosts: 3 per host while Redis is down. No
         // periodic reconcile: convergence must come from the reconnect.
-        hosts.push(start_host_with(
-            NetNs::new(&format!("out{i}")),
-            String::new(),
+        hosts.push(bare_host(
+            &format!("out{i}"),
             &format!("out-{i}"),
-            None,
             &redis,
             9,
             "reconcile_every: 1h, fleet_size: 3, timeout: 100ms",
@@ -390,20 +398,16 @@ fn redis_killed_during_traffic_the_fleet_keeps_banning_and_converges_after() {
 #[test]
 fn a_slow_redis_is_treated_as_down_local_decides_and_pause_waits() {
     let redis = Redis::start();
-    let a = start_host_with(
-        NetNs::new("pause"),
-        String::new(),
+    let a = bare_host(
+        "pause",
         "pause-a",
-        None,
         &redis,
         9,
         "reconcile_every: 1h, on_down: pause, timeout: 100ms",
     );
-    let b = start_host_with(
-        NetNs::new("local"),
-        String::new(),
+    let b = bare_host(
+        "local",
         "local-b",
-        None,
         &redis,
         9,
         "reconcile_every: 1h, on_down: local, fleet_size: 3, timeout: 100ms",
@@ -454,11 +458,9 @@ fn a_slow_redis_is_treated_as_down_local_decides_and_pause_waits() {
 #[test]
 fn a_daemon_started_while_redis_is_down_keeps_the_set_follows_logs_and_catches_up() {
     let mut redis = Redis::start();
-    let mut h = start_host_with(
-        NetNs::new("cold"),
-        String::new(),
+    let mut h = bare_host(
+        "cold",
         "cold-1",
-        None,
         &redis,
         9,
         "reconcile_every: 1h, fleet_size: 3, timeout: 100ms",
@@ -503,15 +505,7 @@ fn an_acl_user_with_the_documented_minimal_rights_runs_the_fleet() {
     redis.add_acl_user(&[]);
     // The daemon and the CLI reach Redis only as that user.
     let user_url = format!("{}?user=fleetban&pass={ACL_PASSWORD}", redis.url());
-    let h = start_host_with(
-        NetNs::new("acl"),
-        String::new(),
-        "acl-1",
-        None,
-        &redis,
-        3,
-        "reconcile_every: 1s",
-    );
+    let h = bare_host("acl", "acl-1", &redis, 3, "reconcile_every: 1s");
     // Rewrite the URL in the config and restart with it.
     let cfg_text = std::fs::read_to_string(&h.files.cfg).unwrap();
     std::fs::write(&h.files.cfg, cfg_text.replace(&redis.url(), &user_url)).unwrap();
