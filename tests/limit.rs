@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::model::{model, Algo, ModelHit, ModelRule};
-use common::Redis;
-use fleetban::config::{Algorithm, RedisConfig};
+use common::{connect, runtime, Redis};
+use fleetban::config::Algorithm;
 use fleetban::detect::{Batch, Hit};
 use fleetban::limit::{MemoryLimiter, RedisLimiter, RuleLimit, Verdict};
 use fleetban::store::{self, Keys};
@@ -190,10 +190,7 @@ proptest! {
 
     #[test]
     fn memory_store_agrees_with_model((hits, rules, batches) in sequences()) {
-        let mut m = MemoryLimiter::new(rule_limits(&rules));
-        let wall = fleetban::now_ms();
-        let got = drive(&hits, &rules, &batches, |bs| bs.iter().map(|b| m.check(b.rule, b.key, &b.hits, wall)).collect());
-        prop_assert_eq!(got, model_bans(&hits, &rules));
+        memory_case(&hits, &rules, &batches)?;
     }
 
     #[test]
@@ -230,17 +227,12 @@ fn memory_case(hits: &[ModelHit], rules: &[ModelRule], batches: &[usize]) -> Res
 #[test]
 fn redis_script_agrees_with_model_and_memory() {
     let redis = Redis::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let cfg = RedisConfig {
-        prefix: "fbtest".into(),
-        ..RedisConfig::single(redis.url(), Duration::from_secs(2))
-    };
-    let con = rt
-        .block_on(store::connect(&cfg, Some(Duration::from_secs(5))))
-        .expect("connect");
+    let rt = runtime();
+    let con = connect(
+        &rt,
+        &redis.config("fbtest", Duration::from_secs(2)),
+        Duration::from_secs(5),
+    );
     let case = std::sync::atomic::AtomicU32::new(0);
     for family in FAMILIES {
         eprintln!("{family:?}");
@@ -271,12 +263,12 @@ fn redis_script_agrees_with_model_and_memory() {
 #[test]
 fn redis_window_is_the_seeds_zset_with_pexpire() {
     let redis = Redis::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let cfg = RedisConfig::single(redis.url(), Duration::from_secs(2));
-    let con = rt.block_on(store::connect(&cfg, Some(Duration::from_secs(5)))).unwrap();
+    let rt = runtime();
+    let con = connect(
+        &rt,
+        &redis.config("fleetban", Duration::from_secs(2)),
+        Duration::from_secs(5),
+    );
     let rules = vec![ModelRule {
         limit: 3,
         window: 60_000,
@@ -359,12 +351,9 @@ fn redis_window_is_the_seeds_zset_with_pexpire() {
 #[test]
 fn a_large_flush_is_split_into_bounded_round_trips() {
     let redis = Redis::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let cfg = RedisConfig::single(redis.url(), Duration::from_millis(250));
-    let con = rt.block_on(store::connect(&cfg, Some(cfg.timeout))).unwrap();
+    let rt = runtime();
+    let cfg = redis.config("fleetban", Duration::from_millis(250));
+    let con = connect(&rt, &cfg, cfg.timeout);
     let rules = vec![ModelRule {
         limit: 2,
         window: 60_000,
@@ -400,19 +389,12 @@ fn a_large_flush_is_split_into_bounded_round_trips() {
 }
 
 fn redis_limiter(redis: &Redis, rt: &tokio::runtime::Runtime, prefix: &str, rules: Vec<RuleLimit>) -> RedisLimiter {
-    let cfg = RedisConfig {
-        prefix: prefix.into(),
-        ..RedisConfig::single(redis.url(), Duration::from_secs(2))
-    };
-    let con = rt.block_on(store::connect(&cfg, Some(Duration::from_secs(5)))).unwrap();
+    let con = connect(
+        rt,
+        &redis.config(prefix, Duration::from_secs(2)),
+        Duration::from_secs(5),
+    );
     RedisLimiter::new(con, Keys::new(prefix), "h1", rules)
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 fn batch(key: &str, hits: impl IntoIterator<Item = (i64, u64)>) -> Batch {
@@ -640,16 +622,14 @@ fn the_listpack_threshold_is_read_and_a_forbidden_config_is_tolerated() {
         redis.cli(&["ACL", "SETUSER", "limited", "on", ">secret", "+@all", "-config", "~*"]),
         "OK"
     );
-    let connect = |url: String| {
-        let cfg = RedisConfig {
-            prefix: "t".into(),
-            ..RedisConfig::single(url, Duration::from_secs(2))
-        };
-        rt.block_on(store::connect(&cfg, Some(Duration::from_secs(5)))).unwrap()
+    let connect_as = |url: String| {
+        let mut cfg = redis.config("t", Duration::from_secs(2));
+        cfg.url = url;
+        connect(&rt, &cfg, Duration::from_secs(5))
     };
-    let mut admin = connect(redis.url());
+    let mut admin = connect_as(redis.url());
     assert_eq!(rt.block_on(store::listpack_threshold(&mut admin)), Some(64));
-    let mut limited = connect(format!("{}?user=limited&pass=secret", redis.url()));
+    let mut limited = connect_as(format!("{}?user=limited&pass=secret", redis.url()));
     assert_eq!(rt.block_on(store::listpack_threshold(&mut limited)), None);
     // The limited user can still run the limiter.
     let mut lim = RedisLimiter::new(
@@ -776,16 +756,12 @@ fn one_call_per_hit_baseline_decides_as_the_pipelined_batches() {
 #[test]
 fn many_addresses_in_one_script_call_decide_as_one_call_each() {
     let redis = Redis::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let con = rt
-        .block_on(store::connect(
-            &RedisConfig::single(redis.url(), Duration::from_secs(2)),
-            Some(Duration::from_secs(5)),
-        ))
-        .expect("connect");
+    let rt = runtime();
+    let con = connect(
+        &rt,
+        &redis.config("fleetban", Duration::from_secs(2)),
+        Duration::from_secs(5),
+    );
     let groups = fleetban::limit::MAX_GROUPS_PER_CALL;
     let case = std::sync::atomic::AtomicU32::new(0);
     for family in FAMILIES {
