@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::model::{model, Algo, ModelHit, ModelRule};
-use common::{connect, runtime, Redis};
+use common::{connect, now_ms, runtime, Redis};
 use fleetban::config::Algorithm;
 use fleetban::detect::{Batch, Hit};
 use fleetban::limit::{MemoryLimiter, RedisLimiter, RuleLimit, Verdict};
@@ -216,7 +216,7 @@ proptest! {
 
 fn memory_case(hits: &[ModelHit], rules: &[ModelRule], batches: &[usize]) -> Result<(), TestCaseError> {
     let mut m = MemoryLimiter::new(rule_limits(rules));
-    let wall = fleetban::now_ms();
+    let wall = now_ms();
     let got = drive(hits, rules, batches, |bs| {
         bs.iter().map(|b| m.check(b.rule, b.key, &b.hits, wall)).collect()
     });
@@ -249,7 +249,7 @@ fn redis_script_agrees_with_model_and_memory() {
                 let got = drive(&hits, &rules, &batches, |bs| check(&rt, &mut lim, bs));
                 prop_assert_eq!(&got, &model_bans(&hits, &rules));
                 let mut m = MemoryLimiter::new(rule_limits(&rules));
-                let wall = fleetban::now_ms();
+                let wall = now_ms();
                 let mem = drive(&hits, &rules, &batches, |bs| {
                     bs.iter().map(|b| m.check(b.rule, b.key, &b.hits, wall)).collect()
                 });
@@ -445,7 +445,7 @@ fn fixed_window_allows_twice_the_limit_across_a_boundary_and_sliding_window_refu
             0,
             key_net("192.0.2.1"),
             &batch("192.0.2.1", hits.clone()).hits,
-            fleetban::now_ms(),
+            now_ms(),
         );
         assert_eq!(mem, expect, "{algo:?} in memory");
         match expect {
@@ -489,7 +489,7 @@ fn a_batch_sent_again_is_not_counted_twice() {
         let algo = rules[0].algorithm;
         let mut lim = redis_limiter(&redis, &rt, &format!("again{}", algo.name()), rules.clone());
         let mut m = MemoryLimiter::new(rules);
-        let wall = fleetban::now_ms();
+        let wall = now_ms();
         let mut both = |b: Batch| {
             let r = check(&rt, &mut lim, std::slice::from_ref(&b))[0];
             assert_eq!(m.check(0, b.key, &b.hits, wall), r, "{algo:?}: memory and Redis differ");
@@ -575,7 +575,7 @@ proptest! {
         let plain = [ModelRule { limit, window, ban_ms, algo: Algo::Sliding { prefilter: 0 } }];
         let two_tier = [ModelRule { limit, window, ban_ms, algo: Algo::Sliding { prefilter: pre } }];
         let mut m = MemoryLimiter::new(rule_limits(&two_tier));
-        let wall = fleetban::now_ms();
+        let wall = now_ms();
         let got = drive(&hits, &two_tier, &[1, 7], |bs| bs.iter().map(|b| m.check(b.rule, b.key, &b.hits, wall)).collect());
         prop_assert_eq!(&got, &model_bans(&hits, &two_tier));
         let exact = model_bans(&hits, &plain);
@@ -683,7 +683,7 @@ fn every_algorithm_takes_the_server_clock_when_asked() {
         let v = check(&rt, &mut by_server, std::slice::from_ref(&b));
         assert!(matches!(v[0], Verdict::Over { index: 3, .. }), "{algo:?} server: {v:?}");
         let mut m = MemoryLimiter::new(server);
-        assert_eq!(m.check(0, b.key, &b.hits, fleetban::now_ms()), v[0], "{algo:?} memory");
+        assert_eq!(m.check(0, b.key, &b.hits, now_ms()), v[0], "{algo:?} memory");
     }
 }
 
@@ -791,7 +791,7 @@ fn many_addresses_in_one_script_call_decide_as_one_call_each() {
                 let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let mut lim = RedisLimiter::new(con.clone(), Keys::new(&format!("many{n}")), "h1", rule_limits(&rules));
                 let mut mem = MemoryLimiter::new(rule_limits(&rules));
-                let t0 = fleetban::now_ms() - 30_000;
+                let t0 = now_ms() - 30_000;
                 let mut previous: Vec<Batch> = Vec::new();
                 for (f, flush) in flushes.iter().enumerate() {
                     // One batch per (rule, address) in a flush, as `Pending` makes them.
@@ -823,7 +823,7 @@ fn many_addresses_in_one_script_call_decide_as_one_call_each() {
                     let got = check(&rt, &mut lim, &batches);
                     let want: Vec<Verdict> = batches
                         .iter()
-                        .map(|b| mem.check(b.rule, b.key, &b.hits, fleetban::now_ms()))
+                        .map(|b| mem.check(b.rule, b.key, &b.hits, now_ms()))
                         .collect();
                     prop_assert_eq!(got, want, "flush {} of {} batches", f, batches.len());
                     previous = batches;

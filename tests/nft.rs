@@ -9,9 +9,9 @@ mod common;
 
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::process::{Output, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use common::{nft_bans_detailed, NetNs, NftElem};
+use common::{nft_bans_detailed, now_ms, NetNs, NftElem};
 use fleetban::enforce::{Action, Element, EnforceError, Enforcer, NftOptions, Until};
 use ipnet::IpNet;
 use serde_json::Value;
@@ -96,10 +96,6 @@ fn chain_rules(ns: &NetNs) -> Vec<Value> {
         .iter()
         .filter_map(|i| i.get("rule").cloned())
         .collect()
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
 }
 
 fn net(s: &str) -> IpNet {
