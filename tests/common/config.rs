@@ -15,6 +15,7 @@ use tempfile::TempDir;
 /// they were set in.
 #[derive(Clone, Debug)]
 struct Keys {
+    /// The keys the file may have, in the order they are written.
     order: &'static [&'static str],
     /// The value of `order[i]`, as YAML.
     values: Vec<Option<String>>,
@@ -48,7 +49,9 @@ impl Keys {
 /// (name, logs, format, match, ignore, limit, ban).
 #[derive(Clone, Debug)]
 pub struct Rule {
+    /// `name:`, the list item's first line.
     name: String,
+    /// The rest of the rule.
     keys: Keys,
 }
 
@@ -225,6 +228,7 @@ impl MainConfig {
 /// access log (`access.log`, created empty), and the paths of its state
 /// directory and control socket. Removed on Drop.
 pub struct ConfigDir {
+    /// The dir itself; everything in it goes with it.
     pub dir: TempDir,
     /// `fleetban.yaml`.
     pub cfg: PathBuf,
@@ -232,7 +236,9 @@ pub struct ConfigDir {
     pub rules: PathBuf,
     /// The access log the rules usually read.
     pub log: PathBuf,
+    /// Where [`ConfigDir::main_config`] puts the control socket.
     pub control: PathBuf,
+    /// Where [`ConfigDir::main_config`] puts `state_dir` (offsets, bans).
     pub state: PathBuf,
 }
 

@@ -4,11 +4,11 @@
 //! private `redis-server` on a unix socket, or on loopback for the
 //! topologies that need TCP ([`Redis`]), network namespaces that stand in for
 //! fleet hosts ([`NetNs`], [`veth_pair`]), an nginx writing a real access log
-//! inside one of them ([`Nginx`], [`web_and_client`]), curl as the client ([`http_get`]), nft
-//! read back as JSON ([`nft_bans`]) and the real daemon ([`Daemon`]). Each
-//! guard cleans up on Drop, also when the test panics. A missing binary is a
-//! loud failure ([`require`]), never a silent skip: `scripts/ensure-deps.sh`
-//! installs them.
+//! inside one of them ([`Nginx`], [`web_and_client`]), curl as the client
+//! ([`http_get`]), nft read back as JSON ([`nft_bans`]) and the real daemon
+//! ([`Daemon`]). Each guard cleans up on Drop, also when the test panics. A
+//! missing binary is a loud failure ([`require`]), never a silent skip:
+//! `scripts/ensure-deps.sh` installs them.
 //!
 //! What the daemon is given comes from here too: its config files
 //! ([`ConfigDir`], [`MainConfig`], [`Rule`]), its log lines
