@@ -127,14 +127,18 @@ impl Redis {
 
     /// Runs `redis-cli -s SOCKET --raw ARGS...` and returns its stdout without
     /// the final newline. Error replies come back as text ("ERR ..."), since
-    /// redis-cli exits 0 for them; a redis-cli that cannot run panics.
+    /// redis-cli exits 0 for them; a redis-cli that fails (no server, the
+    /// connection closed) panics.
     pub fn cli(&self, args: &[&str]) -> String {
-        let out = run_ok(self.cli_command().arg("--raw").args(args));
-        let mut s = String::from_utf8_lossy(&out.stdout).into_owned();
-        if s.ends_with('\n') {
-            s.pop();
-        }
-        s
+        without_newline(run_ok(self.cli_command().arg("--raw").args(args)).stdout)
+    }
+
+    /// As [`Redis::cli`], None when redis-cli fails: for polls that wait
+    /// through a server going away or dropping its clients (a master
+    /// demoted to replica closes every connection).
+    pub fn try_cli(&self, args: &[&str]) -> Option<String> {
+        let out = self.cli_command().arg("--raw").args(args).output().ok()?;
+        out.status.success().then(|| without_newline(out.stdout))
     }
 
     /// Creates user `fleetban` (password [`ACL_PASSWORD`]) with the rights of
@@ -248,6 +252,14 @@ impl Drop for Redis {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+fn without_newline(stdout: Vec<u8>) -> String {
+    let mut s = String::from_utf8_lossy(&stdout).into_owned();
+    if s.ends_with('\n') {
+        s.pop();
+    }
+    s
 }
 
 fn temp_dir() -> TempDir {
