@@ -4,13 +4,12 @@
 
 mod common;
 
-use std::io::Write;
 use std::time::Duration;
 
-use common::{combined_line, veth_pair, wait_until, Daemon, NetNs, Redis};
+use common::{append, cli, combined_lines, now_ms, veth_pair, wait_until, ConfigDir, Daemon, NetNs, Redis, Rule};
 use fleetban::bans::{BanList, BanRequest, Mode, Outcome};
-use fleetban::config::{BanPolicy, RedisConfig};
-use fleetban::store::{self, Keys};
+use fleetban::config::BanPolicy;
+use fleetban::store::Keys;
 
 fn policy() -> BanPolicy {
     BanPolicy {
@@ -41,7 +40,7 @@ async fn ban_len(list: &mut BanList, addr: &str, now: i64) -> i64 {
 }
 
 async fn escalation(list: &mut BanList) {
-    let t0 = fleetban::now_ms();
+    let t0 = now_ms();
     // 1st ban: 60 s; while active, another decision changes nothing.
     assert_eq!(ban_len(list, "203.0.113.7/32", t0).await, 60_000);
     assert!(matches!(
@@ -60,13 +59,13 @@ async fn escalation(list: &mut BanList) {
 #[test]
 fn escalation_is_the_same_in_redis_and_embedded() {
     let redis = Redis::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let cfg = RedisConfig::single(redis.url(), Duration::from_secs(2));
+    let rt = common::runtime();
+    let con = common::connect(
+        &rt,
+        &redis.config("fleetban", Duration::from_secs(2)),
+        Duration::from_secs(2),
+    );
     rt.block_on(async {
-        let con = store::connect(&cfg, Some(Duration::from_secs(2))).await.unwrap();
         escalation(&mut BanList::redis(con, Keys::new("fleetban"))).await;
         escalation(&mut BanList::memory(None)).await;
     });
@@ -81,28 +80,6 @@ fn escalation_is_the_same_in_redis_and_embedded() {
     assert_eq!(redis.cli(&["XLEN", "{fleetban}:events"]), "4");
 }
 
-fn write_config(dir: &std::path::Path, log: &std::path::Path, extra: &str) -> std::path::PathBuf {
-    std::fs::write(
-        dir.join("rules.yaml"),
-        format!(
-            "rules:\n  - name: r\n    logs: [{}]\n    limit: {{ hits: 3, window: 60s }}\n",
-            log.display()
-        ),
-    )
-    .unwrap();
-    let cfg = dir.join("fleetban.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "state_dir: {}\ncontrol: {}\nfirewall: {{ backend: log }}\n{extra}rules: [rules.yaml]\n",
-            dir.join("state").display(),
-            dir.join("control.sock").display()
-        ),
-    )
-    .unwrap();
-    cfg
-}
-
 #[test]
 fn the_safety_valve_caps_new_bans_and_own_addresses_are_never_banned() {
     // The daemon runs in a namespace that owns 10.213.9.1: that address is
@@ -110,30 +87,23 @@ fn the_safety_valve_caps_new_bans_and_own_addresses_are_never_banned() {
     let ns = NetNs::new("valve");
     let peer = NetNs::new("valvep");
     veth_pair(&ns, "10.213.9.1/24", &peer, "10.213.9.2/24");
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    std::fs::write(&log, "").unwrap();
-    let cfg = write_config(dir.path(), &log, "safety: { max_bans_per_minute: 2 }\n");
-    let d = Daemon::start(Some(&ns), &cfg, &dir.path().join("control.sock"));
-    let now = fleetban::now_ms();
-    let mut text = String::new();
-    for addr in [
+    let r = ConfigDir::new();
+    r.write(
+        &r.main_config().log_firewall().safety("{ max_bans_per_minute: 2 }"),
+        &[Rule::new("r", &r.log, "{ hits: 3, window: 60s }")],
+    );
+    let d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    let text: String = [
         "10.213.9.1",
         "198.51.100.1",
         "198.51.100.2",
         "198.51.100.3",
         "198.51.100.4",
-    ] {
-        for i in 0..5 {
-            text += &combined_line(addr, now + i, "/", 200);
-        }
-    }
-    std::fs::OpenOptions::new()
-        .append(true)
-        .open(&log)
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
+    ]
+    .iter()
+    .map(|addr| combined_lines(addr, 5, "/", 200))
+    .collect();
+    append(&r.log, &text);
     wait_until(Duration::from_secs(10), "all lines read", || d.status()["lines"] == 25);
     wait_until(Duration::from_secs(5), "the valve to act", || {
         d.status()["safety_refused"].as_u64() >= Some(2)
@@ -141,14 +111,7 @@ fn the_safety_valve_caps_new_bans_and_own_addresses_are_never_banned() {
     let st = d.status();
     assert_eq!(st["bans"], 2, "{st}");
     assert_eq!(st["safety_refused"], 2, "{st}");
-    let (_, out, _) = {
-        let o = std::process::Command::new(common::fleetban_bin())
-            .args(["bans", "--json", "-c"])
-            .arg(&cfg)
-            .output()
-            .unwrap();
-        (o.status, String::from_utf8_lossy(&o.stdout).into_owned(), ())
-    };
+    let out = cli(&r.cfg, &["bans", "--json"]).stdout;
     assert!(!out.contains("10.213.9.1"), "own address banned: {out}");
     assert_eq!(out.lines().count(), 2, "{out}");
 }

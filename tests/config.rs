@@ -5,9 +5,8 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 
-use common::fleetban_bin;
+use common::cli;
 
 const GOOD_RULE: &str = "rules:
   - name: scraper
@@ -25,17 +24,8 @@ fn check(main: &str, rule: &str) -> (i32, String, String, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), "r.yaml", rule);
     let cfg = write(dir.path(), "fleetban.yaml", main);
-    let out = Command::new(fleetban_bin())
-        .args(["check", "-c"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-        dir,
-    )
+    let out = cli(&cfg, &["check"]);
+    (out.code, out.stdout, out.stderr, dir)
 }
 
 #[test]
@@ -174,13 +164,9 @@ fn errors_in_several_files_are_all_reported() {
     let cfg = write(dir.path(), "fleetban.yaml", "rules: ['*.yaml']\n");
     // The main file itself matches *.yaml too: it has no `rules:` list of rule
     // objects, which is a third error.
-    let out = Command::new(fleetban_bin())
-        .args(["check", "-c"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2));
+    let out = cli(&cfg, &["check"]);
+    let err = out.stderr;
+    assert_eq!(out.code, 2);
     assert!(err.contains("a.yaml:4:"), "{err}");
     assert!(err.contains("b.yaml:4:"), "{err}");
 }

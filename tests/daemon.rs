@@ -7,31 +7,9 @@
 
 mod common;
 
-use std::io::Write;
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
-use common::{combined_line, fleetban_bin, nft_bans, wait_until, Daemon, NetNs, Redis};
-
-fn append(log: &Path, text: &str) {
-    let mut f = std::fs::OpenOptions::new().append(true).open(log).unwrap();
-    f.write_all(text.as_bytes()).unwrap();
-}
-
-fn cli(cfg: &Path, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(fleetban_bin())
-        .args(args)
-        .arg("-c")
-        .arg(cfg)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use common::{append, cli, combined_line, nft_bans, now_ms, wait_until, ConfigDir, Daemon, NetNs, Redis, Rule};
 
 fn set_has(ns: &NetNs, elem: &str) -> bool {
     nft_bans(ns, "fleetban", if elem.contains(':') { "v6" } else { "v4" })
@@ -39,56 +17,29 @@ fn set_has(ns: &NetNs, elem: &str) -> bool {
         .any(|(e, _)| e == elem)
 }
 
-struct Rig {
-    dir: tempfile::TempDir,
-    cfg: std::path::PathBuf,
-    log: std::path::PathBuf,
-    control: std::path::PathBuf,
+fn rig(redis: Option<&Redis>) -> ConfigDir {
+    rig_with(redis, "{ hits: 5, window: 60s }", "reconcile_every: 2s")
 }
 
-fn rig(redis: Option<&Redis>) -> Rig {
-    rig_with(redis, "{ hits: 5, window: 60s }")
-}
-
-fn rig_with(redis: Option<&Redis>, limit: &str) -> Rig {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    std::fs::write(&log, "").unwrap();
-    let control = dir.path().join("control.sock");
-    std::fs::write(
-        dir.path().join("rules.yaml"),
-        format!(
-            "rules:
-  - name: scraper
-    logs: [{}]
-    match: {{ method: [GET] }}
-    ignore: {{ path: '\\.css$' }}
-    limit: {limit}
-    ban: {{ duration: 1h }}
-  - name: wide
-    logs: [{}]
-    match: {{ status: [418] }}
-    limit: {{ hits: 500, window: 60s }}
-",
-            log.display(),
-            log.display()
-        ),
-    )
-    .unwrap();
-    let redis_section = redis.map_or(String::new(), |r| {
-        format!("redis: {{ url: '{}', reconcile_every: 2s }}\n", r.url())
-    });
-    let cfg = dir.path().join("fleetban.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "host_id: test-host\nstate_dir: {}\ncontrol: {}\nallow: [192.0.2.0/24]\n{redis_section}rules: [rules.yaml]\n",
-            dir.path().join("state").display(),
-            control.display()
-        ),
-    )
-    .unwrap();
-    Rig { dir, cfg, log, control }
+/// A daemon's files: `scraper` (GETs, `.css` ignored, at most `limit`) and
+/// `wide` (418s, a window big enough to be warned about) on `access.log`,
+/// 192.0.2.0/24 allowed; Redis (with `redis_options`) when given, else the
+/// embedded store.
+fn rig_with(redis: Option<&Redis>, limit: &str, redis_options: &str) -> ConfigDir {
+    let r = ConfigDir::new();
+    let mut main = r.main_config().host_id("test-host").allow("[192.0.2.0/24]");
+    if let Some(redis) = redis {
+        main = main.redis(&redis.url(), redis_options);
+    }
+    let rules = [
+        Rule::new("scraper", &r.log, limit)
+            .matching("{ method: [GET] }")
+            .ignoring("{ path: '\\.css$' }")
+            .ban("1h"),
+        Rule::new("wide", &r.log, "{ hits: 500, window: 60s }").matching("{ status: [418] }"),
+    ];
+    r.write(&main, &rules);
+    r
 }
 
 #[test]
@@ -98,7 +49,7 @@ fn a_scraper_is_banned_in_redis_and_nft_and_the_allowed_never() {
     let r = rig(Some(&redis));
     let mut d = Daemon::start(Some(&ns), &r.cfg, &r.control);
 
-    let now = fleetban::now_ms();
+    let now = now_ms();
     let mut lines = String::new();
     for i in 0..8 {
         lines += &combined_line("203.0.113.7", now + i, "/page", 200);
@@ -116,7 +67,7 @@ fn a_scraper_is_banned_in_redis_and_nft_and_the_allowed_never() {
         .parse()
         .unwrap_or_else(|_| panic!("not in the ban list: {score:?}\n{}", d.log_text()));
     assert!(
-        (until - (fleetban::now_ms() + 3_600_000) as f64).abs() < 60_000.0,
+        (until - (now_ms() + 3_600_000) as f64).abs() < 60_000.0,
         "ban of about 1h, got {until}"
     );
     let rec: serde_json::Value =
@@ -142,26 +93,26 @@ fn a_scraper_is_banned_in_redis_and_nft_and_the_allowed_never() {
     assert_eq!(st["redis"]["connected"], true);
 
     // Operators: a network for 10 minutes, then unban of the scraper.
-    let (code, out, err) = cli(
+    let out = cli(
         &r.cfg,
         &["ban", "198.51.100.0/24", "--for", "10m", "--reason", "abuse report"],
     );
-    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(out.code, 0, "{}", out.text());
     wait_until(Duration::from_secs(5), "manual ban in nft", || {
         set_has(&ns, "198.51.100.0/24")
     });
-    let (code, out, _) = cli(&r.cfg, &["bans", "--json"]);
-    assert_eq!(code, 0);
+    let out = cli(&r.cfg, &["bans", "--json"]);
+    assert_eq!(out.code, 0);
+    let listed = out.stdout;
     assert!(
-        out.contains("\"198.51.100.0/24\"") && out.contains("abuse report"),
-        "{out}"
+        listed.contains("\"198.51.100.0/24\"") && listed.contains("abuse report"),
+        "{listed}"
     );
-    let (code, _, _) = cli(&r.cfg, &["unban", "203.0.113.7"]);
-    assert_eq!(code, 0);
+    assert_eq!(cli(&r.cfg, &["unban", "203.0.113.7"]).code, 0);
     wait_until(Duration::from_secs(5), "unban in nft", || !set_has(&ns, "203.0.113.7"));
     // Loopback can never be banned by hand either.
-    let (code, _, err) = cli(&r.cfg, &["ban", "127.0.0.1"]);
-    assert_eq!(code, 2, "{err}");
+    let out = cli(&r.cfg, &["ban", "127.0.0.1"]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
 
     // A garbage member in the list never reaches nft (the reconcile skips it).
     redis.cli(&["ZADD", "{fleetban}:bans", "+inf", "not-an-address; flush ruleset"]);
@@ -177,7 +128,7 @@ fn a_scraper_is_banned_in_redis_and_nft_and_the_allowed_never() {
     assert!(took < Duration::from_secs(5), "stop took {took:?}");
     // The table stays: the kernel keeps enforcing while the daemon is down.
     assert!(set_has(&ns, "198.51.100.0/24"));
-    let offsets = std::fs::read_to_string(r.dir.path().join("state/offsets.json")).expect("offsets saved");
+    let offsets = std::fs::read_to_string(r.state.join("offsets.json")).expect("offsets saved");
     let size = std::fs::metadata(&r.log).unwrap().len();
     assert!(offsets.contains(&size.to_string()), "offset {size} saved: {offsets}");
 }
@@ -191,9 +142,13 @@ fn the_daemon_runs_a_token_bucket_and_reads_the_listpack_threshold() {
     let redis = Redis::start();
     assert_eq!(redis.cli(&["CONFIG", "SET", "zset-max-listpack-entries", "256"]), "OK");
     let ns = NetNs::new("tbucket");
-    let r = rig_with(Some(&redis), "{ algorithm: token_bucket, burst: 3, rate: 1/m }");
+    let r = rig_with(
+        Some(&redis),
+        "{ algorithm: token_bucket, burst: 3, rate: 1/m }",
+        "reconcile_every: 2s",
+    );
     let mut d = Daemon::start(Some(&ns), &r.cfg, &r.control);
-    let now = fleetban::now_ms();
+    let now = now_ms();
     let mut lines = String::new();
     for i in 0..3 {
         lines += &combined_line("203.0.113.7", now + i, "/page", 200);
@@ -230,7 +185,7 @@ fn without_redis_the_embedded_store_bans_and_keeps_bans_across_restart() {
     let ns = NetNs::new("embed");
     let r = rig(None);
     let mut d = Daemon::start(Some(&ns), &r.cfg, &r.control);
-    let now = fleetban::now_ms();
+    let now = now_ms();
     let lines: String = (0..6)
         .map(|i| combined_line("203.0.113.50", now + i, "/", 200))
         .collect();
@@ -240,8 +195,8 @@ fn without_redis_the_embedded_store_bans_and_keeps_bans_across_restart() {
     });
 
     // ban/unban/bans go through the control socket.
-    let (code, out, err) = cli(&r.cfg, &["ban", "2001:db8:5::/48", "--permanent"]);
-    assert_eq!(code, 0, "{out}{err}");
+    let out = cli(&r.cfg, &["ban", "2001:db8:5::/48", "--permanent"]);
+    assert_eq!(out.code, 0, "{}", out.text());
     wait_until(Duration::from_secs(5), "manual v6 ban", || {
         set_has(&ns, "2001:db8:5::/48")
     });
@@ -251,18 +206,16 @@ fn without_redis_the_embedded_store_bans_and_keeps_bans_across_restart() {
         None,
         "permanent: no timeout"
     );
-    let (_, out, _) = cli(&r.cfg, &["bans"]);
-    assert!(out.contains("203.0.113.50") && out.contains("2 active ban(s)"), "{out}");
+    let listed = cli(&r.cfg, &["bans"]).stdout;
+    assert!(
+        listed.contains("203.0.113.50") && listed.contains("2 active ban(s)"),
+        "{listed}"
+    );
     d.stop(Duration::from_secs(10));
 
     // The restarted daemon finds its bans and its offset: the old lines are
     // not read again (the ban count stays 0 in the new process).
-    std::process::Command::new("ip")
-        .args([
-            "netns", "exec", &ns.name, "nft", "flush", "set", "inet", "fleetban", "v4",
-        ])
-        .status()
-        .unwrap();
+    ns.run(&["nft", "flush", "set", "inet", "fleetban", "v4"]);
     let d2 = Daemon::start(Some(&ns), &r.cfg, &r.control);
     wait_until(Duration::from_secs(5), "bans re-applied at start", || {
         set_has(&ns, "203.0.113.50")
@@ -279,14 +232,12 @@ fn without_redis_the_embedded_store_bans_and_keeps_bans_across_restart() {
 fn held_hits_wait_urgent_ones_do_not_and_none_is_lost_or_doubled() {
     let redis = Redis::start();
     let ns = NetNs::new("hold");
-    let r = rig_with(Some(&redis), "{ hits: 10, window: 60s }");
-    let cfg = std::fs::read_to_string(&r.cfg).unwrap();
-    std::fs::write(
-        &r.cfg,
-        cfg.replace("reconcile_every: 2s", "reconcile_every: 2s, hold: 60s"),
-    )
-    .unwrap();
-    let offsets = r.dir.path().join("state/offsets.json");
+    let r = rig_with(
+        Some(&redis),
+        "{ hits: 10, window: 60s }",
+        "reconcile_every: 2s, hold: 60s",
+    );
+    let offsets = r.state.join("offsets.json");
     let mut d = Daemon::start(Some(&ns), &r.cfg, &r.control);
     // The log is registered (read from here on after a restart) before any line.
     wait_until(Duration::from_secs(10), "offsets saved", || {
@@ -294,7 +245,7 @@ fn held_hits_wait_urgent_ones_do_not_and_none_is_lost_or_doubled() {
     });
 
     let (slow, fast) = ("203.0.113.20", "203.0.113.21");
-    let now = fleetban::now_ms();
+    let now = now_ms();
     let mut lines = String::new();
     for i in 0..3 {
         lines += &combined_line(slow, now + i, "/page", 200);

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{http_get, veth_pair, wait_until, Daemon, NetNs, Nginx, Redis};
+use common::{http_get, veth_pair, wait_until, ConfigDir, Daemon, NetNs, Nginx, Redis, Rule};
 
 #[test]
 fn a_scraper_is_dropped_and_a_normal_client_is_not() {
@@ -20,35 +20,13 @@ fn a_scraper_is_dropped_and_a_normal_client_is_not() {
     veth_pair(&server, "10.213.2.1/24", &visitor, "10.213.2.2/24");
     let nginx = Nginx::start(&server, "0.0.0.0:8080", None);
 
-    let dir = tempfile::tempdir().unwrap();
-    let control = dir.path().join("control.sock");
-    std::fs::write(
-        dir.path().join("rules.yaml"),
-        format!(
-            "rules:
-  - name: scraper
-    logs: [{}]
-    match: {{ method: [GET, HEAD], status: [2xx, 3xx, 404] }}
-    ignore: {{ path: '^/static/' }}
-    limit: {{ hits: 10, window: 60s }}
-    ban: {{ duration: 10m }}
-",
-            nginx.access_log().display()
-        ),
-    )
-    .unwrap();
-    let cfg = dir.path().join("fleetban.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "state_dir: {}\ncontrol: {}\nredis: {{ url: '{}' }}\nrules: [rules.yaml]\n",
-            dir.path().join("state").display(),
-            control.display(),
-            redis.url()
-        ),
-    )
-    .unwrap();
-    let daemon = Daemon::start(Some(&server), &cfg, &control);
+    let files = ConfigDir::new();
+    let rule = Rule::new("scraper", nginx.access_log(), "{ hits: 10, window: 60s }")
+        .matching("{ method: [GET, HEAD], status: [2xx, 3xx, 404] }")
+        .ignoring("{ path: '^/static/' }")
+        .ban("10m");
+    files.write(&files.main_config().redis(&redis.url(), ""), &[rule]);
+    let daemon = Daemon::start(Some(&server), &files.cfg, &files.control);
 
     let to_a = |ns: &NetNs| http_get(ns, "http://10.213.1.1:8080/page", Duration::from_secs(2));
     let to_b = |ns: &NetNs| http_get(ns, "http://10.213.2.1:8080/page", Duration::from_secs(2));

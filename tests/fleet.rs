@@ -8,11 +8,14 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
+use std::process::Stdio;
 use std::time::Duration;
 
-use common::{fleetban_bin, http_get_with, nft_bans, veth_pair, wait_until, Daemon, NetNs, Nginx, Redis};
+use common::{
+    append, cli, combined_lines, http_get_with, nft_bans, now_ms, veth_pair, wait_until, ConfigDir, Daemon, NetNs,
+    Nginx, Redis, Rule, ACL_PASSWORD,
+};
 
 /// The client's one address, on its loopback, reached by every host through
 /// its own link.
@@ -24,72 +27,49 @@ struct Host {
     addr: String,
     _nginx: Option<Nginx>,
     daemon: Daemon,
-    cfg: PathBuf,
-    _dir: tempfile::TempDir,
+    /// Its config; `files.log` is the log it reads when it has no nginx.
+    files: ConfigDir,
 }
 
-/// Writes the config of host `id` (reading `log`) and starts its daemon.
+/// Writes the config of host `id` (reading its nginx's log, or its own
+/// `files.log`) and starts its daemon: a fleet limit of `hits` GETs a
+/// minute, Redis with `redis_options` besides its url.
 fn start_host(
     ns: NetNs,
     addr: String,
     id: &str,
-    log: &Path,
     nginx: Option<Nginx>,
     redis: &Redis,
-    reconcile: &str,
-) -> Host {
-    start_host_with(ns, addr, id, log, nginx, redis, reconcile, 10, "")
-}
-
-/// As `start_host`, with the rule's `hits` and extra `redis:` settings.
-#[allow(clippy::too_many_arguments)]
-fn start_host_with(
-    ns: NetNs,
-    addr: String,
-    id: &str,
-    log: &Path,
-    nginx: Option<Nginx>,
-    redis: &Redis,
-    reconcile: &str,
     hits: u32,
-    extra: &str,
+    redis_options: &str,
 ) -> Host {
-    let dir = tempfile::tempdir().unwrap();
-    let control = dir.path().join("control.sock");
-    std::fs::write(
-        dir.path().join("rules.yaml"),
-        format!(
-            "rules:
-  - name: scraper
-    logs: [{}]
-    match: {{ method: [GET] }}
-    limit: {{ hits: {hits}, window: 60s, scope: fleet }}
-    ban: {{ duration: 10m }}
-",
-            log.display()
-        ),
+    let files = ConfigDir::new();
+    let log = nginx.as_ref().map_or(files.log.clone(), Nginx::access_log);
+    let rule = Rule::new(
+        "scraper",
+        &log,
+        &format!("{{ hits: {hits}, window: 60s, scope: fleet }}"),
     )
-    .unwrap();
-    let cfg = dir.path().join("fleetban.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "host_id: {id}\nstate_dir: {}\ncontrol: {}\nredis: {{ url: '{}', reconcile_every: {reconcile}{extra} }}\nrules: [rules.yaml]\n",
-            dir.path().join("state").display(),
-            control.display(),
-            redis.url()
-        ),
-    )
-    .unwrap();
-    let daemon = Daemon::start(Some(&ns), &cfg, &control);
+    .matching("{ method: [GET] }")
+    .ban("10m");
+    files.write(
+        &files.main_config().host_id(id).redis(&redis.url(), redis_options),
+        &[rule],
+    );
+    let daemon = Daemon::start(Some(&ns), &files.cfg, &files.control);
     Host {
         ns,
         addr,
         _nginx: nginx,
         daemon,
-        cfg,
-        _dir: dir,
+        files,
     }
+}
+
+/// A host without nginx in a namespace `tag` of its own: the test writes
+/// its `files.log`.
+fn bare_host(tag: &str, id: &str, redis: &Redis, hits: u32, redis_options: &str) -> Host {
+    start_host(NetNs::new(tag), String::new(), id, None, redis, hits, redis_options)
 }
 
 /// As `wait_until`, with the daemons' logs in the failure message.
@@ -106,23 +86,6 @@ fn wait_for(hosts: &[&Host], timeout: Duration, what: &str, mut f: impl FnMut() 
         "timed out after {timeout:?} waiting for {what}\n{}",
         logs.join("\n-----\n")
     );
-}
-
-fn cli(cfg: &Path, args: &[&str]) -> (i32, String) {
-    let out = Command::new(fleetban_bin())
-        .args(args)
-        .arg("-c")
-        .arg(cfg)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
 }
 
 fn v4_set(ns: &NetNs) -> Vec<String> {
@@ -150,15 +113,15 @@ fn a_client_spread_over_three_hosts_is_banned_by_all_and_unbanned_everywhere() {
         veth_pair(&ns, &format!("{host_addr}/24"), &client, &format!("{client_addr}/24"));
         ns.run(&["ip", "route", "add", &format!("{CLIENT}/32"), "via", &client_addr]);
         let nginx = Nginx::start(&ns, "0.0.0.0:8080", None);
-        let log = nginx.access_log();
+        let id = format!("web-{i}");
         hosts.push(start_host(
             ns,
             host_addr,
-            &format!("web-{i}"),
-            &log,
+            &id,
             Some(nginx),
             &redis,
-            "1h",
+            10,
+            "reconcile_every: 1h",
         ));
     }
 
@@ -197,8 +160,8 @@ fn a_client_spread_over_three_hosts_is_banned_by_all_and_unbanned_everywhere() {
     let rec: serde_json::Value = serde_json::from_str(&redis.cli(&["HGET", "{fleetban}:banrec", CLIENT])).unwrap();
     assert_eq!(rec["hits"], 11, "{rec}");
 
-    let (code, out) = cli(&hosts[1].cfg, &["unban", CLIENT]);
-    assert_eq!(code, 0, "{out}");
+    let out = cli(&hosts[1].files.cfg, &["unban", CLIENT]);
+    assert_eq!(out.code, 0, "{}", out.text());
     for h in &hosts {
         wait_for(
             &hosts.iter().collect::<Vec<_>>(),
@@ -218,13 +181,10 @@ fn a_client_spread_over_three_hosts_is_banned_by_all_and_unbanned_everywhere() {
 #[test]
 fn a_host_whose_events_were_trimmed_reconciles() {
     let redis = Redis::start();
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    std::fs::write(&log, "").unwrap();
     // No periodic reconcile to hide behind: only gap detection can repair.
-    let h = start_host(NetNs::new("gap"), String::new(), "gap-1", &log, None, &redis, "1h");
-    let (code, out) = cli(&h.cfg, &["ban", "203.0.113.1", "--for", "1h"]);
-    assert_eq!(code, 0, "{out}");
+    let h = bare_host("gap", "gap-1", &redis, 10, "reconcile_every: 1h");
+    let out = cli(&h.files.cfg, &["ban", "203.0.113.1", "--for", "1h"]);
+    assert_eq!(out.code, 0, "{}", out.text());
     wait_until(Duration::from_secs(5), "a ban by event", || {
         v4_set(&h.ns).contains(&"203.0.113.1".to_owned())
     });
@@ -251,8 +211,8 @@ fn a_host_whose_events_were_trimmed_reconciles() {
     assert_eq!(v4_set(&h.ns), vec!["203.0.113.1".to_owned(), "203.0.113.2".to_owned()]);
     assert!(h.daemon.log_text().contains("trimmed"), "{}", h.daemon.log_text());
 
-    let (code, out) = cli(&h.cfg, &["ban", "203.0.113.5", "--for", "1h"]);
-    assert_eq!(code, 0, "{out}");
+    let out = cli(&h.files.cfg, &["ban", "203.0.113.5", "--for", "1h"]);
+    assert_eq!(out.code, 0, "{}", out.text());
     wait_until(Duration::from_secs(5), "a ban by event after the reconcile", || {
         v4_set(&h.ns).contains(&"203.0.113.5".to_owned())
     });
@@ -267,8 +227,8 @@ fn a_host_whose_events_were_trimmed_reconciles() {
         || v4_set(&h.ns).contains(&"203.0.113.3".to_owned()),
     );
     // And it follows the new stream: a ban by event arrives again.
-    let (code, out) = cli(&h.cfg, &["ban", "203.0.113.4", "--for", "1h"]);
-    assert_eq!(code, 0, "{out}");
+    let out = cli(&h.files.cfg, &["ban", "203.0.113.4", "--for", "1h"]);
+    assert_eq!(out.code, 0, "{}", out.text());
     wait_until(Duration::from_secs(5), "an event on the new stream", || {
         v4_set(&h.ns).contains(&"203.0.113.4".to_owned())
     });
@@ -284,7 +244,7 @@ fn a_host_whose_events_were_trimmed_reconciles() {
 #[test]
 fn a_large_list_with_garbage_reaches_nft_with_only_valid_members() {
     let redis = Redis::start();
-    let until = fleetban::now_ms() + 3_600_000;
+    let until = now_ms() + 3_600_000;
     // 2,000 v4 addresses and 500 v6 /64s, each ending i ms later than the last.
     let script = "local u = tonumber(ARGV[1]) \
         for i = 0, 1999 do redis.call('ZADD', KEYS[1], u + i, string.format('198.18.%d.%d', math.floor(i / 256), i % 256)) end \
@@ -301,10 +261,7 @@ fn a_large_list_with_garbage_reaches_nft_with_only_valid_members() {
         redis.cli(&["EVAL", script, "1", "{fleetban}:bans", &until.to_string()]),
         "2507"
     );
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    std::fs::write(&log, "").unwrap();
-    let h = start_host(NetNs::new("biglist"), String::new(), "big-1", &log, None, &redis, "1h");
+    let h = bare_host("biglist", "big-1", &redis, 10, "reconcile_every: 1h");
     wait_for(&[&h], Duration::from_secs(10), "the list applied", || {
         h.daemon.log_text().contains("Ban list applied")
     });
@@ -336,17 +293,9 @@ fn a_large_list_with_garbage_reaches_nft_with_only_valid_members() {
     assert!(text.contains("bans=2502"), "2,502 valid bans:\n{text}");
 }
 
-fn append(log: &Path, text: &str) {
-    use std::io::Write;
-    let mut f = std::fs::OpenOptions::new().append(true).open(log).unwrap();
-    f.write_all(text.as_bytes()).unwrap();
-}
-
+/// `n` page requests of `addr` now.
 fn lines(addr: &str, n: i64) -> String {
-    let now = fleetban::now_ms();
-    (0..n)
-        .map(|i| common::combined_line(addr, now + i, "/page", 200))
-        .collect()
+    combined_lines(addr, n, "/page", 200)
 }
 
 fn list(redis: &Redis) -> Vec<String> {
@@ -363,30 +312,22 @@ fn list(redis: &Redis) -> Vec<String> {
 #[test]
 fn redis_killed_during_traffic_the_fleet_keeps_banning_and_converges_after() {
     let mut redis = Redis::start();
-    let dir = tempfile::tempdir().unwrap();
     let mut hosts = Vec::new();
-    let mut logs = Vec::new();
     for i in 1..=3 {
-        let log = dir.path().join(format!("access{i}.log"));
-        std::fs::write(&log, "").unwrap();
         // Fleet limit 9 over 3 hosts: 3 per host while Redis is down. No
         // periodic reconcile: convergence must come from the reconnect.
-        hosts.push(start_host_with(
-            NetNs::new(&format!("out{i}")),
-            String::new(),
+        hosts.push(bare_host(
+            &format!("out{i}"),
             &format!("out-{i}"),
-            &log,
-            None,
             &redis,
-            "1h",
             9,
-            ", fleet_size: 3, timeout: 100ms",
+            "reconcile_every: 1h, fleet_size: 3, timeout: 100ms",
         ));
-        logs.push(log);
     }
+    let logs: Vec<&Path> = hosts.iter().map(|h| h.files.log.as_path()).collect();
     let all: Vec<&Host> = hosts.iter().collect();
-    let (code, out) = cli(&hosts[0].cfg, &["ban", "203.0.113.10", "--for", "1h"]);
-    assert_eq!(code, 0, "{out}");
+    let out = cli(&hosts[0].files.cfg, &["ban", "203.0.113.10", "--for", "1h"]);
+    assert_eq!(out.code, 0, "{}", out.text());
     for h in &hosts {
         wait_until(Duration::from_secs(5), "the first ban everywhere", || {
             v4_set(&h.ns) == ["203.0.113.10"]
@@ -403,7 +344,7 @@ fn redis_killed_during_traffic_the_fleet_keeps_banning_and_converges_after() {
         append(log, &lines("198.51.100.1", 1));
     }
     // The attacker on host 1 only: 5 hits > 9 / 3.
-    append(&logs[0], &lines("203.0.113.20", 5));
+    append(logs[0], &lines("203.0.113.20", 5));
     wait_for(
         &all,
         Duration::from_secs(10),
@@ -438,8 +379,8 @@ fn redis_killed_during_traffic_the_fleet_keeps_banning_and_converges_after() {
         serde_json::from_str(&redis.cli(&["HGET", "{fleetban}:banrec", "203.0.113.20"])).unwrap();
     assert_eq!(rec["host"], "out-1", "{rec}");
     // And the fleet follows events again, on the new stream.
-    let (code, out) = cli(&hosts[2].cfg, &["ban", "203.0.113.30", "--for", "1h"]);
-    assert_eq!(code, 0, "{out}");
+    let out = cli(&hosts[2].files.cfg, &["ban", "203.0.113.30", "--for", "1h"]);
+    assert_eq!(out.code, 0, "{}", out.text());
     for h in &hosts {
         wait_for(
             &all,
@@ -457,47 +398,35 @@ fn redis_killed_during_traffic_the_fleet_keeps_banning_and_converges_after() {
 #[test]
 fn a_slow_redis_is_treated_as_down_local_decides_and_pause_waits() {
     let redis = Redis::start();
-    let dir = tempfile::tempdir().unwrap();
-    let (log_a, log_b) = (dir.path().join("a.log"), dir.path().join("b.log"));
-    std::fs::write(&log_a, "").unwrap();
-    std::fs::write(&log_b, "").unwrap();
-    let a = start_host_with(
-        NetNs::new("pause"),
-        String::new(),
+    let a = bare_host(
+        "pause",
         "pause-a",
-        &log_a,
-        None,
         &redis,
-        "1h",
         9,
-        ", on_down: pause, timeout: 100ms",
+        "reconcile_every: 1h, on_down: pause, timeout: 100ms",
     );
-    let b = start_host_with(
-        NetNs::new("local"),
-        String::new(),
+    let b = bare_host(
+        "local",
         "local-b",
-        &log_b,
-        None,
         &redis,
-        "1h",
         9,
-        ", on_down: local, fleet_size: 3, timeout: 100ms",
+        "reconcile_every: 1h, on_down: local, fleet_size: 3, timeout: 100ms",
     );
+    let (log_a, log_b) = (&a.files.log, &b.files.log);
     // Redis busy for 3 s (a script spinning on TIME): every call times out.
-    let mut busy = Command::new(common::require("redis-cli"))
-        .arg("-s")
-        .arg(&redis.socket)
+    let mut busy = redis
+        .cli_command()
         .args([
             "EVAL",
             "local s = tonumber(redis.call('TIME')[1]) while tonumber(redis.call('TIME')[1]) - s < 3 do end return 1",
             "0",
         ])
-        .stdout(std::process::Stdio::null())
+        .stdout(Stdio::null())
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(200));
-    append(&log_a, &lines("203.0.113.41", 10));
-    append(&log_b, &lines("203.0.113.40", 5));
+    append(log_a, &lines("203.0.113.41", 10));
+    append(log_b, &lines("203.0.113.40", 5));
     wait_for(
         &[&a, &b],
         Duration::from_secs(2),
@@ -529,22 +458,15 @@ fn a_slow_redis_is_treated_as_down_local_decides_and_pause_waits() {
 #[test]
 fn a_daemon_started_while_redis_is_down_keeps_the_set_follows_logs_and_catches_up() {
     let mut redis = Redis::start();
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    std::fs::write(&log, "").unwrap();
-    let mut h = start_host_with(
-        NetNs::new("cold"),
-        String::new(),
+    let mut h = bare_host(
+        "cold",
         "cold-1",
-        &log,
-        None,
         &redis,
-        "1h",
         9,
-        ", fleet_size: 3, timeout: 100ms",
+        "reconcile_every: 1h, fleet_size: 3, timeout: 100ms",
     );
-    let (code, out) = cli(&h.cfg, &["ban", "203.0.113.10", "--for", "1h"]);
-    assert_eq!(code, 0, "{out}");
+    let out = cli(&h.files.cfg, &["ban", "203.0.113.10", "--for", "1h"]);
+    assert_eq!(out.code, 0, "{}", out.text());
     wait_until(Duration::from_secs(5), "the ban in the set", || {
         v4_set(&h.ns) == ["203.0.113.10"]
     });
@@ -552,9 +474,9 @@ fn a_daemon_started_while_redis_is_down_keeps_the_set_follows_logs_and_catches_u
     redis.kill();
 
     // Restarted while Redis is down: up at once, the kernel's set untouched.
-    h.daemon = Daemon::start(Some(&h.ns), &h.cfg, &h.daemon.control.clone());
+    h.daemon = Daemon::start(Some(&h.ns), &h.files.cfg, &h.files.control);
     assert_eq!(v4_set(&h.ns), ["203.0.113.10"]);
-    append(&log, &lines("203.0.113.20", 5));
+    append(&h.files.log, &lines("203.0.113.20", 5));
     wait_for(&[&h], Duration::from_secs(10), "a local ban without Redis", || {
         v4_set(&h.ns).contains(&"203.0.113.20".to_owned())
     });
@@ -567,8 +489,8 @@ fn a_daemon_started_while_redis_is_down_keeps_the_set_follows_logs_and_catches_u
     wait_for(&[&h], Duration::from_secs(20), "the set equal to the list", || {
         v4_set(&h.ns) == ["203.0.113.20"]
     });
-    let (code, out) = cli(&h.cfg, &["ban", "203.0.113.30", "--for", "1h"]);
-    assert_eq!(code, 0, "{out}");
+    let out = cli(&h.files.cfg, &["ban", "203.0.113.30", "--for", "1h"]);
+    assert_eq!(out.code, 0, "{}", out.text());
     wait_for(
         &[&h],
         Duration::from_secs(10),
@@ -580,56 +502,30 @@ fn a_daemon_started_while_redis_is_down_keeps_the_set_follows_logs_and_catches_u
 #[test]
 fn an_acl_user_with_the_documented_minimal_rights_runs_the_fleet() {
     let redis = Redis::start();
-    let acl = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/redis-acl.conf")).unwrap();
-    let line = acl
-        .lines()
-        .find(|l| l.starts_with("user fleetban "))
-        .expect("the user line");
-    let mut args = vec!["ACL", "SETUSER", "fleetban"];
-    args.extend(
-        line["user fleetban ".len()..]
-            .split_whitespace()
-            .map(|w| if w == ">PASSWORD" { ">s3cret-pw" } else { w }),
-    );
-    assert_eq!(redis.cli(&args), "OK");
+    redis.add_acl_user(&[]);
     // The daemon and the CLI reach Redis only as that user.
-    let user_url = format!("{}?user=fleetban&pass=s3cret-pw", redis.url());
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    std::fs::write(&log, "").unwrap();
-    let h = start_host_with(
-        NetNs::new("acl"),
-        String::new(),
-        "acl-1",
-        &log,
-        None,
-        &redis,
-        "1s",
-        3,
-        "",
-    );
+    let user_url = format!("{}?user=fleetban&pass={ACL_PASSWORD}", redis.url());
+    let h = bare_host("acl", "acl-1", &redis, 3, "reconcile_every: 1s");
     // Rewrite the URL in the config and restart with it.
-    let cfg_text = std::fs::read_to_string(&h.cfg).unwrap();
-    std::fs::write(&h.cfg, cfg_text.replace(&redis.url(), &user_url)).unwrap();
-    let control = h.daemon.control.clone();
-    let Host {
-        ns, cfg, daemon, _dir, ..
-    } = h;
+    let cfg_text = std::fs::read_to_string(&h.files.cfg).unwrap();
+    std::fs::write(&h.files.cfg, cfg_text.replace(&redis.url(), &user_url)).unwrap();
+    let Host { ns, files, daemon, .. } = h;
     drop(daemon);
-    let d = Daemon::start(Some(&ns), &cfg, &control);
+    let d = Daemon::start(Some(&ns), &files.cfg, &files.control);
+    let cfg = &files.cfg;
 
-    append(&log, &lines("203.0.113.60", 4));
+    append(&files.log, &lines("203.0.113.60", 4));
     wait_until(Duration::from_secs(10), "a ban through the ACL user", || {
         v4_set(&ns).contains(&"203.0.113.60".to_owned())
     });
     assert!(list(&redis).contains(&"203.0.113.60".to_owned()));
-    let (code, out) = cli(&cfg, &["ban", "203.0.113.61", "--for", "1h"]);
-    assert_eq!(code, 0, "{out}");
-    let (code, out) = cli(&cfg, &["unban", "203.0.113.60"]);
-    assert_eq!(code, 0, "{out}");
-    let (code, out) = cli(&cfg, &["bans"]);
-    assert_eq!(code, 0, "{out}");
-    assert!(out.contains("203.0.113.61"), "{out}");
+    let out = cli(cfg, &["ban", "203.0.113.61", "--for", "1h"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    let out = cli(cfg, &["unban", "203.0.113.60"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    let out = cli(cfg, &["bans"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    assert!(out.text().contains("203.0.113.61"), "{}", out.text());
     wait_until(Duration::from_secs(10), "ban and unban by events", || {
         v4_set(&ns) == ["203.0.113.61"]
     });
@@ -641,14 +537,13 @@ fn an_acl_user_with_the_documented_minimal_rights_runs_the_fleet() {
     let text = d.log_text();
     assert!(!text.contains("NOPERM") && !text.contains("failed"), "{text}");
     // And the user really is confined: another key is refused.
-    let denied = Command::new(common::require("redis-cli"))
-        .arg("-s")
-        .arg(&redis.socket)
+    let denied = redis
+        .cli_command()
         .args([
             "--user",
             "fleetban",
             "--pass",
-            "s3cret-pw",
+            ACL_PASSWORD,
             "--no-auth-warning",
             "SET",
             "other",

@@ -155,6 +155,17 @@ fn open_append(path: &Path) -> File {
         .expect("open for append")
 }
 
+/// An empty `access.log` in a temp dir, the offsets in another, and a
+/// follower with the default options that has opened the log.
+async fn follow_empty_log() -> (tempfile::TempDir, tempfile::TempDir, PathBuf, Rig) {
+    let (logs, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let log = logs.path().join("access.log");
+    File::create(&log).unwrap();
+    let rig = Rig::start(state.path(), &[&log], opts(), 16);
+    rig.wait_following(&log).await;
+    (logs, state, log, rig)
+}
+
 fn numbered(from: usize, to: usize) -> String {
     (from..to).map(|i| format!("line {i:06} of the log\n")).collect()
 }
@@ -186,11 +197,7 @@ async fn first_seen_file_starts_at_its_end_and_appends_arrive_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partial_line_waits_for_its_newline() {
-    let (logs, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let log = logs.path().join("access.log");
-    File::create(&log).unwrap();
-    let mut rig = Rig::start(state.path(), &[&log], opts(), 16);
-    rig.wait_following(&log).await;
+    let (_logs, _state, log, mut rig) = follow_empty_log().await;
 
     append(&log, "hal");
     rig.quiet(Duration::from_millis(150)).await;
@@ -253,11 +260,7 @@ async fn rename_and_create_while_writing_loses_and_repeats_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn copytruncate_restarts_at_zero() {
-    let (logs, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let log = logs.path().join("access.log");
-    File::create(&log).unwrap();
-    let mut rig = Rig::start(state.path(), &[&log], opts(), 16);
-    rig.wait_following(&log).await;
+    let (logs, _state, log, mut rig) = follow_empty_log().await;
     let mut writer = open_append(&log);
 
     // Shrinks: seen by size.
@@ -282,11 +285,7 @@ async fn copytruncate_restarts_at_zero() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_and_recreate_drains_the_old_and_reads_the_new_from_zero() {
-    let (logs, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let log = logs.path().join("access.log");
-    File::create(&log).unwrap();
-    let mut rig = Rig::start(state.path(), &[&log], opts(), 16);
-    rig.wait_following(&log).await;
+    let (_logs, _state, log, mut rig) = follow_empty_log().await;
 
     let mut old = open_append(&log);
     old.write_all(numbered(0, 50).as_bytes()).unwrap();
@@ -406,11 +405,7 @@ async fn a_file_first_seen_then_idle_loses_nothing_written_while_down() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_lines_are_skipped_and_counted_and_the_next_line_is_intact() {
-    let (logs, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let log = logs.path().join("access.log");
-    File::create(&log).unwrap();
-    let mut rig = Rig::start(state.path(), &[&log], opts(), 16);
-    rig.wait_following(&log).await;
+    let (_logs, _state, log, mut rig) = follow_empty_log().await;
 
     append(&log, &format!("short\n{}\nafter\n", "x".repeat(5000)));
     let got = rig.recv(2).await;

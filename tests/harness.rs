@@ -115,10 +115,7 @@ fn nginx_serves_a_neighbour_through_a_veth_and_logs_its_address() {
 
 #[test]
 fn nginx_reopen_after_rename_writes_a_new_access_log() {
-    let web = NetNs::new("web");
-    let client = NetNs::new("cli");
-    veth_pair(&web, "10.213.2.1", &client, "10.213.2.2");
-    let nginx = Nginx::start(&web, "10.213.2.1:8080", None);
+    let (_web, client, nginx) = web_and_client("web", "cli", "10.213.2", None);
     let log = nginx.access_log();
     let rotated = log.with_extension("log.1");
 
@@ -140,11 +137,8 @@ fn nginx_reopen_after_rename_writes_a_new_access_log() {
 
 #[test]
 fn nginx_custom_log_format_with_quotes() {
-    let web = NetNs::new("web");
-    let client = NetNs::new("cli");
-    veth_pair(&web, "10.213.3.1/24", &client, "10.213.3.2/24");
     let fmt = r#"$remote_addr '$status' "$request_uri" \ $request_method"#;
-    let nginx = Nginx::start(&web, "10.213.3.1:8080", Some(fmt));
+    let (_web, client, nginx) = web_and_client("web", "cli", "10.213.3", Some(fmt));
     assert_eq!(http_get(&client, &nginx.url("/x?a=1"), T), Ok(200));
     wait_until(T, "one line", || lines(&nginx.access_log()).len() == 1);
     assert_eq!(lines(&nginx.access_log())[0], r#"10.213.3.2 '200' "/x?a=1" \ GET"#);
@@ -221,10 +215,7 @@ fn parse_set_json_handles_ranges_and_rejects_garbage() {
 
 #[test]
 fn nft_drop_in_a_namespace_makes_http_get_fail() {
-    let web = NetNs::new("web");
-    let client = NetNs::new("cli");
-    veth_pair(&web, "10.213.4.1", &client, "10.213.4.2");
-    let nginx = Nginx::start(&web, "10.213.4.1:8080", None);
+    let (web, client, nginx) = web_and_client("web", "cli", "10.213.4", None);
     assert_eq!(http_get(&client, &nginx.url("/"), T), Ok(200));
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("drop.nft");

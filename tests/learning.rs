@@ -5,30 +5,20 @@
 
 mod common;
 
-use std::process::Command;
-
-use common::{combined_line, fleetban_bin};
+use common::{cli, combined_line, ConfigDir, MainConfig, Rule};
 
 #[test]
 fn test_reports_the_clients_closest_to_each_limit() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("rules.yaml"),
-        "rules:
-  - name: pages
-    logs: [/unused]
-    limit: { hits: 10, window: 60s }
-    ban: { duration: 1h }
-  - name: notfound
-    logs: [/unused]
-    match: { status: [404] }
-    limit: { hits: 3, window: 60s }
-    ban: { duration: 1h }
-",
-    )
-    .unwrap();
-    let cfg = dir.path().join("fleetban.yaml");
-    std::fs::write(&cfg, "rules: [rules.yaml]\n").unwrap();
+    let r = ConfigDir::new();
+    r.write(
+        &MainConfig::new(),
+        &[
+            Rule::new("pages", "/unused", "{ hits: 10, window: 60s }").ban("1h"),
+            Rule::new("notfound", "/unused", "{ hits: 3, window: 60s }")
+                .matching("{ status: [404] }")
+                .ban("1h"),
+        ],
+    );
     let t0 = 1_700_000_000_000i64;
     let mut log = String::new();
     // 198.51.100.1: 7 hits within a minute; later 2 more, after the window.
@@ -46,18 +36,17 @@ fn test_reports_the_clients_closest_to_each_limit() {
     for i in 0..2 {
         log += &combined_line("198.51.100.1", t0 + 120_000 + i * 1000, "/a", 200);
     }
-    let path = dir.path().join("access.log");
-    std::fs::write(&path, log).unwrap();
+    std::fs::write(&r.log, log).unwrap();
 
     let run = |json: bool| {
-        let mut c = Command::new(fleetban_bin());
-        c.args(["test", "-c"]).arg(&cfg);
+        let mut args = vec!["test"];
         if json {
-            c.arg("--json");
+            args.push("--json");
         }
-        let out = c.arg(&path).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8(out.stdout).unwrap()
+        args.push(r.log.to_str().expect("a UTF-8 temp path"));
+        let out = cli(&r.cfg, &args);
+        assert!(out.success(), "{}", out.stderr);
+        out.stdout
     };
 
     let human = run(false);

@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::model::{model, Algo, ModelHit, ModelRule};
-use common::Redis;
-use fleetban::config::{Algorithm, RedisConfig};
+use common::{connect, now_ms, runtime, Redis};
+use fleetban::config::Algorithm;
 use fleetban::detect::Hit;
 use fleetban::limit::Batch;
 use fleetban::limit::{MemoryLimiter, RedisLimiter, RuleLimit, Verdict};
@@ -191,10 +191,7 @@ proptest! {
 
     #[test]
     fn memory_store_agrees_with_model((hits, rules, batches) in sequences()) {
-        let mut m = MemoryLimiter::new(rule_limits(&rules));
-        let wall = fleetban::now_ms();
-        let got = drive(&hits, &rules, &batches, |bs| bs.iter().map(|b| m.check(b.rule, b.key, &b.hits, wall)).collect());
-        prop_assert_eq!(got, model_bans(&hits, &rules));
+        memory_case(&hits, &rules, &batches)?;
     }
 
     #[test]
@@ -220,7 +217,7 @@ proptest! {
 
 fn memory_case(hits: &[ModelHit], rules: &[ModelRule], batches: &[usize]) -> Result<(), TestCaseError> {
     let mut m = MemoryLimiter::new(rule_limits(rules));
-    let wall = fleetban::now_ms();
+    let wall = now_ms();
     let got = drive(hits, rules, batches, |bs| {
         bs.iter().map(|b| m.check(b.rule, b.key, &b.hits, wall)).collect()
     });
@@ -231,17 +228,12 @@ fn memory_case(hits: &[ModelHit], rules: &[ModelRule], batches: &[usize]) -> Res
 #[test]
 fn redis_script_agrees_with_model_and_memory() {
     let redis = Redis::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let cfg = RedisConfig {
-        prefix: "fbtest".into(),
-        ..RedisConfig::single(redis.url(), Duration::from_secs(2))
-    };
-    let con = rt
-        .block_on(store::connect(&cfg, Some(Duration::from_secs(5))))
-        .expect("connect");
+    let rt = runtime();
+    let con = connect(
+        &rt,
+        &redis.config("fbtest", Duration::from_secs(2)),
+        Duration::from_secs(5),
+    );
     let case = std::sync::atomic::AtomicU32::new(0);
     for family in FAMILIES {
         eprintln!("{family:?}");
@@ -258,7 +250,7 @@ fn redis_script_agrees_with_model_and_memory() {
                 let got = drive(&hits, &rules, &batches, |bs| check(&rt, &mut lim, bs));
                 prop_assert_eq!(&got, &model_bans(&hits, &rules));
                 let mut m = MemoryLimiter::new(rule_limits(&rules));
-                let wall = fleetban::now_ms();
+                let wall = now_ms();
                 let mem = drive(&hits, &rules, &batches, |bs| {
                     bs.iter().map(|b| m.check(b.rule, b.key, &b.hits, wall)).collect()
                 });
@@ -272,12 +264,12 @@ fn redis_script_agrees_with_model_and_memory() {
 #[test]
 fn redis_window_is_the_seeds_zset_with_pexpire() {
     let redis = Redis::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let cfg = RedisConfig::single(redis.url(), Duration::from_secs(2));
-    let con = rt.block_on(store::connect(&cfg, Some(Duration::from_secs(5)))).unwrap();
+    let rt = runtime();
+    let con = connect(
+        &rt,
+        &redis.config("fleetban", Duration::from_secs(2)),
+        Duration::from_secs(5),
+    );
     let rules = vec![ModelRule {
         limit: 3,
         window: 60_000,
@@ -360,12 +352,9 @@ fn redis_window_is_the_seeds_zset_with_pexpire() {
 #[test]
 fn a_large_flush_is_split_into_bounded_round_trips() {
     let redis = Redis::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let cfg = RedisConfig::single(redis.url(), Duration::from_millis(250));
-    let con = rt.block_on(store::connect(&cfg, Some(cfg.timeout))).unwrap();
+    let rt = runtime();
+    let cfg = redis.config("fleetban", Duration::from_millis(250));
+    let con = connect(&rt, &cfg, cfg.timeout);
     let rules = vec![ModelRule {
         limit: 2,
         window: 60_000,
@@ -401,19 +390,12 @@ fn a_large_flush_is_split_into_bounded_round_trips() {
 }
 
 fn redis_limiter(redis: &Redis, rt: &tokio::runtime::Runtime, prefix: &str, rules: Vec<RuleLimit>) -> RedisLimiter {
-    let cfg = RedisConfig {
-        prefix: prefix.into(),
-        ..RedisConfig::single(redis.url(), Duration::from_secs(2))
-    };
-    let con = rt.block_on(store::connect(&cfg, Some(Duration::from_secs(5)))).unwrap();
+    let con = connect(
+        rt,
+        &redis.config(prefix, Duration::from_secs(2)),
+        Duration::from_secs(5),
+    );
     RedisLimiter::new(con, Keys::new(prefix), "h1", rules)
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 fn batch(key: &str, hits: impl IntoIterator<Item = (i64, u64)>) -> Batch {
@@ -464,7 +446,7 @@ fn fixed_window_allows_twice_the_limit_across_a_boundary_and_sliding_window_refu
             0,
             key_net("192.0.2.1"),
             &batch("192.0.2.1", hits.clone()).hits,
-            fleetban::now_ms(),
+            now_ms(),
         );
         assert_eq!(mem, expect, "{algo:?} in memory");
         match expect {
@@ -508,7 +490,7 @@ fn a_batch_sent_again_is_not_counted_twice() {
         let algo = rules[0].algorithm;
         let mut lim = redis_limiter(&redis, &rt, &format!("again{}", algo.name()), rules.clone());
         let mut m = MemoryLimiter::new(rules);
-        let wall = fleetban::now_ms();
+        let wall = now_ms();
         let mut both = |b: Batch| {
             let r = check(&rt, &mut lim, std::slice::from_ref(&b))[0];
             assert_eq!(m.check(0, b.key, &b.hits, wall), r, "{algo:?}: memory and Redis differ");
@@ -594,7 +576,7 @@ proptest! {
         let plain = [ModelRule { limit, window, ban_ms, algo: Algo::Sliding { prefilter: 0 } }];
         let two_tier = [ModelRule { limit, window, ban_ms, algo: Algo::Sliding { prefilter: pre } }];
         let mut m = MemoryLimiter::new(rule_limits(&two_tier));
-        let wall = fleetban::now_ms();
+        let wall = now_ms();
         let got = drive(&hits, &two_tier, &[1, 7], |bs| bs.iter().map(|b| m.check(b.rule, b.key, &b.hits, wall)).collect());
         prop_assert_eq!(&got, &model_bans(&hits, &two_tier));
         let exact = model_bans(&hits, &plain);
@@ -641,16 +623,14 @@ fn the_listpack_threshold_is_read_and_a_forbidden_config_is_tolerated() {
         redis.cli(&["ACL", "SETUSER", "limited", "on", ">secret", "+@all", "-config", "~*"]),
         "OK"
     );
-    let connect = |url: String| {
-        let cfg = RedisConfig {
-            prefix: "t".into(),
-            ..RedisConfig::single(url, Duration::from_secs(2))
-        };
-        rt.block_on(store::connect(&cfg, Some(Duration::from_secs(5)))).unwrap()
+    let connect_as = |url: String| {
+        let mut cfg = redis.config("t", Duration::from_secs(2));
+        cfg.url = url;
+        connect(&rt, &cfg, Duration::from_secs(5))
     };
-    let mut admin = connect(redis.url());
+    let mut admin = connect_as(redis.url());
     assert_eq!(rt.block_on(store::listpack_threshold(&mut admin)), Some(64));
-    let mut limited = connect(format!("{}?user=limited&pass=secret", redis.url()));
+    let mut limited = connect_as(format!("{}?user=limited&pass=secret", redis.url()));
     assert_eq!(rt.block_on(store::listpack_threshold(&mut limited)), None);
     // The limited user can still run the limiter.
     let mut lim = RedisLimiter::new(
@@ -704,7 +684,7 @@ fn every_algorithm_takes_the_server_clock_when_asked() {
         let v = check(&rt, &mut by_server, std::slice::from_ref(&b));
         assert!(matches!(v[0], Verdict::Over { index: 3, .. }), "{algo:?} server: {v:?}");
         let mut m = MemoryLimiter::new(server);
-        assert_eq!(m.check(0, b.key, &b.hits, fleetban::now_ms()), v[0], "{algo:?} memory");
+        assert_eq!(m.check(0, b.key, &b.hits, now_ms()), v[0], "{algo:?} memory");
     }
 }
 
@@ -777,16 +757,12 @@ fn one_call_per_hit_baseline_decides_as_the_pipelined_batches() {
 #[test]
 fn many_addresses_in_one_script_call_decide_as_one_call_each() {
     let redis = Redis::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let con = rt
-        .block_on(store::connect(
-            &RedisConfig::single(redis.url(), Duration::from_secs(2)),
-            Some(Duration::from_secs(5)),
-        ))
-        .expect("connect");
+    let rt = runtime();
+    let con = connect(
+        &rt,
+        &redis.config("fleetban", Duration::from_secs(2)),
+        Duration::from_secs(5),
+    );
     let groups = fleetban::limit::MAX_GROUPS_PER_CALL;
     let case = std::sync::atomic::AtomicU32::new(0);
     for family in FAMILIES {
@@ -816,7 +792,7 @@ fn many_addresses_in_one_script_call_decide_as_one_call_each() {
                 let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let mut lim = RedisLimiter::new(con.clone(), Keys::new(&format!("many{n}")), "h1", rule_limits(&rules));
                 let mut mem = MemoryLimiter::new(rule_limits(&rules));
-                let t0 = fleetban::now_ms() - 30_000;
+                let t0 = now_ms() - 30_000;
                 let mut previous: Vec<Batch> = Vec::new();
                 for (f, flush) in flushes.iter().enumerate() {
                     // One batch per (rule, address) in a flush, as `Pending` makes them.
@@ -848,7 +824,7 @@ fn many_addresses_in_one_script_call_decide_as_one_call_each() {
                     let got = check(&rt, &mut lim, &batches);
                     let want: Vec<Verdict> = batches
                         .iter()
-                        .map(|b| mem.check(b.rule, b.key, &b.hits, fleetban::now_ms()))
+                        .map(|b| mem.check(b.rule, b.key, &b.hits, now_ms()))
                         .collect();
                     prop_assert_eq!(got, want, "flush {} of {} batches", f, batches.len());
                     previous = batches;

@@ -1,185 +1,101 @@
 //! The nftables enforcer against a real kernel.
 //!
-//! Every test makes its own network namespace (`fbt-<pid>-<n>`, deleted on
-//! drop, also on panic) and runs nft inside it through the enforcer's argv
-//! prefix, so the host's ruleset is never touched. Needs root, `ip` and
-//! `nft`; without them the tests fail, saying what is missing.
+//! Every test makes its own network namespace (the harness's [`NetNs`],
+//! deleted on drop, also on panic) and runs nft inside it through the
+//! enforcer's argv prefix, so the host's ruleset is never touched. Needs
+//! root, `ip` and `nft`; without them the tests fail, saying what is missing.
+
+mod common;
 
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::process::{Command, Output};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
 
+use common::{nft_bans_detailed, now_ms, NetNs, NftElem};
 use fleetban::enforce::{Action, Element, EnforceError, Enforcer, NftOptions, Until};
 use ipnet::IpNet;
 use serde_json::Value;
 
 const HOUR: i64 = 3_600_000;
+/// The enforcer's table (its default).
+const TABLE: &str = "fleetban";
 
-/// A network namespace for one test.
-struct Netns {
-    name: String,
+/// A namespace of its own in which nft runs.
+fn netns() -> NetNs {
+    let ns = NetNs::new("nft");
+    ns.run(&["nft", "list", "ruleset"]);
+    ns
 }
 
-impl Netns {
-    /// None when namespaces or nft are unavailable (the test is skipped).
-    fn new() -> Option<Netns> {
-        static SEQ: AtomicUsize = AtomicUsize::new(0);
-        let name = format!("fbt-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
-        let created = Command::new("ip").args(["netns", "add", &name]).output();
-        if !created.as_ref().is_ok_and(|o| o.status.success()) {
-            let why = format!("cannot create network namespace {name}: {created:?}");
-            panic!("{why}: these tests need root, ip and nft (scripts/ensure-deps.sh installs them)");
-        }
-        let ns = Netns { name };
-        ns.exec(&["ip", "link", "set", "lo", "up"]);
-        if !ns.run(&["nft", "list", "ruleset"]).status.success() {
-            panic!(
-                "nft does not run in namespace {}: install nftables (scripts/ensure-deps.sh)",
-                ns.name
-            );
-        }
-        Some(ns)
-    }
-
-    fn nft_command(&self) -> Vec<String> {
-        ["ip", "netns", "exec", &self.name, "nft"].map(String::from).to_vec()
-    }
-
-    fn opts(&self) -> NftOptions {
-        NftOptions {
-            command: self.nft_command(),
-            ..NftOptions::default()
-        }
-    }
-
-    fn enforcer(&self) -> Enforcer {
-        Enforcer::nft(self.opts()).unwrap()
-    }
-
-    fn run(&self, argv: &[&str]) -> Output {
-        Command::new("ip")
-            .args(["netns", "exec", &self.name])
-            .args(argv)
-            .output()
-            .unwrap()
-    }
-
-    /// Runs a command in the namespace; panics with its stderr on failure.
-    fn exec(&self, argv: &[&str]) -> String {
-        let out = self.run(argv);
-        assert!(
-            out.status.success(),
-            "{argv:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn nft_json(&self, args: &[&str]) -> Value {
-        let argv: Vec<&str> = ["nft", "-j"].iter().chain(args).copied().collect();
-        serde_json::from_str(&self.exec(&argv)).unwrap()
-    }
-
-    /// `nft -f -` with the given text.
-    fn nft_script(&self, text: &str) -> Output {
-        use std::io::Write;
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.name, "nft", "-f", "-"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-        child.wait_with_output().unwrap()
-    }
-
-    fn table_exists(&self) -> bool {
-        self.run(&["nft", "list", "table", "inet", "fleetban"]).status.success()
-    }
-
-    /// The elements of set `v4` or `v6`, sorted.
-    /// The bans of one family ("v4" or "v6"): the plain set of that name
-    /// and its interval set (`v4net`/`v6net`); the plain `v6` set's
-    /// addresses are /64 prefixes and shown as such.
-    fn elements(&self, family: &str) -> Vec<Listed> {
-        let mut out = Vec::new();
-        for set in [family.to_owned(), format!("{family}net")] {
-            let v = self.nft_json(&["list", "set", "inet", "fleetban", &set]);
-            out.extend(
-                v["nftables"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .filter_map(|i| i.get("set"))
-                    .flat_map(|s| s["elem"].as_array().cloned().unwrap_or_default())
-                    .map(|e| Listed::from_json(&e))
-                    .map(|mut l| {
-                        if set == "v6" {
-                            l.elem = format!("{}/64", l.elem);
-                        }
-                        l
-                    }),
-            );
-        }
-        out.sort_by(|a, b| a.elem.cmp(&b.elem));
-        out
-    }
-
-    fn elem_names(&self, set: &str) -> Vec<String> {
-        self.elements(set).into_iter().map(|l| l.elem).collect()
-    }
-
-    /// The rules of our chain as JSON.
-    fn rules(&self) -> Vec<Value> {
-        let v = self.nft_json(&["list", "chain", "inet", "fleetban", "input"]);
-        v["nftables"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|i| i.get("rule").cloned())
-            .collect()
+/// The enforcer's options for nft inside `ns`: the argv prefix
+/// `ip netns exec NAME nft`.
+fn nft_opts(ns: &NetNs) -> NftOptions {
+    NftOptions {
+        command: ["ip", "netns", "exec", &ns.name, "nft"].map(String::from).to_vec(),
+        ..NftOptions::default()
     }
 }
 
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
-    }
+fn enforcer(ns: &NetNs) -> Enforcer {
+    Enforcer::nft(nft_opts(ns)).unwrap()
 }
 
-/// One listed element: `1.2.3.4`, `10.0.0.0/24` or `a-b`; seconds.
-#[derive(Debug)]
-struct Listed {
-    elem: String,
-    timeout: Option<u64>,
-    expires: Option<u64>,
+/// A fresh namespace and an enforcer in it, initialised at `now`.
+async fn initialised() -> (NetNs, Enforcer, i64) {
+    let ns = netns();
+    let now = now_ms();
+    let mut e = enforcer(&ns);
+    e.init(now).await.unwrap();
+    (ns, e, now)
 }
 
-impl Listed {
-    fn from_json(e: &Value) -> Listed {
-        let (val, timeout, expires) = match e.get("elem") {
-            Some(inner) => (&inner["val"], inner["timeout"].as_u64(), inner["expires"].as_u64()),
-            None => (e, None, None),
-        };
-        let elem = if let Some(s) = val.as_str() {
-            s.to_owned()
-        } else if let Some(p) = val.get("prefix") {
-            format!("{}/{}", p["addr"].as_str().unwrap(), p["len"])
-        } else {
-            format!(
-                "{}-{}",
-                val["range"][0].as_str().unwrap(),
-                val["range"][1].as_str().unwrap()
-            )
-        };
-        Listed { elem, timeout, expires }
-    }
+fn nft_json(ns: &NetNs, args: &[&str]) -> Value {
+    let argv: Vec<&str> = ["nft", "-j"].iter().chain(args).copied().collect();
+    serde_json::from_slice(&ns.run(&argv).stdout).unwrap()
 }
 
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
+/// `nft -f -` with the given text.
+fn nft_script(ns: &NetNs, text: &str) -> Output {
+    use std::io::Write;
+    let mut child = ns
+        .exec(&["nft", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn table_exists(ns: &NetNs) -> bool {
+    ns.exec(&["nft", "list", "table", "inet", TABLE])
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+/// The bans of one family ("v4" or "v6"): the plain set of that name and
+/// its interval set (`v4net`/`v6net`); the plain `v6` set's addresses are
+/// /64 prefixes and shown as such. Sorted.
+fn elements(ns: &NetNs, family: &str) -> Vec<NftElem> {
+    nft_bans_detailed(ns, TABLE, family)
+}
+
+fn elem_names(ns: &NetNs, family: &str) -> Vec<String> {
+    elements(ns, family).into_iter().map(|l| l.elem).collect()
+}
+
+/// The rules of our chain as JSON.
+fn chain_rules(ns: &NetNs) -> Vec<Value> {
+    let v = nft_json(ns, &["list", "chain", "inet", TABLE, "input"]);
+    v["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i.get("rule").cloned())
+        .collect()
 }
 
 fn net(s: &str) -> IpNet {
@@ -190,28 +106,17 @@ fn ban(s: &str, until: Until) -> Element {
     Element { net: net(s), until }
 }
 
-fn assert_about(secs: Option<u64>, want: i64, what: &str) {
-    let got = secs.unwrap_or_else(|| panic!("{what}: no timeout")) as i64;
+/// `ms` (whole seconds, as nft lists them) is `want` seconds, give or take 2.
+fn assert_about(ms: Option<u64>, want: i64, what: &str) {
+    let got = (ms.unwrap_or_else(|| panic!("{what}: no timeout")) / 1000) as i64;
     assert!((got - want).abs() <= 2, "{what}: {got} s, want about {want} s");
-}
-
-macro_rules! netns_or_skip {
-    () => {
-        match Netns::new() {
-            Some(ns) => ns,
-            None => return,
-        }
-    };
 }
 
 #[tokio::test]
 async fn init_is_idempotent_and_keeps_the_kernels_elements() {
-    let ns = netns_or_skip!();
-    let now = now_ms();
-    let mut e = ns.enforcer();
+    let (ns, mut e, now) = initialised().await;
     e.init(now).await.unwrap();
-    e.init(now).await.unwrap();
-    assert_eq!(ns.rules().len(), 4);
+    assert_eq!(chain_rules(&ns).len(), 4);
     e.add(
         &[
             ban("192.0.2.1", Until::At(now + HOUR)),
@@ -223,27 +128,24 @@ async fn init_is_idempotent_and_keeps_the_kernels_elements() {
     .unwrap();
 
     // A restarted daemon: a fresh enforcer, init twice, elements kept.
-    let mut again = ns.enforcer();
+    let mut again = enforcer(&ns);
     again.init(now_ms()).await.unwrap();
     again.init(now_ms()).await.unwrap();
     assert_eq!((again.len(), again.desired_len()), (2, 2));
-    assert_eq!(ns.elem_names("v4"), ["192.0.2.1"]);
-    assert_eq!(ns.elem_names("v6"), ["2001:db8::/64"]);
-    assert_eq!(ns.rules().len(), 4, "rules not duplicated");
+    assert_eq!(elem_names(&ns, "v4"), ["192.0.2.1"]);
+    assert_eq!(elem_names(&ns, "v6"), ["2001:db8::/64"]);
+    assert_eq!(chain_rules(&ns).len(), 4, "rules not duplicated");
     // It knows them: a broader ban replaces the kept one.
     again
         .add(&[ban("192.0.2.0/24", Until::At(now + HOUR))], now_ms())
         .await
         .unwrap();
-    assert_eq!(ns.elem_names("v4"), ["192.0.2.0/24"]);
+    assert_eq!(elem_names(&ns, "v4"), ["192.0.2.0/24"]);
 }
 
 #[tokio::test]
 async fn adds_and_removes_v4_and_v6_with_remaining_timeouts() {
-    let ns = netns_or_skip!();
-    let now = now_ms();
-    let mut e = ns.enforcer();
-    e.init(now).await.unwrap();
+    let (ns, mut e, now) = initialised().await;
     e.add(
         &[
             ban("192.0.2.1", Until::At(now + HOUR)),
@@ -257,23 +159,27 @@ async fn adds_and_removes_v4_and_v6_with_remaining_timeouts() {
     .unwrap();
     assert_eq!(e.len(), 4);
 
-    let v4 = ns.elements("v4");
+    let v4 = elements(&ns, "v4");
     assert_eq!(v4[0].elem, "192.0.2.1");
-    assert_about(v4[0].timeout, 3_600, "v4 timeout");
-    assert_about(v4[0].expires, 3_600, "v4 expires");
+    assert_about(v4[0].timeout_ms, 3_600, "v4 timeout");
+    assert_about(v4[0].expires_ms, 3_600, "v4 expires");
     assert_eq!(v4[1].elem, "198.51.100.0/24");
-    assert_eq!((v4[1].timeout, v4[1].expires), (None, None), "permanent has no timeout");
-    let v6 = ns.elements("v6");
+    assert_eq!(
+        (v4[1].timeout_ms, v4[1].expires_ms),
+        (None, None),
+        "permanent has no timeout"
+    );
+    let v6 = elements(&ns, "v6");
     assert_eq!(v6[0].elem, "2001:db8:1:2::/64", "host bits dropped");
-    assert_about(v6[0].timeout, 1_800, "v6 timeout");
+    assert_about(v6[0].timeout_ms, 1_800, "v6 timeout");
     assert_eq!(v6[1].elem, "2001:db8:9::1");
-    assert_about(v6[1].timeout, 30 * 86_400, "30-day timeout");
+    assert_about(v6[1].timeout_ms, 30 * 86_400, "30-day timeout");
 
     e.remove(&[net("192.0.2.1"), net("2001:db8:1:2::/64")], now_ms())
         .await
         .unwrap();
-    assert_eq!(ns.elem_names("v4"), ["198.51.100.0/24"]);
-    assert_eq!(ns.elem_names("v6"), ["2001:db8:9::1"]);
+    assert_eq!(elem_names(&ns, "v4"), ["198.51.100.0/24"]);
+    assert_eq!(elem_names(&ns, "v6"), ["2001:db8:9::1"]);
     assert_eq!(e.len(), 2);
 
     // Adds and removals together, in one transaction.
@@ -281,15 +187,12 @@ async fn adds_and_removes_v4_and_v6_with_remaining_timeouts() {
     e.update(&[ban("192.0.2.9", later)], &[net("198.51.100.0/24")], now_ms())
         .await
         .unwrap();
-    assert_eq!(ns.elem_names("v4"), ["192.0.2.9"]);
+    assert_eq!(elem_names(&ns, "v4"), ["192.0.2.9"]);
 }
 
 #[tokio::test]
 async fn re_adding_refreshes_the_timeout_both_ways() {
-    let ns = netns_or_skip!();
-    let now = now_ms();
-    let mut e = ns.enforcer();
-    e.init(now).await.unwrap();
+    let (ns, mut e, now) = initialised().await;
     for (hours, want) in [(1, 3_600), (2, 7_200), (0, 600)] {
         let until = if hours == 0 { now + 600_000 } else { now + hours * HOUR };
         e.add(
@@ -301,22 +204,19 @@ async fn re_adding_refreshes_the_timeout_both_ways() {
         )
         .await
         .unwrap();
-        assert_about(ns.elements("v4")[0].expires, want, "v4 after re-add");
-        assert_about(ns.elements("v6")[0].expires, want, "v6 after re-add");
+        assert_about(elements(&ns, "v4")[0].expires_ms, want, "v4 after re-add");
+        assert_about(elements(&ns, "v6")[0].expires_ms, want, "v6 after re-add");
     }
     // Permanent to timed and back.
     e.add(&[ban("203.0.113.7", Until::Permanent)], now).await.unwrap();
-    assert_eq!(ns.elements("v4")[0].timeout, None);
+    assert_eq!(elements(&ns, "v4")[0].timeout_ms, None);
     e.add(&[ban("203.0.113.7", Until::At(now + HOUR))], now).await.unwrap();
-    assert_about(ns.elements("v4")[0].timeout, 3_600, "timed again");
+    assert_about(elements(&ns, "v4")[0].timeout_ms, 3_600, "timed again");
 }
 
 #[tokio::test]
 async fn replace_all_adds_missing_removes_stale_refreshes_changed() {
-    let ns = netns_or_skip!();
-    let now = now_ms();
-    let mut e = ns.enforcer();
-    e.init(now).await.unwrap();
+    let (ns, mut e, now) = initialised().await;
     let h = Until::At(now + HOUR);
     e.add(&[ban("10.1.0.1", h), ban("10.1.0.2", h), ban("10.1.0.3", h)], now)
         .await
@@ -340,42 +240,39 @@ async fn replace_all_adds_missing_removes_stale_refreshes_changed() {
         (1, 1, 1, 1, 1),
         "{stats:?}"
     );
-    let v4 = ns.elements("v4");
+    let v4 = elements(&ns, "v4");
     let names: Vec<&str> = v4.iter().map(|l| l.elem.as_str()).collect();
     assert_eq!(names, ["10.1.0.2", "10.1.0.3", "10.1.0.4"]);
-    assert_about(v4[1].expires, 3 * 3_600, "refreshed");
+    assert_about(v4[1].expires_ms, 3 * 3_600, "refreshed");
 
     // The table vanished behind our back (a firewall reload): reconcile restores it.
-    ns.exec(&["nft", "delete", "table", "inet", "fleetban"]);
+    ns.run(&["nft", "delete", "table", "inet", "fleetban"]);
     let stats = e.replace_all(&want, now_ms()).await.unwrap();
     assert_eq!(stats.added, 3);
-    assert_eq!(ns.elem_names("v4"), ["10.1.0.2", "10.1.0.3", "10.1.0.4"]);
-    assert_eq!(ns.rules().len(), 4);
+    assert_eq!(elem_names(&ns, "v4"), ["10.1.0.2", "10.1.0.3", "10.1.0.4"]);
+    assert_eq!(chain_rules(&ns).len(), 4);
 }
 
 #[tokio::test]
 async fn overlapping_prefixes_are_covered_and_come_back() {
-    let ns = netns_or_skip!();
-    let now = now_ms();
+    let (ns, mut e, now) = initialised().await;
     let h = Until::At(now + HOUR);
-    let mut e = ns.enforcer();
-    e.init(now).await.unwrap();
 
     // Broad first, then a narrower one inside it: the kernel keeps the broad one.
     e.add(&[ban("10.0.0.0/24", h)], now).await.unwrap();
     e.add(&[ban("10.0.0.5", h)], now).await.unwrap();
-    assert_eq!(ns.elem_names("v4"), ["10.0.0.0/24"]);
+    assert_eq!(elem_names(&ns, "v4"), ["10.0.0.0/24"]);
     assert_eq!((e.len(), e.desired_len()), (1, 2));
     // Removing the broad one brings the narrow one back.
     e.remove(&[net("10.0.0.0/24")], now).await.unwrap();
-    assert_eq!(ns.elem_names("v4"), ["10.0.0.5"]);
+    assert_eq!(elem_names(&ns, "v4"), ["10.0.0.5"]);
 
     // Narrow first, then the broad one: replaced in one transaction.
     e.add(&[ban("10.0.0.7", h), ban("10.9.0.1", h)], now).await.unwrap();
     e.add(&[ban("10.0.0.0/24", Until::At(now + 2 * HOUR))], now)
         .await
         .unwrap();
-    assert_eq!(ns.elem_names("v4"), ["10.0.0.0/24", "10.9.0.1"]);
+    assert_eq!(elem_names(&ns, "v4"), ["10.0.0.0/24", "10.9.0.1"]);
     // Both inside one call, and in IPv6.
     e.add(
         &[ban("2001:db8::1", h), ban("2001:db8::/64", h), ban("2001:db8::2", h)],
@@ -383,22 +280,19 @@ async fn overlapping_prefixes_are_covered_and_come_back() {
     )
     .await
     .unwrap();
-    assert_eq!(ns.elem_names("v6"), ["2001:db8::/64"]);
+    assert_eq!(elem_names(&ns, "v6"), ["2001:db8::/64"]);
     e.remove(&[net("2001:db8::/64")], now).await.unwrap();
-    assert_eq!(ns.elem_names("v6"), ["2001:db8::1", "2001:db8::2"]);
+    assert_eq!(elem_names(&ns, "v6"), ["2001:db8::1", "2001:db8::2"]);
     // Removing a covered element leaves its cover in place.
     e.remove(&[net("10.0.0.5")], now).await.unwrap();
-    assert_eq!(ns.elem_names("v4"), ["10.0.0.0/24", "10.9.0.1"]);
+    assert_eq!(elem_names(&ns, "v4"), ["10.0.0.0/24", "10.9.0.1"]);
     e.remove(&[net("10.0.0.0/24")], now).await.unwrap();
-    assert_eq!(ns.elem_names("v4"), ["10.0.0.7", "10.9.0.1"]);
+    assert_eq!(elem_names(&ns, "v4"), ["10.0.0.7", "10.9.0.1"]);
 }
 
 #[tokio::test]
 async fn covered_element_outliving_its_cover_is_added_back_on_tick() {
-    let ns = netns_or_skip!();
-    let now = now_ms();
-    let mut e = ns.enforcer();
-    e.init(now).await.unwrap();
+    let (ns, mut e, now) = initialised().await;
     e.add(
         &[
             ban("10.0.0.0/24", Until::At(now + 1_000)),
@@ -408,21 +302,18 @@ async fn covered_element_outliving_its_cover_is_added_back_on_tick() {
     )
     .await
     .unwrap();
-    assert_eq!(ns.elem_names("v4"), ["10.0.0.0/24"]);
+    assert_eq!(elem_names(&ns, "v4"), ["10.0.0.0/24"]);
     let wake = e.next_wakeup().expect("a wakeup for the add-back");
     assert!(wake > now + 1_000 && wake < now + 10_000, "{wake} vs {now}");
     tokio::time::sleep(Duration::from_millis((wake - now_ms()).max(0) as u64)).await;
     e.tick(now_ms()).await.unwrap();
-    assert_eq!(ns.elem_names("v4"), ["10.0.0.5"]);
+    assert_eq!(elem_names(&ns, "v4"), ["10.0.0.5"]);
     assert_eq!(e.next_wakeup(), None);
 }
 
 #[tokio::test]
 async fn expired_elements_are_skipped_and_never_deleted() {
-    let ns = netns_or_skip!();
-    let now = now_ms();
-    let mut e = ns.enforcer();
-    e.init(now).await.unwrap();
+    let (ns, mut e, now) = initialised().await;
     e.add(
         &[
             ban("10.2.0.1", Until::At(now - 1)),
@@ -434,64 +325,65 @@ async fn expired_elements_are_skipped_and_never_deleted() {
     )
     .await
     .unwrap();
-    assert_eq!(ns.elem_names("v4"), ["10.2.0.3", "10.2.0.4"]);
+    assert_eq!(elem_names(&ns, "v4"), ["10.2.0.3", "10.2.0.4"]);
     // 10.2.0.3 expires in the kernel; removing it must not send a delete
     // that would fail the whole transaction (nft 1.0.6 has no `destroy`).
     tokio::time::sleep(Duration::from_millis(800)).await;
-    assert_eq!(ns.elem_names("v4"), ["10.2.0.4"]);
+    assert_eq!(elem_names(&ns, "v4"), ["10.2.0.4"]);
     e.remove(&[net("10.2.0.3"), net("10.2.0.4")], now_ms()).await.unwrap();
-    assert!(ns.elem_names("v4").is_empty());
+    assert!(elem_names(&ns, "v4").is_empty());
     assert_eq!(e.desired_len(), 0);
 }
 
 #[tokio::test]
 async fn recovers_when_the_kernel_changed_behind_its_back() {
-    let ns = netns_or_skip!();
-    let now = now_ms();
+    let (ns, mut e, now) = initialised().await;
     let h = Until::At(now + HOUR);
-    let mut e = ns.enforcer();
-    e.init(now).await.unwrap();
     e.add(&[ban("10.3.0.1", h), ban("10.3.0.2", h)], now).await.unwrap();
     // Someone deletes one of ours and adds another by hand.
-    let out = ns
-        .nft_script("delete element inet fleetban v4 { 10.3.0.1 }\nadd element inet fleetban v4net { 10.3.1.0/24 }\n");
+    let out = nft_script(
+        &ns,
+        "delete element inet fleetban v4 { 10.3.0.1 }\nadd element inet fleetban v4net { 10.3.1.0/24 }\n",
+    );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // Our delete of 10.3.0.1 fails ("element does not exist"); the retry
     // re-reads the kernel, and its plan also drops the unwanted /24.
     e.remove(&[net("10.3.0.1")], now).await.unwrap();
-    assert_eq!(ns.elem_names("v4"), ["10.3.0.2"]);
+    assert_eq!(elem_names(&ns, "v4"), ["10.3.0.2"]);
     // A covering element added by hand (in the interval set) is not ours:
     // our add (to the plain set) no longer collides with it, and the next
     // reconcile deletes it.
-    let out = ns.nft_script("add element inet fleetban v4net { 10.3.2.0/24 }\n");
+    let out = nft_script(&ns, "add element inet fleetban v4net { 10.3.2.0/24 }\n");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     e.add(&[ban("10.3.2.9", h)], now).await.unwrap();
-    assert_eq!(ns.elem_names("v4"), ["10.3.0.2", "10.3.2.0/24", "10.3.2.9"]);
+    assert_eq!(elem_names(&ns, "v4"), ["10.3.0.2", "10.3.2.0/24", "10.3.2.9"]);
     e.replace_all(&[ban("10.3.0.2", h), ban("10.3.2.9", h)], now_ms())
         .await
         .unwrap();
-    assert_eq!(ns.elem_names("v4"), ["10.3.0.2", "10.3.2.9"]);
+    assert_eq!(elem_names(&ns, "v4"), ["10.3.0.2", "10.3.2.9"]);
 }
 
 #[tokio::test]
 async fn failures_are_reported_not_panicked() {
-    let ns = netns_or_skip!();
+    let ns = netns();
     let now = now_ms();
     // nft refuses twice: a foreign chain in our table references a set of the
     // wrong type, so re-creating the set fails ("Device or resource busy").
-    let out =
-        ns.nft_script("table inet fleetban {\n set v4 { type ipv4_addr; }\n chain other { ip saddr @v4 accept; }\n}\n");
+    let out = nft_script(
+        &ns,
+        "table inet fleetban {\n set v4 { type ipv4_addr; }\n chain other { ip saddr @v4 accept; }\n}\n",
+    );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let mut e = ns.enforcer();
+    let mut e = enforcer(&ns);
     let err = e.init(now).await.unwrap_err();
     assert!(matches!(err, EnforceError::Nft { .. }), "{err}");
     assert!(err.to_string().contains("busy"), "stderr included: {err}");
     let err = e.add(&[ban("10.4.0.1", Until::At(now + HOUR))], now).await.unwrap_err();
     assert!(matches!(err, EnforceError::Nft { .. }), "{err}");
     // Once the obstacle is gone, the next call recovers.
-    ns.exec(&["nft", "delete", "chain", "inet", "fleetban", "other"]);
+    ns.run(&["nft", "delete", "chain", "inet", "fleetban", "other"]);
     e.add(&[ban("10.4.0.2", Until::At(now + HOUR))], now).await.unwrap();
-    assert_eq!(ns.elem_names("v4"), ["10.4.0.1", "10.4.0.2"]);
+    assert_eq!(elem_names(&ns, "v4"), ["10.4.0.1", "10.4.0.2"]);
 
     // A missing program, and a bad table name, are errors too.
     let opts = NftOptions {
@@ -511,19 +403,16 @@ async fn failures_are_reported_not_panicked() {
 
 #[tokio::test]
 async fn flush_deletes_the_table() {
-    let ns = netns_or_skip!();
-    let now = now_ms();
-    let mut e = ns.enforcer();
-    e.init(now).await.unwrap();
+    let (ns, mut e, now) = initialised().await;
     e.add(&[ban("10.5.0.1", Until::At(now + HOUR))], now).await.unwrap();
     e.flush().await.unwrap();
-    assert!(!ns.table_exists());
+    assert!(!table_exists(&ns));
     assert!(e.is_empty());
     e.flush().await.unwrap(); // absent is fine
                               // The next ban re-creates the table.
     e.add(&[ban("10.5.0.2", Until::At(now + HOUR))], now).await.unwrap();
-    assert_eq!(ns.elem_names("v4"), ["10.5.0.2"]);
-    assert_eq!(ns.rules().len(), 4);
+    assert_eq!(elem_names(&ns, "v4"), ["10.5.0.2"]);
+    assert_eq!(chain_rules(&ns).len(), 4);
 }
 
 /// The protocol of a rule's match: `ip saddr`, or `ip6 saddr & MASK` for
@@ -538,19 +427,16 @@ fn proto_of(left: &Value) -> &str {
 
 #[tokio::test]
 async fn action_and_ports_shape_the_four_rules() {
-    let ns = netns_or_skip!();
-    let now = now_ms();
-    let mut e = ns.enforcer();
-    e.init(now).await.unwrap();
+    let (ns, mut e, now) = initialised().await;
     e.add(&[ban("10.6.0.1", Until::At(now + HOUR))], now).await.unwrap();
-    let chain = ns.nft_json(&["list", "chain", "inet", "fleetban", "input"]);
+    let chain = nft_json(&ns, &["list", "chain", "inet", "fleetban", "input"]);
     let c = chain["nftables"][1]["chain"].clone();
     assert_eq!(
         (c["type"].as_str(), c["hook"].as_str()),
         (Some("filter"), Some("input"))
     );
     assert_eq!((c["prio"].as_i64(), c["policy"].as_str()), (Some(-10), Some("accept")));
-    let rules = ns.rules();
+    let rules = chain_rules(&ns);
     assert_eq!(rules.len(), 4);
     let sets = [("ip", "@v4"), ("ip6", "@v6"), ("ip", "@v4net"), ("ip6", "@v6net")];
     for (rule, (proto, set)) in rules.iter().zip(sets) {
@@ -566,11 +452,11 @@ async fn action_and_ports_shape_the_four_rules() {
     let opts = NftOptions {
         action: Action::Reject,
         ports: vec![443, 80, 443],
-        ..ns.opts()
+        ..nft_opts(&ns)
     };
     let mut e = Enforcer::nft(opts).unwrap();
     e.init(now_ms()).await.unwrap();
-    let rules = ns.rules();
+    let rules = chain_rules(&ns);
     assert_eq!(rules.len(), 4);
     for (rule, proto) in rules.iter().zip(["ip", "ip6", "ip", "ip6"]) {
         let expr = rule["expr"].as_array().unwrap();
@@ -581,17 +467,17 @@ async fn action_and_ports_shape_the_four_rules() {
         assert!(expr[2].get("counter").is_some());
         assert!(expr[3].get("reject").is_some(), "{rule}");
     }
-    assert_eq!(ns.elem_names("v4"), ["10.6.0.1"]);
+    assert_eq!(elem_names(&ns, "v4"), ["10.6.0.1"]);
     // Same options again: the rules (and their counters) stay as they are.
     let handles: Vec<Value> = rules.iter().map(|r| r["handle"].clone()).collect();
     let mut e = Enforcer::nft(NftOptions {
         action: Action::Reject,
         ports: vec![80, 443],
-        ..ns.opts()
+        ..nft_opts(&ns)
     })
     .unwrap();
     e.init(now_ms()).await.unwrap();
-    let again: Vec<Value> = ns.rules().iter().map(|r| r["handle"].clone()).collect();
+    let again: Vec<Value> = chain_rules(&ns).iter().map(|r| r["handle"].clone()).collect();
     assert_eq!(handles, again);
 }
 
@@ -618,12 +504,11 @@ fn packet_probe_child() {
 
 /// Connects from 127.0.0.2 and from 127.0.0.3 inside the namespace; returns
 /// the probe lines (`PROBE 127.0.0.10 ok`, ...).
-fn probe(ns: &Netns) -> Vec<String> {
+fn probe(ns: &NetNs) -> Vec<String> {
     let exe = std::env::current_exe().unwrap();
-    let out = Command::new("ip")
-        .args(["netns", "exec", &ns.name])
-        .arg(exe)
-        .args(["packet_probe_child", "--exact", "--nocapture", "--test-threads=1"])
+    let exe = exe.to_str().expect("a UTF-8 test binary path");
+    let out = ns
+        .exec(&[exe, "packet_probe_child", "--exact", "--nocapture", "--test-threads=1"])
         .env("FLEETBAN_PROBE", "127.0.0.10,127.0.0.11")
         .output()
         .unwrap();
@@ -639,16 +524,16 @@ fn probe(ns: &Netns) -> Vec<String> {
 
 #[tokio::test]
 async fn drops_packets_from_banned_sources() {
-    let ns = netns_or_skip!();
+    let ns = netns();
     // The enforcer is policy-free; only in this namespace do we ban loopback.
     // Connections to 127.0.0.10 leave from 127.0.0.2, to .11 from 127.0.0.3.
     for (dst, src) in [("127.0.0.10/32", "127.0.0.2"), ("127.0.0.11/32", "127.0.0.3")] {
-        ns.exec(&[
+        ns.run(&[
             "ip", "route", "add", "local", dst, "dev", "lo", "src", src, "table", "local",
         ]);
     }
     let now = now_ms();
-    let mut e = ns.enforcer();
+    let mut e = enforcer(&ns);
     e.init(now).await.unwrap();
     assert_eq!(probe(&ns), ["PROBE 127.0.0.10 ok", "PROBE 127.0.0.11 ok"]);
 
@@ -656,7 +541,7 @@ async fn drops_packets_from_banned_sources() {
     let started = Instant::now();
     assert_eq!(probe(&ns), ["PROBE 127.0.0.10 fail", "PROBE 127.0.0.11 ok"]);
     assert!(started.elapsed() < Duration::from_secs(3));
-    let counter = &ns.rules()[0]["expr"][1]["counter"]["packets"];
+    let counter = &chain_rules(&ns)[0]["expr"][1]["counter"]["packets"];
     assert!(counter.as_u64().unwrap() > 0, "drop rule counted: {counter}");
 
     e.remove(&[net("127.0.0.2")], now_ms()).await.unwrap();
@@ -665,10 +550,7 @@ async fn drops_packets_from_banned_sources() {
 
 #[tokio::test]
 async fn loads_100k_elements_in_one_transaction() {
-    let ns = netns_or_skip!();
-    let now = now_ms();
-    let mut e = ns.enforcer();
-    e.init(now).await.unwrap();
+    let (ns, mut e, now) = initialised().await;
     let elems: Vec<Element> = (0..100_000u32)
         .map(|i| Element {
             net: IpNet::from(IpAddr::from((11u32 << 24 | i).to_be_bytes())),
@@ -684,10 +566,10 @@ async fn loads_100k_elements_in_one_transaction() {
     let load = started.elapsed();
     assert_eq!(e.len(), 100_000);
     let started = Instant::now();
-    let listed = ns.elements("v4");
+    let listed = elements(&ns, "v4");
     let list = started.elapsed();
     assert_eq!(listed.len(), 100_000);
-    assert!(listed.iter().all(|l| l.timeout.is_some()));
+    assert!(listed.iter().all(|l| l.timeout_ms.is_some()));
 
     // Costs once the set is large (nft 1.0.6 reads the whole set each time).
     let started = Instant::now();
@@ -705,9 +587,10 @@ async fn loads_100k_elements_in_one_transaction() {
 
 #[tokio::test]
 async fn a_table_in_the_old_two_interval_sets_layout_is_recreated() {
-    let ns = netns_or_skip!();
+    let ns = netns();
     // DESIGN §4's layout, as a previous version left it.
-    let out = ns.nft_script(
+    let out = nft_script(
+        &ns,
         "add table inet fleetban\n\
          add set inet fleetban v4 { type ipv4_addr; flags interval, timeout; }\n\
          add set inet fleetban v6 { type ipv6_addr; flags interval, timeout; }\n\
@@ -718,7 +601,7 @@ async fn a_table_in_the_old_two_interval_sets_layout_is_recreated() {
     );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let now = now_ms();
-    let mut e = ns.enforcer();
+    let mut e = enforcer(&ns);
     e.init(now).await.unwrap();
     e.replace_all(
         &[
@@ -730,9 +613,9 @@ async fn a_table_in_the_old_two_interval_sets_layout_is_recreated() {
     )
     .await
     .unwrap();
-    assert_eq!(ns.rules().len(), 4);
-    let set = ns.nft_json(&["list", "set", "inet", "fleetban", "v4"]);
+    assert_eq!(chain_rules(&ns).len(), 4);
+    let set = nft_json(&ns, &["list", "set", "inet", "fleetban", "v4"]);
     assert_eq!(set["nftables"][1]["set"]["flags"], serde_json::json!(["timeout"]));
-    assert_eq!(ns.elem_names("v4"), ["10.8.0.0/24", "10.8.1.1"]);
-    assert_eq!(ns.elem_names("v6"), ["2001:db8:8::/64"]);
+    assert_eq!(elem_names(&ns, "v4"), ["10.8.0.0/24", "10.8.1.1"]);
+    assert_eq!(elem_names(&ns, "v6"), ["2001:db8:8::/64"]);
 }

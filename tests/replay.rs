@@ -4,53 +4,49 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::model::{model, Algo, ModelHit, ModelRule};
-use common::{corpus_path, fleetban_bin};
-use fleetban::addr::client_key;
-use fleetban::addr::AddrText;
+use common::{cli, corpus_path, CliOutput, ConfigDir, MainConfig, Rule};
+use fleetban::addr::{client_key, AddrText};
 use fleetban::parse::{Format, Parser};
 
-fn run_test(rules_yaml: &str, extra: &[&str]) -> (i32, String, String) {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("rules.yaml"), rules_yaml).unwrap();
-    let cfg = dir.path().join("fleetban.yaml");
-    std::fs::write(&cfg, "rules: [rules.yaml]\n").unwrap();
-    let out = Command::new(fleetban_bin())
-        .args(["test", "-c"])
-        .arg(&cfg)
-        .args(extra)
-        .arg(corpus_path())
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+/// `fleetban test EXTRA... CORPUS` with `rules`.
+fn run_test(rules: &[Rule], extra: &[&str]) -> CliOutput {
+    let r = ConfigDir::new();
+    r.write(&MainConfig::new(), rules);
+    let corpus = corpus_path();
+    let mut args = vec!["test"];
+    args.extend(extra);
+    args.push(corpus.to_str().expect("a UTF-8 corpus path"));
+    cli(&r.cfg, &args)
 }
 
-const RULES: &str = "rules:
-  - name: any
-    logs: [/unused]
-    limit: { hits: 20, window: 60s }
-    ban: { duration: 10m }
-  - name: notfound
-    logs: [/unused]
-    match: { status: [404] }
-    limit: { hits: 3, window: 5m }
-    ban: { duration: 1h }
-";
+/// The two rules replayed on the corpus: `any` counts every request, ban
+/// 10 minutes; `notfound` the 404s, ban an hour; each with its `limit:`.
+fn corpus_rules(any: &str, notfound: &str) -> [Rule; 2] {
+    [
+        Rule::new("any", "/unused", any).ban("10m"),
+        Rule::new("notfound", "/unused", notfound)
+            .matching("{ status: [404] }")
+            .ban("1h"),
+    ]
+}
+
+/// The sliding windows of the first two tests.
+fn default_rules() -> [Rule; 2] {
+    corpus_rules("{ hits: 20, window: 60s }", "{ hits: 3, window: 5m }")
+}
 
 #[test]
 fn json_decisions_equal_the_brute_force_model_on_the_corpus() {
-    let (code, out, err) = run_test(RULES, &["--json"]);
+    let CliOutput {
+        code,
+        stdout: out,
+        stderr: err,
+    } = run_test(&default_rules(), &["--json"]);
     assert_eq!(code, 0, "{err}");
 
     // The model's input: every line of the corpus, in file order.
-    let text = std::fs::read(corpus_path()).unwrap();
-    let parser = Parser::new(&Format::Combined).unwrap();
+    let hits = corpus_hits();
     let rules = [
         ModelRule {
             limit: 20,
@@ -65,26 +61,6 @@ fn json_decisions_equal_the_brute_force_model_on_the_corpus() {
             algo: Algo::Sliding { prefilter: 0 },
         },
     ];
-    let mut hits = Vec::new();
-    for (n, line) in text.split(|&b| b == b'\n').filter(|l| !l.is_empty()).enumerate() {
-        let r = parser.parse(line).expect("the corpus parses");
-        let key = AddrText(&client_key(r.addr, 64)).to_string();
-        let time = r.time_ms.unwrap();
-        hits.push(ModelHit {
-            rule: 0,
-            key: key.clone(),
-            time,
-            member: n as u64,
-        });
-        if r.status == 404 {
-            hits.push(ModelHit {
-                rule: 1,
-                key,
-                time,
-                member: n as u64,
-            });
-        }
-    }
     let expected: Vec<(String, String, String)> = model(&hits, &rules)
         .into_iter()
         .map(|b| (b.key, ["any", "notfound"][b.rule].to_owned(), fleetban::rfc3339(b.at)))
@@ -125,12 +101,16 @@ fn json_decisions_equal_the_brute_force_model_on_the_corpus() {
 
 #[test]
 fn rule_selection_and_human_output() {
-    let (code, out, err) = run_test(RULES, &["--rule", "notfound"]);
+    let CliOutput {
+        code,
+        stdout: out,
+        stderr: err,
+    } = run_test(&default_rules(), &["--rule", "notfound"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("lines: 10000  unparsed: 0"), "{out}");
     assert!(out.contains("rule notfound:"), "{out}");
     assert!(!out.contains("rule any:"), "{out}");
-    let (code, _, err) = run_test(RULES, &["--rule", "nosuch"]);
+    let CliOutput { code, stderr: err, .. } = run_test(&default_rules(), &["--rule", "nosuch"]);
     assert_eq!(code, 2);
     assert!(err.contains("nosuch"));
 }
@@ -139,29 +119,19 @@ fn rule_selection_and_human_output() {
 fn an_injected_address_is_never_banned() {
     // A client whose user agent and path carry another address: only the
     // real client may be banned.
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
+    let r = ConfigDir::new();
     let mut text = String::new();
     for s in 0..30 {
         text += &format!(
             "198.51.100.9 - - [17/May/2015:10:05:{s:02} +0000] \"GET /?x=6.6.6.6 HTTP/1.1\" 200 1 \"http://7.7.7.7/\" \"6.6.6.6 - - [17/May/2015:10:05:00 +0000] \\x22GET / HTTP/1.1\\x22\"\n"
         );
     }
-    std::fs::write(&log, text).unwrap();
-    std::fs::write(
-        dir.path().join("rules.yaml"),
-        "rules:\n  - name: any\n    logs: [/unused]\n    limit: { hits: 5, window: 60s }\n",
-    )
-    .unwrap();
-    let cfg = dir.path().join("fleetban.yaml");
-    std::fs::write(&cfg, "rules: [rules.yaml]\n").unwrap();
-    let out = Command::new(fleetban_bin())
-        .args(["test", "--json", "-c"])
-        .arg(&cfg)
-        .arg(&log)
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&out.stdout);
+    std::fs::write(&r.log, text).unwrap();
+    r.write(
+        &MainConfig::new(),
+        &[Rule::new("any", "/unused", "{ hits: 5, window: 60s }")],
+    );
+    let out = cli(&r.cfg, &["test", "--json", r.log.to_str().expect("a UTF-8 temp path")]).stdout;
     assert!(out.contains("\"addr\":\"198.51.100.9\""), "{out}");
     assert!(!out.contains("6.6.6.6") && !out.contains("7.7.7.7"), "{out}");
 }
@@ -268,10 +238,11 @@ fn every_algorithm_replays_as_its_model_on_the_corpus() {
         ),
     ];
     for (any, notfound, r0, r1) in cases {
-        let yaml = format!(
-            "rules:\n  - name: any\n    logs: [/unused]\n    limit: {any}\n    ban: {{ duration: 10m }}\n  - name: notfound\n    logs: [/unused]\n    match: {{ status: [404] }}\n    limit: {notfound}\n    ban: {{ duration: 1h }}\n"
-        );
-        let (code, out, err) = run_test(&yaml, &["--json"]);
+        let CliOutput {
+            code,
+            stdout: out,
+            stderr: err,
+        } = run_test(&corpus_rules(any, notfound), &["--json"]);
         assert_eq!(code, 0, "{any}: {err}");
         // The model's windows: the bucket's `window` is unused, but must not be 0.
         let fix = |r: ModelRule| ModelRule {

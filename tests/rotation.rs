@@ -41,7 +41,9 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{http_get, require, veth_pair, wait_until, Daemon, NetNs, Nginx, Redis};
+use common::{
+    combined_line, http_get, now_ms, require, run_ok, wait_until, web_and_client, ConfigDir, Daemon, Redis, Rule,
+};
 
 const LINES: u64 = 1_000_000;
 const PER_ROTATION: u64 = 100_000;
@@ -74,11 +76,9 @@ const STYLES: [Style; 5] = [
 ];
 
 struct Rig {
-    dir: tempfile::TempDir,
-    log: PathBuf,
-    cfg: PathBuf,
-    control: PathBuf,
-    state: PathBuf,
+    /// The daemon's config, state and socket; the log in `logs/` of it,
+    /// where the rotated files go too.
+    files: ConfigDir,
     /// Held while a crash would lose lines whatever the daemon does.
     no_kill: Arc<Mutex<()>>,
     /// The daemon gets killed: wait for deleted files to be drained.
@@ -87,76 +87,48 @@ struct Rig {
 
 impl Rig {
     fn new(redis: &Redis, kills: bool) -> Rig {
-        let dir = tempfile::Builder::new().prefix("fbt-rot-").tempdir().unwrap();
-        let logs = dir.path().join("logs");
-        fs::create_dir(&logs).unwrap();
-        let log = logs.join("access.log");
-        File::create(&log).unwrap();
-        let control = dir.path().join("control.sock");
-        let state = dir.path().join("state");
-        fs::write(
-            dir.path().join("rules.yaml"),
-            format!(
-                "rules:\n  - name: {RULE}\n    logs: [{}]\n    format: combined\n    limit: {{ hits: 1000, window: 1h }}\n",
-                log.display()
-            ),
-        )
-        .unwrap();
-        let cfg = dir.path().join("fleetban.yaml");
-        fs::write(
-            &cfg,
-            format!(
-                "host_id: torture\nstate_dir: {}\ncontrol: {}\nfirewall: {{ backend: log }}\nredis: {{ url: '{}', timeout: 2s }}\nrules: [rules.yaml]\n",
-                state.display(),
-                control.display(),
-                redis.url()
-            ),
-        )
-        .unwrap();
+        let files = ConfigDir::with_log("logs/access.log");
+        let main = files
+            .main_config()
+            .host_id("torture")
+            .log_firewall()
+            .redis(&redis.url(), "timeout: 2s");
+        let rule = Rule::new(RULE, &files.log, "{ hits: 1000, window: 1h }").format("combined");
+        files.write(&main, &[rule]);
         for (name, mode) in [("create.conf", "create"), ("copytruncate.conf", "copytruncate")] {
             fs::write(
-                dir.path().join(name),
+                files.path().join(name),
                 format!(
                     "{} {{\n    rotate 10\n    {mode}\n    missingok\n    nocompress\n}}\n",
-                    log.display()
+                    files.log.display()
                 ),
             )
             .unwrap();
         }
         Rig {
-            dir,
-            log,
-            cfg,
-            control,
-            state,
+            files,
             no_kill: Arc::default(),
             kills,
         }
     }
 
     fn start(&self) -> Daemon {
-        Daemon::start(None, &self.cfg, &self.control)
+        Daemon::start(None, &self.files.cfg, &self.files.control)
     }
 
     fn logrotate(&self, conf: &str) {
-        let out = Command::new(require("logrotate"))
-            .arg("-f")
-            .arg("-s")
-            .arg(self.dir.path().join("logrotate.state"))
-            .arg(self.dir.path().join(conf))
-            .output()
-            .expect("run logrotate");
-        assert!(
-            out.status.success(),
-            "logrotate failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+        run_ok(
+            Command::new(require("logrotate"))
+                .arg("-f")
+                .arg("-s")
+                .arg(self.files.path().join("logrotate.state"))
+                .arg(self.files.path().join(conf)),
         );
     }
 
     /// The committed entry of `path` in `offsets.json`: (inode, offset).
     fn committed(&self, path: &Path) -> Option<(u64, u64)> {
-        let text = fs::read_to_string(self.state.join("offsets.json")).ok()?;
+        let text = fs::read_to_string(self.files.state.join("offsets.json")).ok()?;
         let v: serde_json::Value = serde_json::from_str(&text).ok()?;
         let e = &v["files"][path.to_str()?];
         Some((e["ino"].as_u64()?, e["offset"].as_u64()?))
@@ -164,7 +136,7 @@ impl Rig {
 
     /// `offsets.json` still has the rotated file `ino` to drain.
     fn draining(&self, ino: u64) -> bool {
-        let text = fs::read_to_string(self.state.join("offsets.json")).unwrap_or_default();
+        let text = fs::read_to_string(self.files.state.join("offsets.json")).unwrap_or_default();
         let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
         v["rotated"]
             .as_array()
@@ -174,19 +146,19 @@ impl Rig {
     /// Waits until the daemon has committed the file at the log path up to
     /// its current size (the writer must be paused).
     fn wait_committed(&self, daemon: &Mutex<Option<Daemon>>) {
-        let m = fs::metadata(&self.log).unwrap();
+        let m = fs::metadata(&self.files.log).unwrap();
         wait_until(Duration::from_secs(120), "daemon to commit the whole log", || {
             if let Some(d) = daemon.lock().unwrap().as_ref() {
                 let _ = d.status(); // panics with its log if it died
             }
-            self.committed(&self.log) == Some((m.ino(), m.len()))
+            self.committed(&self.files.log) == Some((m.ino(), m.len()))
         });
     }
 }
 
 /// Hour/day of a unix time in seconds as nginx writes it: `17/May/2015:10:05:03 +0000`.
 fn nginx_time(secs: i64) -> String {
-    let line = common::combined_line("192.0.2.1", secs * 1000, "/", 200);
+    let line = combined_line("192.0.2.1", secs * 1000, "/", 200);
     let open = line.find('[').unwrap();
     let close = line.find(']').unwrap();
     line[open + 1..close].to_owned()
@@ -265,13 +237,13 @@ fn rotate(rig: &Rig, round: u64, style: Style, w: &Writer, daemon: &Mutex<Option
     // A file rotated away before the follower ever saw it cannot be read:
     // in real life a log stays at its path far longer than a poll interval.
     wait_until(Duration::from_secs(60), "daemon to open the current log", || {
-        let ino = fs::metadata(&rig.log).map(|m| m.ino()).ok();
-        ino.is_some() && rig.committed(&rig.log).map(|(i, _)| i) == ino
+        let ino = fs::metadata(&rig.files.log).map(|m| m.ino()).ok();
+        ino.is_some() && rig.committed(&rig.files.log).map(|(i, _)| i) == ino
     });
     // Our own rotations name the old file after the round (like `dateext`):
     // writing a copy over an older rotated file still being drained would
     // destroy lines no follower has read yet.
-    let rotated = rig.log.with_extension(format!("log.r{round}"));
+    let rotated = rig.files.log.with_extension(format!("log.r{round}"));
     let copytruncate = |f: &dyn Fn()| {
         w.pause.store(true, Ordering::SeqCst);
         wait_until(Duration::from_secs(10), "writer to pause", || {
@@ -284,29 +256,29 @@ fn rotate(rig: &Rig, round: u64, style: Style, w: &Writer, daemon: &Mutex<Option
     w.rotating.store(true, Ordering::SeqCst);
     match style {
         Style::RenameCreate => {
-            fs::rename(&rig.log, &rotated).unwrap();
-            File::create(&rig.log).unwrap();
+            fs::rename(&rig.files.log, &rotated).unwrap();
+            File::create(&rig.files.log).unwrap();
         }
         Style::CopyTruncate => copytruncate(&|| {
-            fs::copy(&rig.log, &rotated).unwrap();
+            fs::copy(&rig.files.log, &rotated).unwrap();
             OpenOptions::new()
                 .write(true)
-                .open(&rig.log)
+                .open(&rig.files.log)
                 .unwrap()
                 .set_len(0)
                 .unwrap();
         }),
         Style::DeleteRecreate => {
             let _guard = rig.no_kill.lock().unwrap();
-            let old = fs::metadata(&rig.log).unwrap().ino();
-            fs::remove_file(&rig.log).unwrap();
+            let old = fs::metadata(&rig.files.log).unwrap().ino();
+            fs::remove_file(&rig.files.log).unwrap();
             w.rotating.store(false, Ordering::SeqCst); // the writer recreates it
             if !rig.kills {
                 return;
             }
             wait_until(Duration::from_secs(60), "daemon to finish the deleted file", || {
-                let now = fs::metadata(&rig.log).map(|m| m.ino()).ok();
-                now.is_some() && rig.committed(&rig.log).map(|(i, _)| i) == now && !rig.draining(old)
+                let now = fs::metadata(&rig.files.log).map(|m| m.ino()).ok();
+                now.is_some() && rig.committed(&rig.files.log).map(|(i, _)| i) == now && !rig.draining(old)
             });
         }
         Style::LogrotateCreate => rig.logrotate("create.conf"),
@@ -362,8 +334,8 @@ fn total(redis: &Redis) -> u64 {
 fn warm_up(rig: &Rig, redis: &Redis) {
     let key = format!("fleetban:win:{{{WARMUP_ADDR}}}:{RULE}");
     for _ in 0..100 {
-        let l = common::combined_line(WARMUP_ADDR, fleetban::now_ms(), "/warmup", 200);
-        open_append(&rig.log).write_all(l.as_bytes()).unwrap();
+        let l = combined_line(WARMUP_ADDR, now_ms(), "/warmup", 200);
+        open_append(&rig.files.log).write_all(l.as_bytes()).unwrap();
         let t = Instant::now();
         while t.elapsed() < Duration::from_millis(500) {
             if redis.cli(&["EXISTS", &key]) == "1" {
@@ -392,10 +364,10 @@ fn torture(kills: usize) {
     let daemon = Arc::new(Mutex::new(Some(rig.start())));
     warm_up(&rig, &redis);
 
-    let t0 = fleetban::now_ms() / 1000;
+    let t0 = now_ms() / 1000;
     let w = Arc::new(Writer::default());
     let writer = {
-        let (log, w) = (rig.log.clone(), Arc::clone(&w));
+        let (log, w) = (rig.files.log.clone(), Arc::clone(&w));
         thread::spawn(move || write_all(log, w, t0))
     };
 
@@ -405,7 +377,7 @@ fn torture(kills: usize) {
     let killed = Arc::new(AtomicU64::new(0));
     let killer = {
         let (daemon, killed, no_kill) = (Arc::clone(&daemon), Arc::clone(&killed), Arc::clone(&rig.no_kill));
-        let (cfg, control) = (rig.cfg.clone(), rig.control.clone());
+        let (cfg, control) = (rig.files.cfg.clone(), rig.files.control.clone());
         thread::spawn(move || {
             let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ t0 as u64);
             let mut sleep_ms = |max: u64| thread::sleep(Duration::from_millis(200 + rng.below(max)));
@@ -526,35 +498,16 @@ fn torture_with_sigkills() {
 fn nginx_reopen_after_rename_loses_no_request() {
     const T: Duration = Duration::from_secs(5);
     let redis = Redis::start();
-    let web = NetNs::new("rotweb");
-    let client = NetNs::new("rotcli");
-    veth_pair(&web, "10.213.31.1/24", &client, "10.213.31.2/24");
-    let nginx = Nginx::start(&web, "10.213.31.1:8080", None);
+    let (_web, client, nginx) = web_and_client("rotweb", "rotcli", "10.213.31", None);
     let log = nginx.access_log();
     let rotated = log.with_extension("log.1");
 
-    let dir = tempfile::Builder::new().prefix("fbt-rotng-").tempdir().unwrap();
-    let control = dir.path().join("control.sock");
-    fs::write(
-        dir.path().join("rules.yaml"),
-        format!(
-            "rules:\n  - name: {RULE}\n    logs: [{}]\n    limit: {{ hits: 1000, window: 1h }}\n",
-            log.display()
-        ),
-    )
-    .unwrap();
-    let cfg = dir.path().join("fleetban.yaml");
-    fs::write(
-        &cfg,
-        format!(
-            "state_dir: {}\ncontrol: {}\nfirewall: {{ backend: log }}\nredis: {{ url: '{}' }}\nrules: [rules.yaml]\n",
-            dir.path().join("state").display(),
-            control.display(),
-            redis.url()
-        ),
-    )
-    .unwrap();
-    let daemon = Daemon::start(None, &cfg, &control);
+    let files = ConfigDir::new();
+    files.write(
+        &files.main_config().log_firewall().redis(&redis.url(), ""),
+        &[Rule::new(RULE, &log, "{ hits: 1000, window: 1h }")],
+    );
+    let daemon = Daemon::start(None, &files.cfg, &files.control);
     let key = format!("fleetban:win:{{10.213.31.2}}:{RULE}");
     let zcard = || redis.cli(&["ZCARD", &key]).parse::<u64>().unwrap();
     let get = |n: usize, what: &str| {

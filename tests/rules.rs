@@ -5,6 +5,8 @@
 //! client key. Uses the library the daemon uses: config loading, `Parser`,
 //! `RuleFilter`, `AllowList`, `client_key`.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -12,6 +14,8 @@ use fleetban::addr::client_key;
 use fleetban::config::Config;
 use fleetban::detect::{AllowList, RuleFilter};
 use fleetban::parse::Parser;
+
+use common::{rules_yaml, MainConfig, Rule};
 
 /// What an annotation says about the line after it.
 #[derive(Debug, PartialEq)]
@@ -87,8 +91,7 @@ fn rule_files() -> Vec<PathBuf> {
 fn load(files: &[PathBuf]) -> Config {
     let dir = tempfile::tempdir().unwrap();
     let main = dir.path().join("fleetban.yaml");
-    let list: Vec<String> = files.iter().map(|f| format!("'{}'", f.display())).collect();
-    std::fs::write(&main, format!("rules: [{}]\n", list.join(", "))).unwrap();
+    MainConfig::new().rule_files(files).write(&main);
     Config::load(&main).unwrap_or_else(|e| panic!("shipped rules do not load:\n{e}"))
 }
 
@@ -202,11 +205,10 @@ fn every_sample_file_belongs_to_a_shipped_rule() {
 fn the_check_reports_missing_and_wrong_samples() {
     let dir = tempfile::tempdir().unwrap();
     let rule = dir.path().join("r.yaml");
-    std::fs::write(
-        &rule,
-        "rules:\n  - name: r\n    logs: [/x]\n    match: { status: [404] }\n    limit: { hits: 1, window: 1s }\n    ban: { duration: 1m }\n",
-    )
-    .unwrap();
+    let r = Rule::new("r", "/x", "{ hits: 1, window: 1s }")
+        .matching("{ status: [404] }")
+        .ban("1m");
+    std::fs::write(&rule, rules_yaml(&[r])).unwrap();
     let samples = dir.path().join("samples");
     std::fs::create_dir(&samples).unwrap();
     let problems = check_rules(std::slice::from_ref(&rule), &samples);

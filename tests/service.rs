@@ -13,67 +13,29 @@ use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{combined_line, wait_until, Daemon};
+use common::{append, cli, combined_lines, control_status, wait_until, ConfigDir, Daemon, MainConfig, Redis, Rule};
 
-fn append(log: &Path, text: &str) {
-    let mut f = std::fs::OpenOptions::new().append(true).open(log).unwrap();
-    f.write_all(text.as_bytes()).unwrap();
+/// GETs of `log`, `hits` in 10 minutes ban for an hour.
+fn scraper_rule(log: &Path, hits: u32) -> Rule {
+    Rule::new("scraper", log, &format!("{{ hits: {hits}, window: 10m }}"))
+        .matching("{ method: [GET] }")
+        .ban("1h")
 }
 
-struct Rig {
-    dir: tempfile::TempDir,
-    cfg: PathBuf,
-    rules: PathBuf,
-    log: PathBuf,
-    log2: PathBuf,
-    control: PathBuf,
+/// The service's main config: host `svc`, bans logged (no nft), the
+/// embedded store.
+fn service_config(r: &ConfigDir) -> MainConfig {
+    r.main_config().host_id("svc").log_firewall()
 }
 
-fn scraper_rule(log: &Path, hits: u32) -> String {
-    format!(
-        "rules:
-  - name: scraper
-    logs: [{}]
-    match: {{ method: [GET] }}
-    limit: {{ hits: {hits}, window: 10m }}
-    ban: {{ duration: 1h }}
-",
-        log.display()
-    )
-}
-
-fn rig() -> Rig {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    let log2 = dir.path().join("other.log");
-    std::fs::write(&log, "").unwrap();
-    std::fs::write(&log2, "").unwrap();
-    let control = dir.path().join("control.sock");
-    let rules = dir.path().join("rules.yaml");
-    std::fs::write(&rules, scraper_rule(&log, 10)).unwrap();
-    let cfg = dir.path().join("fleetban.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "host_id: svc\nstate_dir: {}\ncontrol: {}\nfirewall: {{ backend: log }}\nrules: [rules.yaml]\n",
-            dir.path().join("state").display(),
-            control.display()
-        ),
-    )
-    .unwrap();
-    Rig {
-        dir,
-        cfg,
-        rules,
-        log,
-        log2,
-        control,
-    }
+fn rig() -> ConfigDir {
+    let r = ConfigDir::new();
+    r.write(&service_config(&r), &[scraper_rule(&r.log, 10)]);
+    r
 }
 
 fn hits(addr: &str, n: i64, path: &str, status: u16) -> String {
-    let now = fleetban::now_ms();
-    (0..n).map(|i| combined_line(addr, now + i, path, status)).collect()
+    combined_lines(addr, n, path, status)
 }
 
 fn rule_stat(status: &serde_json::Value, name: &str, field: &str) -> Option<u64> {
@@ -88,6 +50,7 @@ fn rule_stat(status: &serde_json::Value, name: &str, field: &str) -> Option<u64>
 #[test]
 fn sighup_with_a_valid_config_changes_the_limit_keeps_the_window_and_follows_new_logs() {
     let r = rig();
+    let log2 = r.empty_log("other.log");
     let d = Daemon::start(None, &r.cfg, &r.control);
 
     // 4 hits under a limit of 10: no ban.
@@ -96,20 +59,12 @@ fn sighup_with_a_valid_config_changes_the_limit_keeps_the_window_and_follows_new
     assert_eq!(d.status()["bans"], 0);
 
     // Same rule, limit 5, and a new rule reading a new log.
-    std::fs::write(
-        &r.rules,
-        scraper_rule(&r.log, 5)
-            + &format!(
-                "  - name: notfound
-    logs: [{}]
-    match: {{ status: [404] }}
-    limit: {{ hits: 2, window: 10m }}
-    ban: {{ duration: 1h }}
-",
-                r.log2.display()
-            ),
-    )
-    .unwrap();
+    r.write_rules(&[
+        scraper_rule(&r.log, 5),
+        Rule::new("notfound", &log2, "{ hits: 2, window: 10m }")
+            .matching("{ status: [404] }")
+            .ban("1h"),
+    ]);
     d.signal(libc::SIGHUP);
     wait_until(Duration::from_secs(10), "reload applied", || d.status()["reloads"] == 1);
     assert!(rule_stat(&d.status(), "notfound", "hits").is_some(), "{}", d.status());
@@ -123,7 +78,7 @@ fn sighup_with_a_valid_config_changes_the_limit_keeps_the_window_and_follows_new
     assert_eq!(rule_stat(&d.status(), "scraper", "hits"), Some(6), "{}", d.status());
 
     // The new rule's log is followed from now on.
-    append(&r.log2, &hits("198.51.100.9", 3, "/nope", 404));
+    append(&log2, &hits("198.51.100.9", 3, "/nope", 404));
     wait_until(Duration::from_secs(10), "ban by the new rule on the new log", || {
         rule_stat(&d.status(), "notfound", "bans") == Some(1)
     });
@@ -132,11 +87,11 @@ fn sighup_with_a_valid_config_changes_the_limit_keeps_the_window_and_follows_new
     assert!(log.contains("notfound"), "{log}");
 
     // Back to the scraper rule alone: the other log is no longer followed.
-    std::fs::write(&r.rules, scraper_rule(&r.log, 5)).unwrap();
+    r.write_rules(&[scraper_rule(&r.log, 5)]);
     d.signal(libc::SIGHUP);
     wait_until(Duration::from_secs(10), "second reload", || d.status()["reloads"] == 2);
     let before = d.status()["lines"].as_u64().unwrap();
-    append(&r.log2, &hits("198.51.100.10", 3, "/nope", 404));
+    append(&log2, &hits("198.51.100.10", 3, "/nope", 404));
     append(&r.log, &hits("198.51.100.11", 1, "/page", 200));
     d.wait_lines(before + 1);
     // Both files are polled in the same step; give a few more polls anyway.
@@ -155,7 +110,8 @@ fn sighup_with_a_broken_config_keeps_the_old_rules_which_still_ban() {
     // Two errors: an unknown key and a bad limit; both must be logged.
     std::fs::write(
         &r.rules,
-        scraper_rule(&r.log, 5).replace("limit: { hits: 5", "limit: { hits: 0") + "    colour: red\n",
+        common::rules_yaml(&[scraper_rule(&r.log, 5)]).replace("limit: { hits: 5", "limit: { hits: 0")
+            + "    colour: red\n",
     )
     .unwrap();
     d.signal(libc::SIGHUP);
@@ -214,7 +170,7 @@ impl NotifySocket {
 #[test]
 fn systemd_notify_ready_watchdog_reloading_stopping_and_offsets_saved_on_sigterm() {
     let r = rig();
-    let mut n = NotifySocket::bind(r.dir.path());
+    let mut n = NotifySocket::bind(r.path());
     let path = n.path.to_string_lossy().into_owned();
     let mut d = Daemon::start_with_env(
         None,
@@ -242,7 +198,7 @@ fn systemd_notify_ready_watchdog_reloading_stopping_and_offsets_saved_on_sigterm
     n.expect("STOPPING=1");
 
     // Offsets saved at stop: the whole file was read and committed.
-    let saved = std::fs::read_to_string(r.dir.path().join("state/offsets.json")).unwrap();
+    let saved = std::fs::read_to_string(r.state.join("offsets.json")).unwrap();
     let len = std::fs::metadata(&r.log).unwrap().len();
     let saved: serde_json::Value = serde_json::from_str(&saved).unwrap();
     let entry = &saved["files"][r.log.to_string_lossy().as_ref()];
@@ -272,21 +228,11 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 fn status_json_and_the_metrics_endpoint_show_sources_rules_and_valve() {
     let r = rig();
     // A free port for the endpoint: bound and released (loopback only).
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let text = std::fs::read_to_string(&r.cfg).unwrap();
-    std::fs::write(
-        &r.cfg,
-        text.replace(
-            "rules: [",
-            &format!("metrics: {addr}\nsafety: {{ max_bans_per_minute: 1 }}\nrules: ["),
-        ),
-    )
-    .unwrap();
+    let addr = format!("127.0.0.1:{}", common::free_port());
+    service_config(&r)
+        .metrics(&addr)
+        .safety("{ max_bans_per_minute: 1 }")
+        .write(&r.cfg);
     let d = Daemon::start(None, &r.cfg, &r.control);
 
     // Two offenders: the first ban passes the valve (1/min), the second trips it.
@@ -319,12 +265,7 @@ fn status_json_and_the_metrics_endpoint_show_sources_rules_and_valve() {
     assert_eq!(st["bans_active"], 1);
 
     // The human form carries the same.
-    let out = std::process::Command::new(common::fleetban_bin())
-        .args(["status", "-c"])
-        .arg(&r.cfg)
-        .output()
-        .unwrap();
-    let human = String::from_utf8_lossy(&out.stdout);
+    let human = cli(&r.cfg, &["status"]).stdout;
     assert!(human.contains("safety valve: tripped"), "{human}");
     assert!(human.contains("lines/s"), "{human}");
 
@@ -374,12 +315,8 @@ fn one_log_line_per_ban_and_unban_and_bad_lines_warned_once() {
     d.wait_lines(1000);
     append(&r.log, &hits("203.0.113.12", 11, "/p", 200));
     wait_until(Duration::from_secs(10), "ban", || d.status()["bans"] == 1);
-    let out = std::process::Command::new(common::fleetban_bin())
-        .args(["unban", "203.0.113.12", "-c"])
-        .arg(&r.cfg)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = cli(&r.cfg, &["unban", "203.0.113.12"]);
+    assert!(out.success(), "{}", out.stderr);
     wait_until(Duration::from_secs(10), "unban logged", || {
         d.log_text().contains("Unbanned.")
     });
@@ -420,7 +357,7 @@ fn under_the_journal_bans_are_logged_with_native_fields() {
     common::require_root("a private mount namespace");
     common::require("unshare");
     let r = rig();
-    let jdir = r.dir.path().join("journal");
+    let jdir = r.path().join("journal");
     std::fs::create_dir(&jdir).unwrap();
     let sock = UnixDatagram::bind(jdir.join("socket")).unwrap();
     sock.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
@@ -437,7 +374,7 @@ fn under_the_journal_bans_are_logged_with_native_fields() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let status = || common::status_of(&r.control);
+    let status = || control_status(&r.control);
     wait_until(Duration::from_secs(20), "daemon up", || status().is_some());
     append(&r.log, &hits("203.0.113.13", 11, "/p", 200));
     wait_until(Duration::from_secs(10), "ban", || {
@@ -516,14 +453,9 @@ fn journal_fields(mut d: &[u8]) -> Vec<String> {
 /// lowers the limit bans on the window the old rules filled.
 #[test]
 fn sighup_with_redis_keeps_the_fleet_windows() {
-    let redis = common::Redis::start();
+    let redis = Redis::start();
     let r = rig();
-    let text = std::fs::read_to_string(&r.cfg).unwrap();
-    std::fs::write(
-        &r.cfg,
-        text.replace("rules: [", &format!("redis: {{ url: '{}' }}\nrules: [", redis.url())),
-    )
-    .unwrap();
+    service_config(&r).redis(&redis.url(), "").write(&r.cfg);
     let d = Daemon::start(None, &r.cfg, &r.control);
     append(&r.log, &hits("203.0.113.14", 4, "/page", 200));
     d.wait_lines(4);
@@ -531,7 +463,7 @@ fn sighup_with_redis_keeps_the_fleet_windows() {
         redis.cli(&["ZCARD", "fleetban:win:{203.0.113.14}:scraper"]) == "4"
     });
 
-    std::fs::write(&r.rules, scraper_rule(&r.log, 5)).unwrap();
+    r.write_rules(&[scraper_rule(&r.log, 5)]);
     d.signal(libc::SIGHUP);
     wait_until(Duration::from_secs(10), "reload applied", || d.status()["reloads"] == 1);
     append(&r.log, &hits("203.0.113.14", 2, "/page", 200));

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{fleetban_bin, require, wait_until, NetNs};
+use super::{control_status, fleetban_bin, require, wait_until, NetNs};
 
 pub struct Daemon {
     child: Option<Child>,
@@ -71,7 +71,7 @@ impl Daemon {
     }
 
     fn status_opt(&self) -> Option<serde_json::Value> {
-        crate::common::status_of(&self.control)
+        control_status(&self.control)
     }
 
     pub fn status(&self) -> serde_json::Value {
@@ -137,12 +137,4 @@ impl Drop for Daemon {
             let _ = c.wait();
         }
     }
-}
-
-/// One nginx `combined` line for `addr` at unix ms `ms`.
-pub fn combined_line(addr: &str, ms: i64, path: &str, status: u16) -> String {
-    format!(
-        "{addr} - - [{}] \"GET {path} HTTP/1.1\" {status} 12 \"-\" \"curl/7.88\"\n",
-        fleetban::time_local(ms)
-    )
 }

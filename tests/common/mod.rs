@@ -1,32 +1,46 @@
 //! The integration-test harness: real parts, no mocks.
 //!
 //! Every test that needs the outside world builds it from these guards: a
-//! private `redis-server` on a unix socket ([`Redis`]), network namespaces that
-//! stand in for fleet hosts ([`NetNs`], [`veth_pair`]), an nginx writing a real
-//! access log inside one of them ([`Nginx`]), curl as the client
-//! ([`http_get`]) and nft read back as JSON ([`nft_set_elements`]). Each guard
-//! cleans up on Drop, also when the test panics. A missing binary is a loud
-//! failure ([`require`]), never a silent skip: `scripts/ensure-deps.sh`
-//! installs them.
+//! private `redis-server` on a unix socket, or on loopback for the
+//! topologies that need TCP ([`Redis`]), network namespaces that stand in for
+//! fleet hosts ([`NetNs`], [`veth_pair`]), an nginx writing a real access log
+//! inside one of them ([`Nginx`], [`web_and_client`]), curl as the client
+//! ([`http_get`]), nft read back as JSON ([`nft_bans`]) and the real daemon
+//! ([`Daemon`]). Each guard cleans up on Drop, also when the test panics. A
+//! missing binary is a loud failure ([`require`]), never a silent skip:
+//! `scripts/ensure-deps.sh` installs them.
+//!
+//! What the daemon is given comes from here too: its config files
+//! ([`ConfigDir`], [`MainConfig`], [`Rule`]), its log lines
+//! ([`combined_lines`], [`append`]) and its command line ([`cli`]). The
+//! library's own API is called from these files only where a test needs it
+//! for set-up (the control socket, a Redis connection, the clock), so a
+//! rename there touches the harness alone.
 //!
 //! Test files use it with `mod common;`; not every test uses every helper.
 #![allow(dead_code, unused_imports)]
 
+mod access_log;
+mod cli;
+mod config;
 mod daemon;
 pub mod model;
 mod netns;
 mod nft;
 mod nginx;
 mod redis;
-pub use daemon::{combined_line, Daemon};
+pub use access_log::{append, combined_line, combined_lines, now_ms};
+pub use cli::{cli, control_status, CliOutput};
+pub use config::{rules_yaml, ConfigDir, MainConfig, Rule};
+pub use daemon::Daemon;
 
 pub use netns::{http_get, http_get_with, veth_pair, NetNs};
-pub use nft::{nft_bans, nft_set_elements, nft_set_elements_detailed, parse_set_json, NftElem};
-pub use nginx::Nginx;
-pub use redis::Redis;
+pub use nft::{nft_bans, nft_bans_detailed, nft_set_elements, nft_set_elements_detailed, parse_set_json, NftElem};
+pub use nginx::{web_and_client, Nginx};
+pub use redis::{connect, runtime, Redis, ACL_PASSWORD};
 
 use std::path::{Path, PathBuf};
-use std::process::Child;
+use std::process::{Child, Command, Output};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -106,11 +120,11 @@ pub fn corpus_path() -> PathBuf {
     panic!("corpus not found; looked at {candidates:?}");
 }
 
-/// The daemon's `status` at `control` as JSON (what `status --json`
-/// prints), or None if it does not answer.
-pub fn status_of(control: &Path) -> Option<serde_json::Value> {
-    let status = fleetban::control::Client::new(control).status().ok()?;
-    Some(serde_json::to_value(status).expect("a status is JSON"))
+/// A TCP port on 127.0.0.1 nobody listens on right now (the kernel's pick
+/// for port 0, released).
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("a bound address").port()
 }
 
 /// Sends `sig` to `pid`; a process that is already gone is not an error.
@@ -148,6 +162,19 @@ pub(crate) fn wait_exit(child: &mut Child, timeout: Duration) -> bool {
         thread::sleep(step);
     }
     exited
+}
+
+/// Runs `cmd` to completion; panics with what it printed unless it succeeds.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }
 
 /// Reads a file for a diagnostic message; never fails.

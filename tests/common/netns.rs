@@ -2,7 +2,7 @@
 //! the client. Names are `fbt-<tag>-<pid>-<n>`, so a leftover from a test run
 //! that was killed outright can be recognised (its pid is gone) and removed.
 
-use super::{require, require_root, signal};
+use super::{require, require_root, run_ok, signal};
 use std::ffi::OsStr;
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -55,17 +55,7 @@ impl NetNs {
     /// Runs `argv` in the namespace to completion; panics (with its stderr)
     /// unless it succeeds.
     pub fn run<S: AsRef<OsStr>>(&self, argv: &[S]) -> Output {
-        let out = self.exec(argv).output().expect("spawn ip netns exec");
-        assert!(
-            out.status.success(),
-            "in netns {}: {:?} failed ({}):\nstdout: {}\nstderr: {}",
-            self.name,
-            argv.iter().map(|a| a.as_ref()).collect::<Vec<_>>(),
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out
+        run_ok(&mut self.exec(argv))
     }
 
     /// Pids of the processes inside the namespace.
@@ -149,17 +139,7 @@ pub fn http_get_with(ns: &NetNs, url: &str, extra: &[&str], timeout: Duration) -
 
 /// Runs `ip ARGS`, panicking with its stderr on failure.
 fn ip(args: &[&str]) {
-    let out = Command::new(require("ip"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("spawn ip");
-    assert!(
-        out.status.success(),
-        "ip {args:?} failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_ok(Command::new(require("ip")).args(args).stdin(Stdio::null()));
 }
 
 fn ns_pids(name: &str) -> Vec<u32> {

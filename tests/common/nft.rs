@@ -32,12 +32,26 @@ pub fn nft_set_elements(ns: &NetNs, table: &str, set: &str) -> Vec<(String, Opti
 /// lists `v6` (/64 prefixes by their network address, shown as `ADDR/64`)
 /// and `v6net`. Sorted by text.
 pub fn nft_bans(ns: &NetNs, table: &str, family: &str) -> Vec<(String, Option<u64>)> {
-    let mut out: Vec<(String, Option<u64>)> = nft_set_elements(ns, table, family)
+    nft_bans_detailed(ns, table, family)
         .into_iter()
-        .map(|(e, t)| if family == "v6" { (format!("{e}/64"), t) } else { (e, t) })
-        .chain(nft_set_elements(ns, table, &format!("{family}net")))
+        .map(|e| (e.elem, e.timeout_ms))
+        .collect()
+}
+
+/// As [`nft_bans`], with the time left (`expires`) too.
+pub fn nft_bans_detailed(ns: &NetNs, table: &str, family: &str) -> Vec<NftElem> {
+    let mut out: Vec<NftElem> = nft_set_elements_detailed(ns, table, family)
+        .into_iter()
+        .map(|e| match family {
+            "v6" => NftElem {
+                elem: format!("{}/64", e.elem),
+                ..e
+            },
+            _ => e,
+        })
+        .chain(nft_set_elements_detailed(ns, table, &format!("{family}net")))
         .collect();
-    out.sort();
+    out.sort_by(|a, b| (&a.elem, a.timeout_ms).cmp(&(&b.elem, b.timeout_ms)));
     out
 }
 

@@ -254,3 +254,14 @@ fn children_of(parent: u32) -> Vec<u32> {
         })
         .collect()
 }
+
+/// A web host (namespace `web`, nginx on `<subnet>.1:8080`) and a client
+/// (namespace `client`, `<subnet>.2`) on one veth link; `subnet` is the first
+/// three octets, in 10.213.0.0/16 (`"10.213.31"`). The access log's format
+/// as for [`Nginx::start`].
+pub fn web_and_client(web: &str, client: &str, subnet: &str, log_format: Option<&str>) -> (NetNs, NetNs, Nginx) {
+    let (web, client) = (NetNs::new(web), NetNs::new(client));
+    super::veth_pair(&web, &format!("{subnet}.1"), &client, &format!("{subnet}.2"));
+    let nginx = Nginx::start(&web, &format!("{subnet}.1:8080"), log_format);
+    (web, client, nginx)
+}

@@ -1,8 +1,15 @@
-//! A private `redis-server` per test: unix socket in a temp dir, no TCP port,
-//! no persistence. It can be killed and restarted on the same socket to test
-//! what the daemon does while Redis is down.
+//! A private `redis-server` per test: a unix socket in a temp dir, no
+//! persistence. It can be killed and restarted on the same socket to test
+//! what the daemon does while Redis is down. For topologies a daemon reaches
+//! over TCP (replicas, Sentinel, Cluster, TLS) a server also listens on
+//! 127.0.0.1; the test's own checks still go through the socket.
+//!
+//! The library's side of the same server is here too: its `RedisConfig` and
+//! a connection (`store::connect`), for tests that drive the library directly.
 
-use super::{kill_and_reap, read_lossy, require};
+use super::{kill_and_reap, read_lossy, require, run_ok};
+use fleetban::config::RedisConfig;
+use fleetban::store::{self, Conn};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -14,22 +21,64 @@ use tempfile::TempDir;
 /// How long a fresh server may take to answer PING.
 const START_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The password [`Redis::add_acl_user`] gives user `fleetban`.
+pub const ACL_PASSWORD: &str = "s3cret-pw";
+
 pub struct Redis {
-    /// Holds the socket, the log and the (unused) data dir; removed on Drop.
+    /// Holds the socket, the log and the data dir; removed on Drop.
     dir: TempDir,
     /// None while killed.
     child: Option<Child>,
     /// The unix socket; stays the same across `restart`.
     pub socket: PathBuf,
+    /// The TCP port on 127.0.0.1, for servers started with one.
+    port: Option<u16>,
+    /// `redis-server`, or `redis-sentinel`.
+    program: &'static str,
+    /// Given before everything else (a sentinel's config file).
+    leading: Vec<String>,
+    /// Given after the harness's own arguments (TLS, replication, cluster).
+    extra: Vec<String>,
 }
 
 impl Redis {
-    /// Spawns `redis-server` and waits until it answers PING.
+    /// Spawns `redis-server` on a unix socket only and waits until it
+    /// answers PING.
     pub fn start() -> Redis {
-        let dir = tempfile::Builder::new()
-            .prefix("fbt-redis-")
-            .tempdir()
-            .expect("create temp dir for redis");
+        Redis::start_with(&[])
+    }
+
+    /// As [`Redis::start`], with more server arguments (`--tls-port`, ...).
+    pub fn start_with(extra: &[&str]) -> Redis {
+        Redis::launch(None, extra)
+    }
+
+    /// As [`Redis::start_with`], also listening on 127.0.0.1 at a free port
+    /// ([`Redis::port`]).
+    pub fn start_tcp(extra: &[&str]) -> Redis {
+        Redis::launch(Some(super::free_port()), extra)
+    }
+
+    /// A `redis-sentinel` on 127.0.0.1 at a free port, its config file
+    /// holding `conf` (the sentinel rewrites it).
+    pub fn start_sentinel(conf: &str) -> Redis {
+        let dir = temp_dir();
+        let file = dir.path().join("sentinel.conf");
+        std::fs::write(&file, conf).expect("write sentinel.conf");
+        let mut redis = Redis::new(dir, "redis-sentinel", Some(super::free_port()));
+        redis.leading = vec![file.display().to_string()];
+        redis.spawn();
+        redis
+    }
+
+    fn launch(port: Option<u16>, extra: &[&str]) -> Redis {
+        let mut redis = Redis::new(temp_dir(), "redis-server", port);
+        redis.extra = extra.iter().map(|s| s.to_string()).collect();
+        redis.spawn();
+        redis
+    }
+
+    fn new(dir: TempDir, program: &'static str, port: Option<u16>) -> Redis {
         let socket = dir.path().join("redis.sock");
         // sun_path is 108 bytes; a long $TMPDIR would make bind() fail obscurely.
         assert!(
@@ -37,18 +86,25 @@ impl Redis {
             "redis socket path too long for a unix socket: {} (set a shorter TMPDIR)",
             socket.display()
         );
-        let mut redis = Redis {
+        Redis {
             dir,
             child: None,
             socket,
-        };
-        redis.spawn();
-        redis
+            port,
+            program,
+            leading: Vec::new(),
+            extra: Vec::new(),
+        }
     }
 
     /// `unix://<socket>`, the form fleetban's `redis.url` takes.
     pub fn url(&self) -> String {
         format!("unix://{}", self.socket.display())
+    }
+
+    /// The TCP port; panics for a server started without one.
+    pub fn port(&self) -> u16 {
+        self.port.expect("a server started with a TCP port")
     }
 
     /// The temp dir holding the socket and `redis.log`.
@@ -61,35 +117,67 @@ impl Redis {
         self.child.as_ref().map(Child::id)
     }
 
+    /// `redis-cli -s SOCKET`, not yet run, for what [`Redis::cli`] does not
+    /// do (run in the background, log in as another user).
+    pub fn cli_command(&self) -> Command {
+        let mut cmd = Command::new(require("redis-cli"));
+        cmd.arg("-s").arg(&self.socket).stdin(Stdio::null());
+        cmd
+    }
+
     /// Runs `redis-cli -s SOCKET --raw ARGS...` and returns its stdout without
     /// the final newline. Error replies come back as text ("ERR ..."), since
-    /// redis-cli exits 0 for them; a redis-cli that cannot run panics.
+    /// redis-cli exits 0 for them; a redis-cli that fails (no server, the
+    /// connection closed) panics.
     pub fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new(require("redis-cli"))
-            .arg("-s")
-            .arg(&self.socket)
-            .arg("--raw")
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .expect("spawn redis-cli");
-        assert!(
-            out.status.success(),
-            "redis-cli {args:?} failed ({}): {}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let mut s = String::from_utf8_lossy(&out.stdout).into_owned();
-        if s.ends_with('\n') {
-            s.pop();
+        without_newline(run_ok(self.cli_command().arg("--raw").args(args)).stdout)
+    }
+
+    /// As [`Redis::cli`], None when redis-cli fails: for polls that wait
+    /// through a server going away or dropping its clients (a master
+    /// demoted to replica closes every connection).
+    pub fn try_cli(&self, args: &[&str]) -> Option<String> {
+        let out = self.cli_command().arg("--raw").args(args).output().ok()?;
+        out.status.success().then(|| without_newline(out.stdout))
+    }
+
+    /// Creates user `fleetban` (password [`ACL_PASSWORD`]) with the rights of
+    /// `config/redis-acl.conf`, plus the `extra` ones its comment names for a
+    /// topology (`+role`): the daemon and the CLI then run as exactly that user.
+    pub fn add_acl_user(&self, extra: &[&str]) {
+        let acl = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/redis-acl.conf")).unwrap();
+        let line = acl
+            .lines()
+            .find(|l| l.starts_with("user fleetban "))
+            .expect("the user line");
+        let password = format!(">{ACL_PASSWORD}");
+        let mut args = vec!["ACL", "SETUSER", "fleetban"];
+        args.extend(line["user fleetban ".len()..].split_whitespace().map(|w| {
+            if w == ">PASSWORD" {
+                password.as_str()
+            } else {
+                w
+            }
+        }));
+        for right in extra {
+            assert!(acl.contains(right), "config/redis-acl.conf names {right}");
+            args.push(right);
         }
-        s
+        assert_eq!(self.cli(&args), "OK");
     }
 
     /// One PING over the socket with short timeouts; true on `+PONG`.
     pub fn ping(&self) -> bool {
         ping(&self.socket)
+    }
+
+    /// The library's config for this server (`RedisConfig::single` on its
+    /// socket), keys under `prefix`, commands timing out after `timeout`.
+    pub fn config(&self, prefix: &str, timeout: Duration) -> RedisConfig {
+        RedisConfig {
+            prefix: prefix.into(),
+            ..RedisConfig::single(self.url(), timeout)
+        }
     }
 
     /// SIGKILLs the server (no shutdown, no save) and reaps it.
@@ -108,10 +196,17 @@ impl Redis {
 
     fn spawn(&mut self) {
         let log = self.dir.path().join("redis.log");
-        let child = Command::new(require("redis-server"))
-            .args(["--port", "0", "--unixsocket"])
+        let mut cmd = Command::new(require(self.program));
+        cmd.args(&self.leading);
+        match self.port {
+            Some(port) => cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"]),
+            None => cmd.args(["--port", "0"]),
+        };
+        let child = cmd
+            .arg("--unixsocket")
             .arg(&self.socket)
             .args(["--unixsocketperm", "777", "--save", "", "--appendonly", "no"])
+            .args(&self.extra)
             .arg("--dir")
             .arg(self.dir.path())
             .arg("--logfile")
@@ -121,7 +216,7 @@ impl Redis {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("spawn redis-server");
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", self.program));
         self.child = Some(child);
 
         let deadline = Instant::now() + START_TIMEOUT;
@@ -132,7 +227,11 @@ impl Redis {
             let child = self.child.as_mut().expect("just spawned");
             if let Ok(Some(status)) = child.try_wait() {
                 self.child = None;
-                panic!("redis-server exited at start ({status}); log:\n{}", read_lossy(&log));
+                panic!(
+                    "{} exited at start ({status}); log:\n{}",
+                    self.program,
+                    read_lossy(&log)
+                );
             }
             if Instant::now() >= deadline {
                 break;
@@ -141,7 +240,8 @@ impl Redis {
         }
         self.kill();
         panic!(
-            "redis-server did not answer PING on {} within {START_TIMEOUT:?}; log:\n{}",
+            "{} did not answer PING on {} within {START_TIMEOUT:?}; log:\n{}",
+            self.program,
             self.socket.display(),
             read_lossy(&log)
         );
@@ -152,6 +252,21 @@ impl Drop for Redis {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+fn without_newline(stdout: Vec<u8>) -> String {
+    let mut s = String::from_utf8_lossy(&stdout).into_owned();
+    if s.ends_with('\n') {
+        s.pop();
+    }
+    s
+}
+
+fn temp_dir() -> TempDir {
+    tempfile::Builder::new()
+        .prefix("fbt-redis-")
+        .tempdir()
+        .expect("create temp dir for redis")
 }
 
 fn ping(socket: &Path) -> bool {
@@ -167,4 +282,20 @@ fn ping(socket: &Path) -> bool {
     }
     let mut buf = [0u8; 7];
     s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+}
+
+/// A current-thread tokio runtime, for plain `#[test]`s that drive the
+/// library's async API.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("build a tokio runtime")
+}
+
+/// `store::connect(cfg, Some(response_timeout))` on `rt`; panics if Redis
+/// does not answer.
+pub fn connect(rt: &tokio::runtime::Runtime, cfg: &RedisConfig, response_timeout: Duration) -> Conn {
+    rt.block_on(store::connect(cfg, Some(response_timeout)))
+        .unwrap_or_else(|e| panic!("connect to {}: {e}", cfg.url))
 }

@@ -1,0 +1,52 @@
+//! The `fleetban` command line as an operator runs it against a config
+//! (`fleetban ban|unban|bans|status|check|test ... -c FILE`), and the daemon's
+//! control socket read directly: the one place tests ask the daemon how it is.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use super::fleetban_bin;
+
+/// What one `fleetban` command did.
+#[derive(Debug)]
+pub struct CliOutput {
+    /// The exit code; -1 if it was killed by a signal.
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl CliOutput {
+    pub fn success(&self) -> bool {
+        self.code == 0
+    }
+
+    /// stdout then stderr, for failure messages and checks on either.
+    pub fn text(&self) -> String {
+        format!("{}{}", self.stdout, self.stderr)
+    }
+}
+
+/// Runs `fleetban ARGS -c CFG` to completion (stdin closed). stdout must be
+/// UTF-8; stderr is read lossily.
+pub fn cli(cfg: &Path, args: &[&str]) -> CliOutput {
+    let out = Command::new(fleetban_bin())
+        .args(args)
+        .arg("-c")
+        .arg(cfg)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("run fleetban {args:?}: {e}"));
+    CliOutput {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8(out.stdout).unwrap_or_else(|e| panic!("fleetban {args:?}: stdout not UTF-8: {e}")),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// The daemon's `status` through its control socket, or None while it does
+/// not answer.
+pub fn control_status(control: &Path) -> Option<serde_json::Value> {
+    let status = fleetban::control::Client::new(control).status().ok()?;
+    Some(serde_json::to_value(status).expect("a status is JSON"))
+}
