@@ -14,57 +14,17 @@
 //! Shutdown: the token stops the task at its next await; chunks read but not
 //! sent are dropped, which loses nothing since only committed offsets persist.
 
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
-use foldhash::HashMap;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error};
 
+use super::shared::{Shared, WakeHandle};
 use super::tracker::Tracker;
 use super::{Chunk, FollowOptions, OffsetStore, SourceStat};
-
-/// State shared by the task and its [`Follower`] / [`WakeHandle`]s.
-#[derive(Default)]
-pub(crate) struct Shared {
-    /// Per-path counters, updated once per step.
-    stats: Mutex<HashMap<Arc<Path>, SourceStat>>,
-    /// Cuts the sleep between steps short.
-    wake: Notify,
-    /// Expand the globs at the next step rather than at the next interval.
-    rescan: AtomicBool,
-}
-
-impl Shared {
-    pub(crate) fn lock_stats(&self) -> MutexGuard<'_, HashMap<Arc<Path>, SourceStat>> {
-        self.stats.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub(crate) fn take_rescan_request(&self) -> bool {
-        self.rescan.swap(false, Ordering::Relaxed)
-    }
-}
-
-/// Lets a watcher (notify/inotify, a signal) make the follower poll now.
-#[derive(Clone)]
-pub struct WakeHandle(Arc<Shared>);
-
-impl WakeHandle {
-    /// Some file may have new data: poll now.
-    pub fn wake(&self) {
-        self.0.wake.notify_one();
-    }
-
-    /// Files may have appeared: expand the globs and poll now.
-    pub fn rescan(&self) {
-        self.0.rescan.store(true, Ordering::Relaxed);
-        self.wake();
-    }
-}
 
 /// A running follower: its task and what it reports.
 pub struct Follower {

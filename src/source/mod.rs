@@ -50,6 +50,7 @@ mod offsets;
 mod once;
 mod patterns;
 mod reader;
+mod shared;
 mod split;
 mod tracker;
 mod watch;
@@ -58,10 +59,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use follow::{spawn, Follower, WakeHandle};
+pub use follow::{spawn, Follower};
 pub use identity::{fingerprint, FileId, FINGERPRINT_BYTES};
 pub use offsets::OffsetStore;
 pub use once::read_file;
+pub use shared::WakeHandle;
 pub use split::LineSplitter;
 
 /// How the follower reads. `Default` gives the production values.

@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 use foldhash::{HashMap, HashSet};
 use tracing::{debug, info, warn};
 
-use super::follow::Shared;
 use super::patterns::Pattern;
 use super::reader::Reader;
+use super::shared::Shared;
 use super::{Chunk, FollowOptions, OffsetStore};
 
 /// Repeat an unchanged error for a path at most this often.
