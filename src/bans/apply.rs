@@ -236,12 +236,12 @@ impl Bans {
         self.counters.active.store(self.cache.len() as u64, Relaxed);
     }
 
-    /// Lifts the ban of `net` (true if it had one). With Redis, `windows`
-    /// (every key of the address: `Keys::of_address`) are deleted first:
-    /// once the unban event is out, a host counting the next request must
-    /// find them empty.
-    pub async fn unban(&mut self, net: &IpNet, windows: &[String]) -> Result<bool, BanListError> {
-        self.list.forget_windows(windows).await?;
+    /// Lifts the ban of `net` (true if it had one). With Redis, its state
+    /// under `rules` (name, window ms) is deleted first: once the unban
+    /// event is out, a host counting the next request must find it empty.
+    pub async fn unban(&mut self, net: &IpNet, rules: &[(&str, i64)]) -> Result<bool, BanListError> {
+        let now = crate::now_ms();
+        self.list.forget_windows(net, rules, &self.host, now).await?;
         let removed = self.list.unban(net, &self.host).await?;
         self.cache.remove(net);
         self.publish_active();

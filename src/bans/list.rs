@@ -35,6 +35,13 @@ impl BanList {
         BanList::Redis { con, keys }
     }
 
+    /// The fleet's list in the Redis `r` names, connected now (an operator's
+    /// command: it fails rather than waits), with at least 2 s per command.
+    pub async fn connect(r: &crate::config::RedisConfig) -> Result<BanList, redis::RedisError> {
+        let con = crate::store::connect(r, Some(r.timeout.max(std::time::Duration::from_secs(2)))).await?;
+        Ok(BanList::redis(con, Keys::new(&r.prefix)))
+    }
+
     /// Embedded list; `file` (under `state_dir`) keeps it across restarts.
     pub fn memory(file: Option<PathBuf>) -> BanList {
         BanList::Memory(MemoryBans::load(file))
@@ -119,15 +126,22 @@ impl BanList {
         }
     }
 
-    /// Deletes the hit windows of an unbanned address (`keys`: every window
-    /// key of that address, one hash tag, so one slot), so its next request
-    /// starts a fresh window instead of banning it again at once. Nothing to
-    /// do for the embedded list: the daemon's memory limiter forgets on the
-    /// unban itself.
-    pub async fn forget_windows(&mut self, window_keys: &[String]) -> Result<(), BanListError> {
+    /// Deletes the state of `addr` under `rules` (name, window ms), every
+    /// algorithm's, in the fleet's scope and `host`'s (`Keys::of_address`:
+    /// one hash tag, so one slot), so its next request starts fresh windows
+    /// instead of banning it again at once. Nothing to do for the embedded
+    /// list: the daemon's limiter forgets on the unban itself.
+    pub async fn forget_windows(
+        &mut self,
+        addr: &IpNet,
+        rules: &[(&str, i64)],
+        host: &str,
+        now_ms: i64,
+    ) -> Result<(), BanListError> {
         match self {
             BanList::Memory(_) => Ok(()),
-            BanList::Redis { con, .. } => {
+            BanList::Redis { con, keys } => {
+                let window_keys = keys.of_address(addr, rules.iter().copied(), host, now_ms);
                 if window_keys.is_empty() {
                     return Ok(());
                 }

@@ -4,7 +4,6 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::time::Duration;
 
 use anyhow::Context;
 use ipnet::IpNet;
@@ -15,7 +14,6 @@ use fleetban::config::{Config, Dur, RedisConfig};
 use fleetban::control::Client;
 use fleetban::detect::AllowList;
 use fleetban::enforce::Changes;
-use fleetban::store::{self, Keys};
 
 use super::{failed, load, runtime, Failure, Outcome};
 
@@ -29,10 +27,9 @@ pub struct BanArgs {
 /// The fleet's bans over Redis, as this host's (no firewall: every host,
 /// this one's daemon included, follows the list).
 fn redis_bans(config: &Config, r: &RedisConfig, rt: &tokio::runtime::Runtime) -> Result<Bans, Failure> {
-    let con = rt
-        .block_on(store::connect(r, Some(r.timeout.max(Duration::from_secs(2)))))
+    let list = rt
+        .block_on(BanList::connect(r))
         .with_context(|| format!("redis {}", r.url))?;
-    let list = BanList::redis(con, Keys::new(&r.prefix));
     Ok(Bans::new(list, &config.host_id, Changes::default()))
 }
 
@@ -129,9 +126,12 @@ pub fn unban(path: &Path, t: &str) -> Outcome {
         Some(r) => {
             let rt = runtime();
             let mut bans = redis_bans(&config, r, &rt)?;
-            let rules = config.rules.iter().map(|r| (r.name.as_str(), r.limit.window_ms));
-            let windows = Keys::new(&r.prefix).of_address(&net, rules, &config.host_id, fleetban::now_ms());
-            rt.block_on(bans.unban(&net, &windows)).map_err(failed)?
+            let rules: Vec<(&str, i64)> = config
+                .rules
+                .iter()
+                .map(|r| (r.name.as_str(), r.limit.window_ms))
+                .collect();
+            rt.block_on(bans.unban(&net, &rules)).map_err(failed)?
         }
         None => Client::new(&config.control).unban(net).map_err(failed)?,
     };
