@@ -65,16 +65,8 @@ impl LogEnforcer {
         self.book.clear();
     }
 
-    pub fn len(&self) -> usize {
-        self.book.applied_len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    pub fn desired_len(&self) -> usize {
-        self.book.desired_len()
+    pub(super) fn book(&self) -> &Book {
+        &self.book
     }
 
     fn apply(&mut self, now_ms: i64) -> ReconcileStats {

@@ -269,10 +269,7 @@ impl Enforcer {
 
     /// Kernel elements believed present (covered bans are not counted).
     pub fn len(&self) -> usize {
-        match self {
-            Enforcer::Nft(e) => e.len(),
-            Enforcer::Log(e) => e.len(),
-        }
+        self.book().applied_len()
     }
 
     /// True when no kernel element is believed present.
@@ -282,9 +279,13 @@ impl Enforcer {
 
     /// Bans currently wanted, covered ones included.
     pub fn desired_len(&self) -> usize {
+        self.book().desired_len()
+    }
+
+    fn book(&self) -> &cover::Book {
         match self {
-            Enforcer::Nft(e) => e.desired_len(),
-            Enforcer::Log(e) => e.desired_len(),
+            Enforcer::Nft(e) => e.book(),
+            Enforcer::Log(e) => e.book(),
         }
     }
 }

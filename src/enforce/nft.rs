@@ -140,16 +140,8 @@ impl NftEnforcer {
         Ok(())
     }
 
-    pub fn len(&self) -> usize {
-        self.book.applied_len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    pub fn desired_len(&self) -> usize {
-        self.book.desired_len()
+    pub(super) fn book(&self) -> &Book {
+        &self.book
     }
 
     /// Plans and runs one transaction; on refusal re-reads and retries once.

@@ -56,6 +56,27 @@ impl Params {
     }
 }
 
+/// One batch to decide: its rule, the rule's index, the key, and the wall
+/// clock (key expiry, and `now` for `clock: redis`).
+#[derive(Clone, Copy)]
+struct Call {
+    rule: Params,
+    ri: usize,
+    key: IpNet,
+    wall_now: i64,
+}
+
+impl Call {
+    /// The time a hit is judged at, as the scripts take it.
+    fn now_of(&self, h: &Hit) -> i64 {
+        if self.rule.clock == Clock::Redis {
+            self.wall_now
+        } else {
+            h.time_ms
+        }
+    }
+}
+
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 type FixedMap = Map<(usize, IpNet, i64), Fixed>;
 
@@ -120,16 +141,16 @@ impl MemoryLimiter {
         let Some(rule) = self.rules.get(rule_index) else {
             return Verdict::Under { count: 0 };
         };
-        let rule = Params::of(rule);
-        let now_of = |h: &Hit| {
-            if rule.clock == Clock::Redis {
-                wall_now
-            } else {
-                h.time_ms
-            }
+        let call = Call {
+            rule: Params::of(rule),
+            ri: rule_index,
+            key,
+            wall_now,
         };
+        let rule = call.rule;
+        let now_of = |h: &Hit| call.now_of(h);
         match rule.algorithm {
-            Algorithm::SlidingWindow => self.sliding(&rule, rule_index, key, hits, wall_now, now_of),
+            Algorithm::SlidingWindow => self.sliding(&call, hits),
             Algorithm::FixedWindow => {
                 let mut count = 0;
                 for (i, h) in hits.iter().enumerate() {
@@ -142,8 +163,8 @@ impl MemoryLimiter {
                 }
                 Verdict::Under { count }
             }
-            Algorithm::TokenBucket => self.bucket(&rule, rule_index, key, hits, wall_now, now_of),
-            Algorithm::SlidingCounter => self.counter(&rule, rule_index, key, hits, wall_now, now_of),
+            Algorithm::TokenBucket => self.bucket(&call, hits),
+            Algorithm::SlidingCounter => self.counter(&call, hits),
         }
     }
 
@@ -177,15 +198,14 @@ impl MemoryLimiter {
 
     /// The sliding window's steps (`lua/sliding_window.lua`, one group),
     /// with its entry looked up once per batch, not per hit.
-    fn sliding(
-        &mut self,
-        rule: &Params,
-        ri: usize,
-        key: IpNet,
-        hits: &[Hit],
-        wall_now: i64,
-        now_of: impl Fn(&Hit) -> i64,
-    ) -> Verdict {
+    fn sliding(&mut self, call: &Call, hits: &[Hit]) -> Verdict {
+        let Call {
+            rule,
+            ri,
+            key,
+            wall_now,
+        } = *call;
+        let now_of = |h: &Hit| call.now_of(h);
         let (window_ms, limit, pre) = (rule.window_ms, rule.hits as usize, rule.prefilter);
         let fixed = &mut self.fixed;
         let e = self.windows.entry((ri, key)).or_insert(Entry {
@@ -244,15 +264,14 @@ impl MemoryLimiter {
             .map_or(0, |p| p + 1)
     }
 
-    fn bucket(
-        &mut self,
-        rule: &Params,
-        ri: usize,
-        key: IpNet,
-        hits: &[Hit],
-        wall_now: i64,
-        now_of: impl Fn(&Hit) -> i64,
-    ) -> Verdict {
+    fn bucket(&mut self, call: &Call, hits: &[Hit]) -> Verdict {
+        let Call {
+            rule,
+            ri,
+            key,
+            wall_now,
+        } = *call;
+        let now_of = |h: &Hit| call.now_of(h);
         let interval = rule.interval_us.max(1);
         let burst = i64::from(rule.hits);
         let (mut tat, mut mark) = match self.entry(ri, key, wall_now).map(|e| &e.state) {
@@ -296,15 +315,14 @@ impl MemoryLimiter {
         })
     }
 
-    fn counter(
-        &mut self,
-        rule: &Params,
-        ri: usize,
-        key: IpNet,
-        hits: &[Hit],
-        wall_now: i64,
-        now_of: impl Fn(&Hit) -> i64,
-    ) -> Verdict {
+    fn counter(&mut self, call: &Call, hits: &[Hit]) -> Verdict {
+        let Call {
+            rule,
+            ri,
+            key,
+            wall_now,
+        } = *call;
+        let now_of = |h: &Hit| call.now_of(h);
         let window = rule.window_ms;
         let limit = i64::from(rule.hits);
         let (mut cur, mut c, mut p, mut mark) = match self.entry(ri, key, wall_now).map(|e| &e.state) {

@@ -57,18 +57,10 @@ impl Reader {
         max_line: usize,
     ) -> io::Result<(Reader, Start)> {
         let file = File::open(&path)?;
-        let meta = file.metadata()?;
+        let (meta, id, head) = identify(&file)?;
         if !meta.is_file() {
             return Err(io::Error::other("not a regular file"));
         }
-        let mut buf = [0u8; FINGERPRINT_BYTES];
-        let n = read_head(&file, &mut buf)?;
-        let head = &buf[..n];
-        let id = FileId {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            fingerprint: fingerprint_of(head),
-        };
         let size = meta.len();
         let (split, start, restart) = match offsets.get(&path) {
             Some((saved, offset)) if saved.same_file(&id) && offset <= size => {
@@ -84,7 +76,7 @@ impl Reader {
             path,
             id,
             file,
-            head: head.to_vec(),
+            head,
             split,
             last_data: Instant::now(),
         };
@@ -192,15 +184,7 @@ impl Reader {
         max_line: usize,
     ) -> io::Result<Option<Reader>> {
         let file = File::open(found)?;
-        let meta = file.metadata()?;
-        let mut buf = [0u8; FINGERPRINT_BYTES];
-        let n = read_head(&file, &mut buf)?;
-        let head = &buf[..n];
-        let id = FileId {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            fingerprint: fingerprint_of(head),
-        };
+        let (meta, id, head) = identify(&file)?;
         if !meta.is_file() || !want.same_file(&id) {
             return Ok(None);
         }
@@ -210,11 +194,26 @@ impl Reader {
             path,
             id,
             file,
-            head: head.to_vec(),
+            head,
             split: LineSplitter::new(max_line, start),
             last_data: Instant::now(),
         }))
     }
+}
+
+/// An open file's metadata, identity and first bytes (none read but from
+/// a regular file).
+fn identify(file: &File) -> io::Result<(std::fs::Metadata, FileId, Vec<u8>)> {
+    let meta = file.metadata()?;
+    let mut buf = [0u8; FINGERPRINT_BYTES];
+    let n = if meta.is_file() { read_head(file, &mut buf)? } else { 0 };
+    let head = buf[..n].to_vec();
+    let id = FileId {
+        dev: meta.dev(),
+        ino: meta.ino(),
+        fingerprint: fingerprint_of(&head),
+    };
+    Ok((meta, id, head))
 }
 
 /// A splitter at the start of the line being written at the end of the file,
