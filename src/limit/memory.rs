@@ -67,6 +67,10 @@ struct Call {
 }
 
 impl Call {
+    fn parts(&self) -> (Params, usize, IpNet, i64) {
+        (self.rule, self.ri, self.key, self.wall_now)
+    }
+
     /// The time a hit is judged at, as the scripts take it.
     fn now_of(&self, h: &Hit) -> i64 {
         if self.rule.clock == Clock::Redis {
@@ -199,12 +203,7 @@ impl MemoryLimiter {
     /// The sliding window's steps (`lua/sliding_window.lua`, one group),
     /// with its entry looked up once per batch, not per hit.
     fn sliding(&mut self, call: &Call, hits: &[Hit]) -> Verdict {
-        let Call {
-            rule,
-            ri,
-            key,
-            wall_now,
-        } = *call;
+        let (rule, ri, key, wall_now) = call.parts();
         let now_of = |h: &Hit| call.now_of(h);
         let (window_ms, limit, pre) = (rule.window_ms, rule.hits as usize, rule.prefilter);
         let fixed = &mut self.fixed;
@@ -265,12 +264,7 @@ impl MemoryLimiter {
     }
 
     fn bucket(&mut self, call: &Call, hits: &[Hit]) -> Verdict {
-        let Call {
-            rule,
-            ri,
-            key,
-            wall_now,
-        } = *call;
+        let (rule, ri, key, wall_now) = call.parts();
         let now_of = |h: &Hit| call.now_of(h);
         let interval = rule.interval_us.max(1);
         let burst = i64::from(rule.hits);
@@ -316,12 +310,7 @@ impl MemoryLimiter {
     }
 
     fn counter(&mut self, call: &Call, hits: &[Hit]) -> Verdict {
-        let Call {
-            rule,
-            ri,
-            key,
-            wall_now,
-        } = *call;
+        let (rule, ri, key, wall_now) = call.parts();
         let now_of = |h: &Hit| call.now_of(h);
         let window = rule.window_ms;
         let limit = i64::from(rule.hits);
