@@ -30,6 +30,8 @@ mod script;
 
 use std::time::Duration;
 
+#[doc(hidden)]
+pub use self::listing::bench_parse as bench_parse_listing;
 pub use self::log::LogEnforcer;
 pub use self::nft::NftEnforcer;
 
