@@ -9,14 +9,16 @@
 //! The rules are recognised by their comment (`script::rule_comment`).
 //!
 //! The listing is read into typed structs of the parts we use (serde derive,
-//! one visitor for the element, whose shape varies); keys and objects we do
+//! one visitor for the element, whose shape varies): keys and objects we do
 //! not read are skipped, an element of a shape we do not know is counted,
-//! a set or chain whose fields have other types or values is wrong (it is
-//! re-created). Only what is not a listing at all (not JSON, no `nftables`
-//! array of objects) is an error. Not the `nftables` crate's schema, nor
-//! `serde_json::Value`: parsing 100,000 elements (`benches/listing.rs`, one
-//! run, medians) took 28 ms this way, 128 ms as `Value` and 170 ms with the
-//! crate, whose untagged expression enums buffer and retry each element.
+//! a set or chain of ours with another type, flags, hook, priority or
+//! policy (of any JSON type) is wrong and re-created. What is not nft's
+//! shape around them (not JSON, no `nftables` array of objects, a name or
+//! comment that is not a string) is an error. Not the `nftables` crate's
+//! schema, nor `serde_json::Value`: parsing 100,000 elements
+//! (`benches/listing.rs`, one run, medians) took 28 ms this way, 128 ms as
+//! `Value` and 170 ms with the crate, whose untagged expression enums
+//! buffer and retry each element.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -167,7 +169,7 @@ impl ListedSet {
         } else {
             &["timeout"]
         };
-        matches!(&self.set_type, Some(Or::Is(t)) if t == want_type) && flags == want
+        is(&self.set_type, want_type) && flags == want
     }
 }
 
@@ -177,17 +179,17 @@ struct Chain {
     table: Option<String>,
     name: Option<String>,
     #[serde(rename = "type")]
-    chain_type: Option<String>,
-    hook: Option<String>,
+    chain_type: Option<Or<String>>,
+    hook: Option<Or<String>>,
     prio: Option<Or<i64>>,
-    policy: Option<String>,
+    policy: Option<Or<String>>,
 }
 
 impl Chain {
     fn is_right(&self) -> bool {
-        self.chain_type.as_deref() == Some(script::CHAIN_TYPE)
-            && self.hook.as_deref() == Some(script::CHAIN_HOOK)
-            && self.policy.as_deref() == Some(script::CHAIN_POLICY)
+        is(&self.chain_type, script::CHAIN_TYPE)
+            && is(&self.hook, script::CHAIN_HOOK)
+            && is(&self.policy, script::CHAIN_POLICY)
             && matches!(self.prio, Some(Or::Is(script::CHAIN_PRIO)))
     }
 }
@@ -208,6 +210,11 @@ struct Rule {
 enum Or<T> {
     Is(T),
     Other(IgnoredAny),
+}
+
+/// Whether a listed name is `want`.
+fn is(name: &Option<Or<String>>, want: &str) -> bool {
+    matches!(name, Some(Or::Is(n)) if n == want)
 }
 
 /// A set element as listed, its addresses and seconds; an element of a
@@ -493,6 +500,7 @@ mod tests {
             ),
             (r#""prio": -10"#, r#""prio": "filter""#, [false; 4], true),
             (r#""hook": "input""#, r#""hook": "forward""#, [false; 4], true),
+            (r#""policy": "accept""#, r#""policy": 1"#, [false; 4], true),
         ] {
             let doc = LISTING.replacen(from, to, 1);
             assert_ne!(doc, LISTING, "{from}");
