@@ -1,7 +1,7 @@
 //! Parse + match + decide, the `fleetban test` path, over the shared corpus
 //! (10,000 real lines) with the shipped scraper rule and the memory store.
 //! Whole-process figures (1M generated lines, `run` against Redis) come from
-//! `scripts/bench.sh`.
+//! `bench/quick.sh`.
 
 use std::path::{Path, PathBuf};
 

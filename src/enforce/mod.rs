@@ -32,6 +32,8 @@ mod script;
 use std::time::Duration;
 
 pub use self::change::{fold, Change, Changes, Folded};
+#[doc(hidden)]
+pub use self::listing::bench_parse as bench_parse_listing;
 pub use self::log::LogEnforcer;
 pub use self::nft::NftEnforcer;
 

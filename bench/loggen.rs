@@ -1,9 +1,13 @@
 //! A deterministic nginx `combined` log generator for benchmarks and load
 //! tests: ordinary clients (a share of them IPv6) browsing pages and static
-//! files, plus scrapers fetching pages at a steady rate.
+//! files, plus scrapers fetching pages at a steady rate. The drivers in
+//! `bench/` run it (`bench/exe.sh loggen` builds it and prints its path).
 //!
-//! cargo run --release --example loggen -- --lines 1000000 [--clients 50000]
+//! cargo bench --bench loggen -- --lines 1000000 [--clients 50000]
 //!     [--scrapers 20] [--per-second 2000] [--start-ms MS] [--ipv6 0.1] [--seed 1] > access.log
+//!
+//! `--lines` is required: `cargo test --bench '*'` and a bare `cargo bench`
+//! run every bench target without arguments, and then it only says so.
 
 use std::io::{BufWriter, Write};
 
@@ -56,6 +60,10 @@ const UAS: [&str; 4] = [
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if !args.iter().any(|a| a == "--lines") {
+        eprintln!("usage: loggen --lines N [--clients 50000] [--scrapers 20] [--per-second 2000] [--start-ms MS] [--ipv6 0.1] [--seed 1]");
+        return;
+    }
     let lines: u64 = arg(&args, "--lines", 1_000_000);
     let clients: u64 = arg(&args, "--clients", 50_000);
     let scrapers: u64 = arg(&args, "--scrapers", 20);

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The limiter's throughput on one Redis server vs a three-master Redis
 # Cluster (README, "TLS, Sentinel, Cluster"): private servers on loopback
-# TCP, one run; see examples/bench_cluster.rs.
-# Usage: scripts/bench-cluster.sh [ADDRESSES]   (default 10000)
+# TCP, one run; see bench/cluster.rs.
+# Usage: bench/cluster.sh [ADDRESSES]   (default 10000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ADDRESSES=${1:-10000}
-cargo build --release --example bench_cluster >/dev/null
+cargo bench --no-run --bench cluster
 work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
@@ -32,4 +32,4 @@ for _ in $(seq 200); do
   redis-cli -p "${nodes[0]#*:}" cluster info | grep -q cluster_state:ok && break; sleep 0.05
 done
 echo "machine: $(nproc) cores, $(redis-server --version | cut -d' ' -f3), $ADDRESSES addresses"
-target/release/examples/bench_cluster "redis://127.0.0.1:$single" "redis://${nodes[0]}" "$ADDRESSES"
+cargo bench -q --bench cluster -- "redis://127.0.0.1:$single" "redis://${nodes[0]}" "$ADDRESSES"

@@ -6,14 +6,14 @@
 #  2. A backlog 10x larger appended at once: the daemon's RSS sampled every
 #     0.5 s while it catches up (min / median / max): memory stays flat
 #     because reading pauses while the pipeline is busy (bounded channel).
-# Usage: scripts/bench-follow.sh [LINES]   (default 1000000; needs ~22x LINES*200 bytes in $TMPDIR)
+# Usage: bench/follow.sh [LINES]   (default 1000000; needs ~22x LINES*200 bytes in $TMPDIR)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LINES=${1:-1000000}
 BIG=$((LINES * 10))
-cargo build --release --bin fleetban --example loggen >/dev/null
+cargo build --release --bin fleetban >/dev/null
 BIN=$PWD/target/release/fleetban
-GEN=$PWD/target/release/examples/loggen
+GEN=$(bench/exe.sh loggen)
 work=$(mktemp -d)
 cleanup() { [ -n "${rpid:-}" ] && kill "$rpid" 2>/dev/null; [ -n "${dpid:-}" ] && kill "$dpid" 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT

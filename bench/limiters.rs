@@ -1,6 +1,6 @@
 //! What each limiter costs in Redis: bytes per tracked address and script
 //! calls per second, against the redis-server given by URL (run it with
-//! `scripts/bench-limiters.sh`, which starts a private one).
+//! `bench/limiters.sh`, which starts a private one).
 //!
 //! For each algorithm at limits 100 and 1,000: 10,000 addresses are filled
 //! to the limit (hits spread over half the window, 100 hits per call, the
@@ -10,7 +10,10 @@
 //! `RedisLimiter` (pipelined, as the daemon does): calls/s from the client,
 //! and Redis CPU µs per call from the server's `used_cpu_user + used_cpu_sys`.
 //!
-//! cargo run --release --example bench_limiters -- unix:///path/redis.sock [ADDRESSES]
+//! cargo bench --bench limiters -- unix:///path/redis.sock [ADDRESSES]
+//!
+//! Without a URL (`cargo test --bench '*'`, a bare `cargo bench`) it prints
+//! its usage and exits.
 
 use std::time::{Duration, Instant};
 
@@ -58,10 +61,10 @@ fn rule(name: &str, limit: u32) -> RuleLimit {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let url = args
-        .get(1)
-        .cloned()
-        .expect("usage: bench_limiters REDIS_URL [ADDRESSES]");
+    let Some(url) = args.get(1).filter(|a| a.contains("://")).cloned() else {
+        eprintln!("usage: cargo bench --bench limiters -- REDIS_URL [ADDRESSES] (bench/limiters.sh starts a Redis)");
+        return;
+    };
     let addresses: u32 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(10_000);
     let cfg = RedisConfig::single(url, Duration::from_secs(30));
     let mut con = store::connect(&cfg, Some(Duration::from_secs(60)))

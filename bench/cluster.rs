@@ -1,11 +1,14 @@
 //! What a Redis Cluster costs the limiter: `RedisLimiter` on one server
 //! (one pipeline per slice) against a Cluster (one call per key, sent
 //! concurrently: the cluster client refuses pipelines across slots), same
-//! sliding_window calls of one hit each. Run it with `scripts/bench-cluster.sh`,
+//! sliding_window calls of one hit each. Run it with `bench/cluster.sh`,
 //! which starts a private server and a private three-master cluster on
 //! loopback.
 //!
-//! cargo run --release --example bench_cluster -- SINGLE_URL CLUSTER_SEED_URL [ADDRESSES]
+//! cargo bench --bench cluster -- SINGLE_URL CLUSTER_SEED_URL [ADDRESSES]
+//!
+//! Without the URLs (`cargo test --bench '*'`, a bare `cargo bench`) it
+//! prints its usage and exits.
 
 use std::time::{Duration, Instant};
 
@@ -54,8 +57,10 @@ async fn run(cfg: &RedisConfig, addresses: u32, rounds: u32, base: u32) -> f64 {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let (Some(single), Some(cluster)) = (args.get(1), args.get(2)) else {
-        panic!("usage: bench_cluster SINGLE_URL CLUSTER_SEED_URL [ADDRESSES]");
+    let url = |i: usize| args.get(i).filter(|a| a.contains("://"));
+    let (Some(single), Some(cluster)) = (url(1), url(2)) else {
+        eprintln!("usage: cargo bench --bench cluster -- SINGLE_URL CLUSTER_SEED_URL [ADDRESSES] (bench/cluster.sh starts the servers)");
+        return;
     };
     let addresses: u32 = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(10_000);
     let rounds = 20;

@@ -1,7 +1,10 @@
-//! Whole-process fleet benchmarks, ignored by default (no timed assertions
-//! in tests): run by `scripts/bench-fleet.sh`, which builds in release and
-//! passes `--ignored --nocapture`. They print figures; they assert only that
-//! the work happened.
+//! Whole-process fleet benchmarks (root: namespaces, nft), run by
+//! `bench/fleet.sh`. A `[[bench]]` target without libtest that runs the
+//! benchmarks named on its command line (`propagation_latency`,
+//! `start_with_100k_bans`), so `cargo test --bench '*'` and a bare
+//! `cargo bench` run none. They print figures; they assert only that the
+//! work happened. Daemons, Redis and namespaces are the integration tests'
+//! guards (`tests/common`).
 //!
 //! - `propagation_latency`: two hosts (namespaces), one Redis. A line pair
 //!   that bans a fresh address is appended to host A's log; `nft monitor` in
@@ -12,6 +15,7 @@
 //! - `start_with_100k_bans`: 100,000 active bans in the list, a daemon
 //!   starts; time from spawn to all of them in the kernel's sets.
 
+#[path = "../tests/common/mod.rs"]
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
@@ -21,6 +25,21 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{combined_line, nft_bans, Daemon, NetNs, Redis};
+
+fn main() {
+    let mut ran = false;
+    for name in std::env::args().skip(1) {
+        match name.as_str() {
+            "propagation_latency" => propagation_latency(),
+            "start_with_100k_bans" => start_with_100k_bans(),
+            _ => continue,
+        }
+        ran = true;
+    }
+    if !ran {
+        eprintln!("usage: cargo bench --bench fleet -- propagation_latency start_with_100k_bans (bench/fleet.sh)");
+    }
+}
 
 fn now_us() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as i64
@@ -67,8 +86,6 @@ fn report(name: &str, v: &mut [f64]) {
     );
 }
 
-#[test]
-#[ignore = "benchmark: scripts/bench-fleet.sh"]
 fn propagation_latency() {
     let n: usize = std::env::var("BANS").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
     let redis = Redis::start();
@@ -138,8 +155,6 @@ fn propagation_latency() {
     report("ban in Redis -> B (±1 ms)", &mut to_set);
 }
 
-#[test]
-#[ignore = "benchmark: scripts/bench-fleet.sh"]
 fn start_with_100k_bans() {
     let n: usize = std::env::var("START_BANS")
         .ok()

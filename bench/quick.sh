@@ -3,14 +3,14 @@
 #  1. `fleetban test` on a generated log (parse + match + decide): lines/s, CPU s
 #  2. `fleetban run` against a private redis-server: lines/s end to end and
 #     Redis round trips per 1,000 hits, with the log appended while it runs.
-# Usage: scripts/bench.sh [LINES] [REPS]   (defaults 1000000, 3)
+# Usage: bench/quick.sh [LINES] [REPS]   (defaults 1000000, 3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LINES=${1:-1000000}
 REPS=${2:-3}
-cargo build --release --bin fleetban --example loggen >/dev/null
+cargo build --release --bin fleetban >/dev/null
 BIN=$PWD/target/release/fleetban
-GEN=$PWD/target/release/examples/loggen
+GEN=$(bench/exe.sh loggen)
 work=$(mktemp -d)
 cleanup() { [ -n "${rpid:-}" ] && kill "$rpid" 2>/dev/null; [ -n "${dpid:-}" ] && kill "$dpid" 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
