@@ -30,7 +30,7 @@ enum Command {
         /// Decide and record bans, but never touch the firewall.
         #[arg(long)]
         dry_run: bool,
-        /// Benchmark baseline only (scripts/bench-compare.sh): one EVALSHA
+        /// Benchmark baseline only (bench/compare.sh): one EVALSHA
         /// per hit, each awaited, no pipeline. Not a user feature.
         #[arg(long, hide = true)]
         bench_one_call_per_hit: bool,

@@ -1,7 +1,7 @@
 //! This host's view of the ban list: who is banned until when. Filled from
 //! the list at start, then from the events and our own decisions. The hot
 //! path asks it whether a hit's client is banned at the hit's time, so a
-//! banned client's hits are not counted (DESIGN §2).
+//! banned client's hits are not counted (docs/design.md §2).
 
 use std::collections::HashMap;
 

@@ -1,5 +1,5 @@
 //! The ban list: one entry per address or network, each with its own expiry
-//! (DESIGN §3). In Redis for a fleet, where `lua/ban.lua` writes the list,
+//! (docs/design.md §3). In Redis for a fleet, where `lua/ban.lua` writes the list,
 //! the record, the offence count and the event in one atomic call; embedded
 //! (a map saved under `state_dir`) for a single host, with the same rules.
 

@@ -16,7 +16,7 @@ pub struct RedisConfig {
     pub servers: Servers,
     /// CA and client certificate for TLS (`rediss://`), read at load.
     pub tls: Option<TlsFiles>,
-    /// Key prefix; hash tags are added around it where DESIGN §3 says.
+    /// Key prefix; hash tags are added around it where docs/design.md §3 says.
     pub prefix: String,
     /// Per-command timeout; a slower Redis counts as down.
     pub timeout: Duration,

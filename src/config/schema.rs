@@ -1,4 +1,4 @@
-//! The configuration as written: serde structs mirroring the YAML of DESIGN §5,
+//! The configuration as written: serde structs mirroring the YAML of docs/design.md §5,
 //! every one with `deny_unknown_fields`, every value parsed where it stands so
 //! that errors carry the line and column. `mod.rs` turns these into the
 //! validated [`super::Config`].

@@ -625,7 +625,7 @@ mod tests {
     }
 
     /// The request targets of the shared corpus (10,000 real lines) and of
-    /// `examples/loggen.rs`, with case and query variants.
+    /// `bench/loggen.rs`, with case and query variants.
     fn real_paths() -> &'static [Vec<u8>] {
         static PATHS: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
         PATHS.get_or_init(|| {

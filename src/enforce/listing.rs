@@ -542,7 +542,7 @@ mod tests {
                 ..Preamble::default()
             })
         );
-        // The layout of DESIGN §4 (v4 an interval set) is re-created.
+        // The original layout (docs/design.md §9: v4 an interval set) is re-created.
         let bad = LISTING.replacen(r#""flags": ["timeout"]"#, r#""flags": ["interval", "timeout"]"#, 1);
         let view = parse(bad.as_bytes(), &NftOptions::default(), 0).unwrap();
         let p = view.preamble.unwrap();

@@ -20,8 +20,8 @@ pub(crate) const CHAIN_HOOK: &str = "input";
 pub(crate) const CHAIN_PRIO: i64 = -10;
 pub(crate) const CHAIN_POLICY: &str = "accept";
 
-/// The four sets (a change from DESIGN §4's two interval sets: nft 1.0.6
-/// reads every element of every interval set before each change, so with
+/// The four sets (docs/design.md §4; the original design had two interval
+/// sets, §9: nft 1.0.6 reads every element of every interval set before each change, so with
 /// 100k elements in them every later transaction cost 1.2-2.4 s; plain
 /// sets cost ~10 ms). Single IPv4 addresses go to the plain set `v4`, IPv6
 /// /64 prefixes (the default `ipv6_prefix`) to the plain set `v6` as their

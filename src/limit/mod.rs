@@ -1,6 +1,6 @@
 //! The limiter: given batches of hits per (rule, client key), decides which
 //! hit, if any, goes over the rule's limit. Two implementations with one
-//! semantics (DESIGN §2): the Redis scripts of `lua/` for a fleet, and
+//! semantics (docs/design.md §2): the Redis scripts of `lua/` for a fleet, and
 //! [`MemoryLimiter`] for a single host and for `fleetban test`. The
 //! differential tests hold them to the same decisions hit by hit.
 

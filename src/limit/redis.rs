@@ -45,7 +45,7 @@ pub struct RedisLimiter {
     pub round_trips: u64,
     /// Benchmark baseline only (`run --bench-one-call-per-hit`, hidden): the
     /// seeds' textbook form, one EVALSHA per hit, each awaited before the
-    /// next. Same decisions, for comparison in scripts/bench-compare.sh.
+    /// next. Same decisions, for comparison in bench/compare.sh.
     pub one_call_per_hit: bool,
 }
 

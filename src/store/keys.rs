@@ -97,7 +97,7 @@ impl Keys {
     }
 
     /// Offence count of one address. Tagged with the prefix, not the address
-    /// (a change from DESIGN's `fleetban:off:{ADDR}`): `ban.lua` reads and
+    /// (a change from the original design's `fleetban:off:{ADDR}`, docs/design.md §9): `ban.lua` reads and
     /// bumps it in the same atomic call as the ban list, which in a Cluster
     /// requires the same slot.
     pub fn offences(&self, addr: &IpNet) -> String {
