@@ -1,8 +1,13 @@
-//! The limiter: given batches of hits per (rule, client key), decides which
-//! hit, if any, goes over the rule's limit. Two implementations with one
-//! semantics (docs/design.md §2): the Redis scripts of `lua/` for a fleet, and
-//! [`MemoryLimiter`] for a single host and for `fleetban test`. The
+//! The limiter: given hits per (rule, client key), decides which hit, if
+//! any, goes over the rule's limit. Two implementations with one semantics
+//! (docs/design.md §2): the Redis scripts of `lua/` for a fleet
+//! ([`RedisLimiter`]), and [`MemoryLimiter`] for a single host, for
+//! `fleetban test` and as the fallback while Redis is down. The
 //! differential tests hold them to the same decisions hit by hit.
+//!
+//! [`Limiter`] (`limiter.rs`) is what the daemon holds: the pending hits and
+//! when they go (`pending.rs`), the backend, and what happens while Redis
+//! does not answer (`fallback.rs`).
 
 mod fallback;
 mod limiter;
