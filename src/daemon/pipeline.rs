@@ -72,11 +72,16 @@ pub struct Inputs {
 }
 
 pub struct Pipeline {
+    /// Names, windows, ban policies and counters of the running rules.
     rules: Vec<RuleInfo>,
+    /// Lines into hits.
     scanner: Scanner,
+    /// Hits into verdicts (and when to send them).
     limiter: Limiter,
+    /// Verdicts over the limit into bans; this host's view of the list.
     bans: Bans,
     inputs: Inputs,
+    /// Where committed offsets go.
     offsets: Arc<OffsetStore>,
     stats: Arc<Stats>,
     /// Chunks whose hits may be pending: (sequence number, path, file, end
