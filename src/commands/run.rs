@@ -7,7 +7,7 @@ use fleetban::daemon;
 use super::{failed, load, runtime, Outcome};
 
 pub fn run(path: &Path, dry_run: bool, bench_one_call_per_hit: bool) -> Outcome {
-    daemon::init_logging();
+    daemon::prepare_process();
     let config = load(path)?;
     let options = daemon::Options {
         dry_run,
