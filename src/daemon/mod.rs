@@ -80,8 +80,8 @@ pub(crate) fn trim_heap() {
 /// view of the list) are freed right after the start, but what each thread
 /// keeps live scatters over its own arena and pins partly used pages there:
 /// measured with 100,000 bans, RSS 26.2-33.3 MB from start to start with the
-/// default, 26.2-26.6 MB with two arenas (BENCHMARKS.md). Called before any
-/// other thread starts.
+/// default, 27.0-27.3 MB in 9 of 10 starts with two arenas (BENCHMARKS.md).
+/// Called before any other thread starts.
 fn limit_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt takes two integers; it only sets glibc's tunable.
