@@ -1,18 +1,25 @@
 //! fleetban: a log-tailing ban daemon for a fleet of nginx hosts.
 //!
 //! # Layout
-//! The modules follow the data flow, bytes to firewall:
+//! The modules follow the data flow, bytes to firewall, each importing only
+//! from those below it (ARCHITECTURE.md; the contract is docs/design.md):
+//! - `addr`: addresses as text, the gate for values read back, client keys.
 //! - `source`: follows log files (tail -F), yields chunks of whole lines with offsets.
 //! - `parse`: one line to a [`parse::Request`] (nginx combined/common, log_format, regex).
-//! - `detect`: rules decide which requests are hits; hits are batched per (rule, address).
-//! - `limit`: the sliding window, in Redis (`lua/`) or in memory, same semantics.
-//! - `bans`: the ban list (Redis or embedded), escalation, allow list, safety valve.
 //! - `enforce`: nftables (or a log, for dry runs); the only module that runs nft.
-//! - `fleet`: follows the fleet's ban events and reconciles the local set with the list.
-//! - `daemon`: wires the tasks together: `run`, shutdown, control socket.
-//! - `replay`: `fleetban test`, the offline replay with log time.
 //! - `config`: the YAML files, validated, with file:line:column errors.
-//! - `store`: the Redis connection and key names.
+//! - `detect`: the per-line loop: which requests are hits, for which rule and client.
+//! - `store`: the Redis connection and its health, key names, the Lua scripts.
+//! - `limit`: the limiter: pending hits, the windows in Redis (`lua/`) or in
+//!   memory with the same semantics, the fallback while Redis is down.
+//! - `bans`: the one owner of ban application: ban list (Redis or embedded),
+//!   escalation, safety valve, the queue while Redis is down, this host's view.
+//! - `fleet`: follows the fleet's ban events and reconciles the local set with the list.
+//! - `control`: the control socket's protocol, client and server.
+//! - `replay`: `fleetban test`, the offline replay with log time.
+//! - `daemon`: `fleetban run`: start, tasks, pipeline, reload, shutdown.
+//!
+//! The command line (`src/main.rs`, `src/commands/`) is the binary's.
 
 pub mod addr;
 pub mod bans;

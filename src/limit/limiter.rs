@@ -75,7 +75,7 @@ pub struct Flight(RedisLimiter);
 
 /// A [`Flight`]'s answer, for [`Limiter::land`].
 pub struct Landed {
-    pub batches: Vec<Batch>,
+    batches: Vec<Batch>,
     verdicts: Vec<Verdict>,
     result: Result<(), LimitError>,
     trips: u64,
