@@ -24,8 +24,6 @@ pub(super) struct Queue {
     /// (request, time decided in ms, local end) in decision order.
     items: VecDeque<(BanRequest, i64, Until)>,
     pub held: Held,
-    /// Bans dropped from a full queue (enforced here, never written).
-    pub dropped: u64,
 }
 
 impl Queue {
@@ -34,7 +32,6 @@ impl Queue {
             health,
             items: VecDeque::new(),
             held: Held::default(),
-            dropped: 0,
         }
     }
 
@@ -42,7 +39,6 @@ impl Queue {
     /// if the queue is full (the ban stays enforced here, unwritten).
     pub fn push(&mut self, req: BanRequest, at_ms: i64, until: Until) -> bool {
         if self.items.len() >= QUEUE_CAP {
-            self.dropped += 1;
             return false;
         }
         self.lock_held().push(Element { net: req.addr, until });

@@ -375,9 +375,8 @@ impl Pipeline {
             self.commit();
             return true;
         };
-        self.stats
-            .inflight_hits
-            .store(Limiter::flight_hits(&batches) as u64, Relaxed);
+        let hits: usize = batches.iter().map(|b| b.hits.len()).sum();
+        self.stats.inflight_hits.store(hits as u64, Relaxed);
         self.inflight = Some(tokio::spawn(flight.run(batches)));
         true
     }

@@ -203,11 +203,6 @@ impl Limiter {
         }
     }
 
-    /// Hits of a [`Flight`] in the air.
-    pub fn flight_hits(batches: &[Batch]) -> usize {
-        batches.iter().map(|b| b.hits.len()).sum()
-    }
-
     /// Takes a [`Flight`]'s answer; what it could not decide is decided as
     /// [`Limiter::decide`] does. The batches and their verdicts, or None if
     /// asked to stop meanwhile.

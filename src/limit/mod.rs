@@ -15,7 +15,6 @@ mod memory;
 mod pending;
 mod redis;
 
-pub use self::fallback::local_limits;
 pub use self::limiter::{Flight, Landed, LimitCounters, Limiter};
 pub use self::memory::MemoryLimiter;
 pub use self::pending::{Batch, HoldPolicy, Pending};
