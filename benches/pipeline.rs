@@ -32,7 +32,7 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("replay");
     g.throughput(Throughput::Elements(lines));
     g.bench_function("corpus_scraper_rule", |b| {
-        b.iter(|| fleetban::replay::replay(&config.rules, &[log.as_path()], &allow, 64).unwrap())
+        b.iter(|| fleetban::replay::replay(&config.rules, &[log.as_path()], &allow, &config.proxies, 64).unwrap())
     });
     g.finish();
 }

@@ -65,6 +65,59 @@ pub fn client_key(a: IpAddr, v6_prefix: u8) -> IpNet {
     }
 }
 
+/// A few networks asked once per line whether they hold an address: kept
+/// as (network, mask) integers per family, scanned linearly. Decides as
+/// `IpNet::contains` on the [`normalize`]d address.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NetSet {
+    nets: Vec<IpNet>,
+    v4: Vec<(u32, u32)>,
+    v6: Vec<(u128, u128)>,
+}
+
+impl NetSet {
+    pub fn new(nets: &[IpNet]) -> NetSet {
+        let mut set = NetSet {
+            nets: nets.to_vec(),
+            ..NetSet::default()
+        };
+        for n in nets {
+            match n {
+                IpNet::V4(n) => set.v4.push((n.network().to_bits(), n.netmask().to_bits())),
+                IpNet::V6(n) => set.v6.push((n.network().to_bits(), n.netmask().to_bits())),
+            }
+        }
+        set
+    }
+
+    #[inline]
+    pub fn contains(&self, a: IpAddr) -> bool {
+        match normalize(a) {
+            IpAddr::V4(a) => {
+                let a = a.to_bits();
+                self.v4.iter().any(|&(net, mask)| a & mask == net)
+            }
+            IpAddr::V6(a) => {
+                let a = a.to_bits();
+                self.v6.iter().any(|&(net, mask)| a & mask == net)
+            }
+        }
+    }
+
+    /// Whether a network of the set and `net` share any address.
+    pub fn overlaps(&self, net: &IpNet) -> bool {
+        self.nets.iter().any(|n| n.contains(net) || net.contains(n))
+    }
+
+    pub fn nets(&self) -> &[IpNet] {
+        &self.nets
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nets.is_empty()
+    }
+}
+
 /// Serde as [`AddrText`] writes and [`parse_member`] reads: `#[serde(with =
 /// "crate::addr::text")]` on an `IpNet` (records, the control protocol).
 pub mod text {

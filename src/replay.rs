@@ -58,9 +58,16 @@ pub struct Report {
     pub decisions: Vec<Decision>,
 }
 
-/// Replays `files` through `rules`; `allow` is never counted.
-pub fn replay(rules: &[Rule], files: &[&Path], allow: &AllowList, ipv6_prefix: u8) -> std::io::Result<Report> {
-    let plan = Plan::new(rules).map_err(|e| std::io::Error::other(e.to_string()))?;
+/// Replays `files` through `rules`; `allow` is never counted, `proxies`
+/// name the client in forwarded lists.
+pub fn replay(
+    rules: &[Rule],
+    files: &[&Path],
+    allow: &AllowList,
+    proxies: &[ipnet::IpNet],
+    ipv6_prefix: u8,
+) -> std::io::Result<Report> {
+    let plan = Plan::new(rules, proxies).map_err(|e| std::io::Error::other(e.to_string()))?;
     let mut scanner = Scanner::new(detect::Mode::Replay, plan, allow.clone(), ipv6_prefix);
     let wall = crate::now_ms();
     let mut r = Replay {

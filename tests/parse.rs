@@ -454,13 +454,20 @@ fn injected_addresses_never_become_the_client() {
 fn free_text_before_the_address_must_be_quoted() {
     for format in [
         "$http_user_agent $remote_addr [$time_local]",
-        "$http_x_forwarded_for - $remote_addr [$time_local]",
         "$host $remote_addr [$time_local]",
         "[$request] $remote_addr",
     ] {
         let e = error(Format::LogFormat(format.into()));
         assert!(matches!(e, FormatError::AmbiguousBeforeAddr { .. }), "{format}: {e}");
         assert!(e.to_string().contains("before `$remote_addr`"), "{e}");
+    }
+    // A forwarded list anywhere but quoted or last.
+    for format in [
+        "$http_x_forwarded_for - $remote_addr [$time_local]",
+        "$remote_addr $http_x_forwarded_for [$time_local]",
+    ] {
+        let e = error(Format::LogFormat(format.into()));
+        assert!(matches!(e, FormatError::UnquotedForwarded { .. }), "{format}: {e}");
     }
     // Tokens nginx writes itself, fixed-width times and quoted text are fine.
     for format in [

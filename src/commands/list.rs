@@ -82,6 +82,13 @@ pub fn bans(path: &Path, json: bool) -> Outcome {
 pub fn ban(path: &Path, args: &BanArgs) -> Outcome {
     let config = load(path)?;
     let net = target(&args.target)?;
+    if let Some(proxy) = config.proxies.iter().find(|p| p.contains(&net) || net.contains(*p)) {
+        return Err(Failure::Usage(format!(
+            "{} overlaps the trusted proxy network {proxy} (`proxies:`): never banned, since every client \
+             behind it would be cut off",
+            AddrText(&net)
+        )));
+    }
     if AllowList::fleet(&config.allow).overlaps(&net) {
         return Err(Failure::Usage(format!(
             "{} overlaps the allow list (loopback or `allow:`): not banned",

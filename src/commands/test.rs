@@ -57,8 +57,9 @@ pub fn test(path: &Path, rule: Option<&str>, json: bool, logs: &[PathBuf]) -> Ou
         }
     }
     let files: Vec<&Path> = logs.iter().map(PathBuf::as_path).collect();
-    let allow = AllowList::fleet(&config.allow);
-    let report = fleetban::replay::replay(&config.rules, &files, &allow, config.ipv6_prefix).context("reading logs")?;
+    let allow = AllowList::fleet(&config.never_banned());
+    let report = fleetban::replay::replay(&config.rules, &files, &allow, &config.proxies, config.ipv6_prefix)
+        .context("reading logs")?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let written = if json {
         print_json(&mut out, &report)

@@ -10,6 +10,7 @@
 
 mod error;
 mod firewall;
+mod http;
 mod redis;
 mod rules;
 mod schema;
@@ -24,6 +25,7 @@ use serde_saphyr::Location;
 
 pub use error::{ConfigError, ConfigErrors};
 pub use firewall::FirewallConfig;
+pub use http::{HttpConfig, Listen, DEFAULT_GROUP as DEFAULT_HTTP_GROUP};
 pub use redis::{RedisConfig, Servers, TlsFiles};
 pub use rules::{BanPolicy, Limit, Rule};
 pub use schema::{ActionSpec, Algorithm, Backend, Clock, MatchSpec, OnDown, Scope};
@@ -46,6 +48,11 @@ pub struct Config {
     pub firewall: FirewallConfig,
     /// Networks never banned, besides loopback and the host's own addresses.
     pub allow: Vec<IpNet>,
+    /// Trusted hops in front of nginx: never counted, never banned, and
+    /// the only ones whose forwarded list names the client.
+    pub proxies: Vec<IpNet>,
+    /// The decision endpoint for nginx `auth_request`, off when `None`.
+    pub http: Option<HttpConfig>,
     /// IPv6 clients are counted and banned per prefix of this length.
     pub ipv6_prefix: u8,
     /// Safety valve: new bans this host may apply per minute.
@@ -99,6 +106,16 @@ impl Config {
             }
         });
 
+        let proxies: Vec<IpNet> = main
+            .proxies
+            .as_ref()
+            .map(|p| p.value.0.iter().map(|n| n.0).collect())
+            .unwrap_or_default();
+        let http = main
+            .http
+            .as_ref()
+            .and_then(|h| http::http_config(path, &h.value, &mut errors));
+
         let mut rules = Vec::new();
         let mut seen: HashMap<String, (PathBuf, Location)> = HashMap::new();
         for pattern in &main.rules.value.0 {
@@ -111,7 +128,7 @@ impl Config {
                 ));
             }
             for file in files {
-                rules::load_rule_file(&file, &mut rules, &mut seen, &mut errors);
+                rules::load_rule_file(&file, &proxies, &mut rules, &mut seen, &mut errors);
             }
         }
         if rules.is_empty() && errors.is_empty() {
@@ -135,6 +152,8 @@ impl Config {
             redis,
             firewall,
             allow: main.allow.0.iter().map(|n| n.0).collect(),
+            proxies,
+            http,
             ipv6_prefix,
             max_bans_per_minute: main.safety.max_bans_per_minute,
             control: main
@@ -144,6 +163,27 @@ impl Config {
             metrics,
             rules,
         })
+    }
+
+    /// What is never counted nor banned besides loopback and the host's
+    /// own addresses: `allow:` and `proxies:`.
+    pub fn never_banned(&self) -> Vec<IpNet> {
+        self.allow.iter().chain(&self.proxies).copied().collect()
+    }
+
+    /// Warnings about a configuration that loads but may not do what is
+    /// meant, one line each (`check` prints them, the daemon logs them).
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if !self.proxies.is_empty() && self.http.is_none() {
+            out.push(
+                "`proxies` is set but no `http:` endpoint is: clients behind a proxy are banned in nft, \
+                 where their packets never come from; add `http: { listen: ... }` and the nginx snippet \
+                 (README: Behind a load balancer or CDN)"
+                    .to_owned(),
+            );
+        }
+        out
     }
 
     /// The distinct log paths/globs of all rules, in first-seen order.

@@ -54,6 +54,7 @@ pub struct BanPolicy {
 
 pub(super) fn load_rule_file(
     file: &Path,
+    proxies: &[ipnet::IpNet],
     rules: &mut Vec<Rule>,
     seen: &mut HashMap<String, (PathBuf, Location)>,
     errors: &mut Vec<ConfigError>,
@@ -114,6 +115,21 @@ pub(super) fn load_rule_file(
             ));
             continue;
         }
+        let format = spec.format.as_ref().map_or(Format::Combined, |f| f.value.0.clone());
+        if proxies.is_empty() {
+            if let (Some(f), Some(field)) = (&spec.format, crate::parse::forwarded_field(&format)) {
+                errors.push(ConfigError::at(
+                    file,
+                    f.referenced,
+                    format!(
+                        "the format reads the client from `${field}`, which anyone can write: list the \
+                         balancers or CDN ranges allowed to set it in `proxies:` (main file), or log \
+                         `$remote_addr` after nginx's realip module"
+                    ),
+                ));
+                continue;
+            }
+        }
         let l = &spec.limit.value;
         let limit = match limit_of(l) {
             Ok(limit) => limit,
@@ -138,7 +154,7 @@ pub(super) fn load_rule_file(
             name,
             file: file.to_path_buf(),
             logs: spec.logs.value.0.iter().map(|l| absolute(&base, l)).collect(),
-            format: spec.format.0.clone(),
+            format,
             matches: spec.match_,
             ignore: spec.ignore,
             limit,

@@ -23,6 +23,10 @@ pub struct MainFile {
     pub firewall: FirewallSection,
     #[serde(default)]
     pub allow: List<Net>,
+    /// Trusted hops in front of nginx (balancers, CDN ranges).
+    pub proxies: Option<Spanned<List<Net>>>,
+    /// The decision endpoint for nginx `auth_request`.
+    pub http: Option<Spanned<HttpSection>>,
     pub ipv6_prefix: Option<Spanned<u8>>,
     #[serde(default)]
     pub safety: SafetySection,
@@ -82,6 +86,16 @@ fn default_prefix() -> Spanned<String> {
         serde_saphyr::Location::UNKNOWN,
         serde_saphyr::Location::UNKNOWN,
     )
+}
+
+/// `http:`: where the decision endpoint listens and how it refuses.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSection {
+    pub listen: Spanned<String>,
+    pub deny_status: Option<Spanned<u16>>,
+    /// Group owning a unix socket (nginx's workers must reach it).
+    pub group: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -166,8 +180,7 @@ pub struct RuleFile {
 pub struct RuleSpec {
     pub name: Spanned<String>,
     pub logs: Spanned<List<String>>,
-    #[serde(default)]
-    pub format: FormatSpec,
+    pub format: Option<Spanned<FormatSpec>>,
     #[serde(default, rename = "match")]
     pub match_: MatchSpec,
     #[serde(default)]

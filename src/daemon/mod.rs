@@ -124,7 +124,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     std::fs::create_dir_all(&config.state_dir).map_err(|e| DaemonError::StateDir(config.state_dir.clone(), e))?;
     let offsets =
         Arc::new(OffsetStore::open(&config.state_dir).map_err(|e| DaemonError::StateDir(config.state_dir.clone(), e))?);
-    let allow = AllowList::new(&config.allow);
+    let allow = AllowList::new(&config.never_banned());
     let token = CancellationToken::new();
     let tracker = TaskTracker::new();
 
@@ -193,7 +193,12 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         tracker.spawn(metrics::serve(listener, stats.clone(), token.clone()));
     }
 
-    let scanner = Scanner::new(Mode::Live, Plan::new(&config.rules)?, allow, config.ipv6_prefix);
+    let scanner = Scanner::new(
+        Mode::Live,
+        Plan::new(&config.rules, &config.proxies)?,
+        allow,
+        config.ipv6_prefix,
+    );
     // A few chunks of up to 1 MiB: enough to overlap reading with a flush, small
     // enough that a large backlog costs no memory.
     let (chunk_tx, chunk_rx) = tokio::sync::mpsc::channel(4);

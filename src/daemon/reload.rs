@@ -99,7 +99,7 @@ pub async fn reload(
             return None;
         }
     };
-    let plan = match Plan::new(&new.rules) {
+    let plan = match Plan::new(&new.rules, &old.proxies) {
         Ok(p) => p,
         Err(e) => {
             tracing::error!(error = %e, "Reload refused: log format.");
@@ -113,6 +113,8 @@ pub async fn reload(
             format!("{:?}", old.firewall) != format!("{:?}", new.firewall),
         ),
         ("allow", old.allow != new.allow),
+        ("proxies", old.proxies != new.proxies),
+        ("http", old.http != new.http),
         ("ipv6_prefix", old.ipv6_prefix != new.ipv6_prefix),
         ("control", old.control != new.control),
         ("metrics", old.metrics != new.metrics),

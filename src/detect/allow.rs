@@ -5,17 +5,14 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
+use crate::addr::NetSet;
+
 #[derive(Clone, Debug, Default)]
-pub struct AllowList {
-    nets: Vec<IpNet>,
-    /// `nets` as (network, mask) integers, per family: what `contains` (once
-    /// per line) scans.
-    v4: Vec<(u32, u32)>,
-    v6: Vec<(u128, u128)>,
-}
+pub struct AllowList(NetSet);
 
 impl AllowList {
-    /// Loopback, the host's interface addresses and `configured`.
+    /// Loopback, the host's interface addresses and `configured` (`allow:`
+    /// and `proxies:`, [`crate::config::Config::never_banned`]).
     pub fn new(configured: &[IpNet]) -> AllowList {
         let mut nets = crate::addr::loopback().to_vec();
         nets.extend(local_addresses().into_iter().map(IpNet::from));
@@ -34,37 +31,19 @@ impl AllowList {
 
     /// Only the given networks (tests).
     pub fn only(nets: &[IpNet]) -> AllowList {
-        let mut list = AllowList {
-            nets: nets.to_vec(),
-            ..AllowList::default()
-        };
-        for n in nets {
-            match n {
-                IpNet::V4(n) => list.v4.push((n.network().to_bits(), n.netmask().to_bits())),
-                IpNet::V6(n) => list.v6.push((n.network().to_bits(), n.netmask().to_bits())),
-            }
-        }
-        list
+        AllowList(NetSet::new(nets))
     }
 
     /// Whether a network of the list holds `a` (IPv4-mapped IPv6 as IPv4),
     /// as `IpNet::contains` decides.
+    #[inline]
     pub fn contains(&self, a: IpAddr) -> bool {
-        match crate::addr::normalize(a) {
-            IpAddr::V4(a) => {
-                let a = a.to_bits();
-                self.v4.iter().any(|&(net, mask)| a & mask == net)
-            }
-            IpAddr::V6(a) => {
-                let a = a.to_bits();
-                self.v6.iter().any(|&(net, mask)| a & mask == net)
-            }
-        }
+        self.0.contains(a)
     }
 
     /// True when banning `net` would drop any allowed address.
     pub fn overlaps(&self, net: &IpNet) -> bool {
-        self.nets.iter().any(|n| n.contains(net) || net.contains(n))
+        self.0.overlaps(net)
     }
 }
 

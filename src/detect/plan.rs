@@ -4,6 +4,9 @@
 
 use std::path::Path;
 
+use ipnet::IpNet;
+
+use crate::addr::NetSet;
 use crate::config::{Clock, Rule};
 use crate::parse::{Format, FormatError, Parser};
 
@@ -24,6 +27,8 @@ pub struct Plan {
     /// Per rule: its window (ms) and where its hits take their time from.
     pub times: Vec<(i64, Clock)>,
     formats: Vec<Format>,
+    /// Hops trusted to name the client in a forwarded list.
+    proxies: NetSet,
     /// Per rule: its `logs:` entries as glob patterns (a plain path matches itself).
     globs: Vec<Vec<(String, Option<glob::Pattern>)>>,
 }
@@ -35,14 +40,18 @@ const MATCH: glob::MatchOptions = glob::MatchOptions {
 };
 
 impl Plan {
-    pub fn new(rules: &[Rule]) -> Result<Plan, FormatError> {
+    /// `proxies`: the hops whose `X-Forwarded-For` or PROXY protocol
+    /// address is believed (`proxies:`).
+    pub fn new(rules: &[Rule], proxies: &[IpNet]) -> Result<Plan, FormatError> {
+        let proxies = NetSet::new(proxies);
         for r in rules {
-            Parser::new(&r.format)?;
+            Parser::trusting(&r.format, &proxies)?;
         }
         Ok(Plan {
             filters: rules.iter().map(|r| RuleFilter::new(&r.matches, &r.ignore)).collect(),
             times: rules.iter().map(|r| (r.limit.window_ms, r.limit.clock)).collect(),
             formats: rules.iter().map(|r| r.format.clone()).collect(),
+            proxies,
             globs: rules
                 .iter()
                 .map(|r| r.logs.iter().map(|l| (l.clone(), glob::Pattern::new(l).ok())).collect())
@@ -56,6 +65,7 @@ impl Plan {
             filters: Vec::new(),
             times: Vec::new(),
             formats: Vec::new(),
+            proxies: NetSet::default(),
             globs: Vec::new(),
         }
     }
@@ -82,7 +92,7 @@ impl Plan {
             match out.iter_mut().find(|(g, _)| *g == f) {
                 Some((_, g)) => g.rules.push(i),
                 // Compiled once in `new`, so this cannot fail here.
-                None => match Parser::new(f) {
+                None => match Parser::trusting(f, &self.proxies) {
                     Ok(parser) => out.push((f, Group { parser, rules: vec![i] })),
                     Err(_) => continue,
                 },

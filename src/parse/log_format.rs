@@ -23,9 +23,11 @@ use memchr::{memchr, memchr2};
 
 use super::addr::parse_addr;
 use super::fields::{is_byte_count, is_escaped, is_trailer, parse_status, split_request};
+use super::forwarded::resolve;
 use super::time::{parse_epoch, parse_iso8601, parse_time_local};
 use super::variables::{is_token_var, Field};
 use super::{FormatError, Request};
+use crate::addr::NetSet;
 
 /// A compiled `log_format`.
 #[derive(Debug)]
@@ -33,6 +35,8 @@ pub(crate) struct Program {
     steps: Vec<Step>,
     /// Whether some variable gives the time.
     has_time: bool,
+    /// The variable a forwarded client comes from, if any.
+    forwarded: Option<Field>,
 }
 
 /// A `Finder` is a few hundred bytes; a program has a handful of steps in one
@@ -105,14 +109,30 @@ impl Program {
         let has_time = steps
             .iter()
             .any(|step| matches!(step, Step::Var { field, .. } if field.is_time()));
-        Ok(Program { steps, has_time })
+        let forwarded = steps.iter().find_map(|step| match step {
+            Step::Var { field, .. } if field.is_forwarded() => Some(*field),
+            _ => None,
+        });
+        Ok(Program {
+            steps,
+            has_time,
+            forwarded,
+        })
     }
 
     pub(crate) fn has_time(&self) -> bool {
         self.has_time
     }
 
-    pub(crate) fn parse<'a>(&self, line: &'a [u8]) -> Option<Request<'a>> {
+    /// `http_x_forwarded_for` or `proxy_protocol_addr` when the client may
+    /// come from one of them.
+    pub(crate) fn forwarded(&self) -> Option<&'static str> {
+        self.forwarded.map(Field::name)
+    }
+
+    /// Parses one line; `proxies` (when not empty) are the hops whose
+    /// forwarded list is believed.
+    pub(crate) fn parse<'a>(&self, line: &'a [u8], proxies: &NetSet) -> Option<Request<'a>> {
         let mut found = Found::default();
         let mut at = 0;
         for step in &self.steps {
@@ -150,7 +170,7 @@ impl Program {
         if !is_trailer(line.get(at..)?) {
             return None;
         }
-        found.into_request()
+        found.into_request(proxies)
     }
 }
 
@@ -215,13 +235,42 @@ fn check(tokens: &[Token<'_>]) -> Result<(), FormatError> {
     }
     let addr_index = tokens
         .iter()
-        .position(|t| matches!(t, Token::Var { name, .. } if Field::of(name) == Field::Addr))
-        .ok_or(FormatError::MissingAddr)?;
+        .position(|t| matches!(t, Token::Var { name, .. } if Field::of(name) == Field::Addr));
+    let Some(addr_index) = addr_index else {
+        return Err(
+            match tokens.iter().find_map(|t| match t {
+                Token::Var { name, .. } if Field::of(name).is_forwarded() => Some(Field::of(name)),
+                _ => None,
+            }) {
+                Some(field) => FormatError::ForwardedWithoutPeer { name: field.name() },
+                None => FormatError::MissingAddr,
+            },
+        );
+    };
+    // A forwarded list holds client-written text: only quotes (nginx
+    // escapes a `"` inside a value) or the end of the line bound it.
+    for (k, token) in tokens.iter().enumerate() {
+        let Token::Var { name, position } = token else {
+            continue;
+        };
+        if Field::of(name) != Field::Forwarded {
+            continue;
+        }
+        let before = k.checked_sub(1).and_then(|j| tokens.get(j));
+        let quoted =
+            ends_with_quote(before) && matches!(tokens.get(k + 1), Some(Token::Literal(l)) if l.starts_with(b"\""));
+        if !quoted && k + 1 != tokens.len() {
+            return Err(FormatError::UnquotedForwarded {
+                name: name.to_string(),
+                position: *position,
+            });
+        }
+    }
     for (k, token) in tokens[..addr_index].iter().enumerate() {
         let Token::Var { name, position } = token else {
             continue;
         };
-        if Field::of(name).fixed_width().is_some() || is_token_var(name) {
+        if Field::of(name).fixed_width().is_some() || is_token_var(name) || Field::of(name) == Field::Forwarded {
             continue;
         }
         // A variable before the address is always followed by a literal.
@@ -267,6 +316,7 @@ fn find_literal(line: &[u8], from: usize, literal: &Finder<'_>, quoted: bool) ->
 #[derive(Default)]
 struct Found<'a> {
     addr: Option<&'a [u8]>,
+    forwarded: Option<&'a [u8]>,
     time: Option<(Field, &'a [u8])>,
     request: Option<&'a [u8]>,
     method: Option<&'a [u8]>,
@@ -283,6 +333,7 @@ impl<'a> Found<'a> {
     fn set(&mut self, field: Field, value: &'a [u8]) -> Option<()> {
         let slot = match field {
             Field::Addr => &mut self.addr,
+            Field::Forwarded | Field::ProxyProtocol => &mut self.forwarded,
             Field::TimeLocal | Field::TimeIso | Field::Msec => {
                 self.time.get_or_insert((field, value));
                 return Some(());
@@ -302,8 +353,13 @@ impl<'a> Found<'a> {
         Some(())
     }
 
-    fn into_request(self) -> Option<Request<'a>> {
-        let mut request = Request::with_addr(parse_addr(self.addr?)?);
+    fn into_request(self, proxies: &NetSet) -> Option<Request<'a>> {
+        let peer = parse_addr(self.addr?)?;
+        let addr = match self.forwarded {
+            Some(list) if !proxies.is_empty() => resolve(peer, list, proxies)?,
+            _ => peer,
+        };
+        let mut request = Request::with_addr(addr);
         if let Some((field, text)) = self.time {
             request.time_ms = Some(match field {
                 Field::TimeLocal => parse_time_local(text)?,

@@ -20,6 +20,7 @@
 mod addr;
 mod combined;
 mod fields;
+mod forwarded;
 mod log_format;
 mod regex;
 mod time;
@@ -28,7 +29,10 @@ mod variables;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use crate::addr::NetSet;
+
 pub use addr::parse_addr;
+pub use forwarded::{resolve as resolve_forwarded, MAX_HOPS};
 pub use time::{days_from_civil, parse_epoch, parse_iso8601, parse_time_any, parse_time_local};
 
 /// One parsed access-log line; fields borrow the line (zero-copy).
@@ -96,6 +100,16 @@ pub enum FormatError {
     Empty,
     #[error("log_format has no `$remote_addr`: the client address needs its own field")]
     MissingAddr,
+    #[error(
+        "log_format reads `${name}` but not `$remote_addr`: a forwarded address is believed only \
+         when the peer that sent it is a trusted proxy, so log `$remote_addr` too"
+    )]
+    ForwardedWithoutPeer { name: &'static str },
+    #[error(
+        "log_format: `${name}` at position {position} is neither quoted nor last; its client-written \
+         entries could imitate the fields after it. Quote it (\"${name}\") or move it to the end"
+    )]
+    UnquotedForwarded { name: String, position: usize },
     #[error("log_format: `$` at position {position} is not followed by a variable name")]
     BadVariable { position: usize },
     #[error("log_format: `${{` at position {position} is never closed by `}}`")]
@@ -131,6 +145,8 @@ pub enum FormatError {
 #[derive(Clone, Debug)]
 pub struct Parser {
     kind: Kind,
+    /// Hops whose forwarded list is believed; empty: only the peer counts.
+    proxies: Arc<NetSet>,
 }
 
 #[derive(Clone, Debug)]
@@ -142,15 +158,27 @@ enum Kind {
 }
 
 impl Parser {
-    /// Compiles `format`; every error names what is wrong and where.
+    /// Compiles `format`; every error names what is wrong and where. The
+    /// client is the peer (`$remote_addr`); a forwarded list is not believed.
     pub fn new(format: &Format) -> Result<Parser, FormatError> {
+        Parser::trusting(format, &NetSet::default())
+    }
+
+    /// Compiles `format`, believing the forwarded list (`X-Forwarded-For`,
+    /// PROXY protocol) of a peer in `proxies`: the client is the rightmost
+    /// hop not in `proxies`, as nginx's realip module with
+    /// `real_ip_recursive on` decides (`forwarded.rs`).
+    pub fn trusting(format: &Format, proxies: &NetSet) -> Result<Parser, FormatError> {
         let kind = match format {
             Format::Combined => Kind::Combined,
             Format::Common => Kind::Common,
             Format::LogFormat(s) => Kind::LogFormat(Arc::new(log_format::Program::compile(s)?)),
             Format::Regex(s) => Kind::Regex(Arc::new(regex::RegexFormat::compile(s)?)),
         };
-        Ok(Parser { kind })
+        Ok(Parser {
+            kind,
+            proxies: Arc::new(proxies.clone()),
+        })
     }
 
     /// Parses one line (without its `\n`; a trailing `\r` is ignored).
@@ -163,8 +191,17 @@ impl Parser {
         match &self.kind {
             Kind::Combined => combined::parse(line, true),
             Kind::Common => combined::parse(line, false),
-            Kind::LogFormat(program) => program.parse(line),
+            Kind::LogFormat(program) => program.parse(line, &self.proxies),
             Kind::Regex(format) => format.parse(line),
+        }
+    }
+
+    /// The variable a forwarded client may come from (`http_x_forwarded_for`,
+    /// `proxy_protocol_addr`), if the format logs one.
+    pub fn forwarded(&self) -> Option<&'static str> {
+        match &self.kind {
+            Kind::LogFormat(program) => program.forwarded(),
+            _ => None,
         }
     }
 
@@ -176,4 +213,10 @@ impl Parser {
             Kind::Regex(format) => format.has_time(),
         }
     }
+}
+
+/// The variable `format` may read a forwarded client from, if any (a format
+/// that does not compile reads none).
+pub fn forwarded_field(format: &Format) -> Option<&'static str> {
+    Parser::new(format).ok()?.forwarded()
 }

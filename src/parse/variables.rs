@@ -9,6 +9,10 @@
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Field {
     Addr,
+    /// `$http_x_forwarded_for`: hops the client and proxies wrote.
+    Forwarded,
+    /// `$proxy_protocol_addr`: the client an L4 balancer names.
+    ProxyProtocol,
     TimeLocal,
     TimeIso,
     Msec,
@@ -28,6 +32,8 @@ impl Field {
     pub(crate) fn of(name: &str) -> Field {
         match name.to_ascii_lowercase().as_str() {
             "remote_addr" => Field::Addr,
+            "http_x_forwarded_for" => Field::Forwarded,
+            "proxy_protocol_addr" => Field::ProxyProtocol,
             "time_local" => Field::TimeLocal,
             "time_iso8601" => Field::TimeIso,
             "msec" => Field::Msec,
@@ -52,6 +58,21 @@ impl Field {
         }
     }
 
+    /// Whether the field may name the client in place of the peer.
+    pub(crate) fn is_forwarded(self) -> bool {
+        matches!(self, Field::Forwarded | Field::ProxyProtocol)
+    }
+
+    /// The variable's name, for the fields a message names.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Field::Forwarded => "http_x_forwarded_for",
+            Field::ProxyProtocol => "proxy_protocol_addr",
+            Field::Addr => "remote_addr",
+            _ => "?",
+        }
+    }
+
     pub(crate) fn is_time(self) -> bool {
         matches!(self, Field::TimeLocal | Field::TimeIso | Field::Msec)
     }
@@ -64,6 +85,8 @@ const TOKEN_VARS: &[&str] = &[
     "remote_port",
     "realip_remote_addr",
     "realip_remote_port",
+    "proxy_protocol_addr",
+    "proxy_protocol_port",
     "server_addr",
     "server_port",
     "server_name",
