@@ -34,6 +34,21 @@ in_root test -f /lib/systemd/system/fleetban.service
 in_root test -f /usr/share/man/man1/fleetban.1.gz
 in_root test -f /usr/share/bash-completion/completions/fleetban
 in_root test -f /usr/share/fleetban/rules/nginx-limit-req.yaml
+echo "== nginx -t with the shipped snippet in Debian's nginx.conf"
+# As README.md says to include it: fleetban.conf in the http block (through
+# conf.d), fleetban-location.conf in a server block.
+in_root test -f /etc/fleetban/nginx/fleetban.conf
+in_root test -f /etc/fleetban/nginx/fleetban-location.conf
+echo 'include /etc/fleetban/nginx/fleetban.conf;' > "$tmp/root/etc/nginx/conf.d/fleetban.conf"
+cat > "$tmp/root/etc/nginx/sites-enabled/fleetban-smoke" <<'EOF'
+server {
+    listen 127.0.0.1:8099;
+    server_name fleetban-smoke;
+    include /etc/fleetban/nginx/fleetban-location.conf;
+    location / { root /var/www/html; }
+}
+EOF
+in_root nginx -t
 echo "== systemd-analyze verify (installed unit, binary and man page)"
 in_root systemd-analyze verify /lib/systemd/system/fleetban.service
 echo "== dpkg -i again (upgrade in place)"

@@ -2,7 +2,8 @@
 //! (`scripts/package.sh dev --no-build`), then `dpkg -i` followed by
 //! `fleetban check` on a throwaway copy of this machine
 //! (`scripts/deb-smoke.sh`: private mount namespace, overlay of / on a
-//! tmpfs, chroot), plus the installed unit verified, a reinstall and a purge.
+//! tmpfs, chroot), plus the installed unit verified, the installed nginx
+//! snippet through Debian's `nginx -t`, a reinstall and a purge.
 //! The machine running the tests is left exactly as it was.
 
 mod common;
@@ -15,7 +16,7 @@ use common::{require, require_root};
 #[test]
 fn the_deb_installs_on_a_fresh_root_and_fleetban_check_passes() {
     require_root("unshare, mount and chroot");
-    for tool in ["cargo-deb", "unshare", "chroot", "dpkg", "systemd-analyze"] {
+    for tool in ["cargo-deb", "unshare", "chroot", "dpkg", "systemd-analyze", "nginx"] {
         require(tool);
     }
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -45,6 +46,8 @@ fn the_deb_installs_on_a_fresh_root_and_fleetban_check_passes() {
         "./lib/systemd/system/fleetban.service",
         "./etc/fleetban/fleetban.yaml",
         "./etc/fleetban/rules.d/nginx-scraper.yaml",
+        "./etc/fleetban/nginx/fleetban.conf",
+        "./etc/fleetban/nginx/fleetban-location.conf",
         "./usr/share/fleetban/rules/nginx-php-probes.yaml",
         "./usr/share/fleetban/rules/samples/nginx-login.log",
         "./usr/share/man/man1/fleetban.1.gz",
@@ -61,6 +64,9 @@ fn the_deb_installs_on_a_fresh_root_and_fleetban_check_passes() {
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "deb-smoke failed:\n{text}");
     assert!(text.contains("/etc/fleetban/fleetban.yaml: ok, 1 rule(s)"), "{text}");
+    // Debian's nginx accepts the installed snippet where README.md says to
+    // include it.
+    assert!(text.contains("nginx.conf test is successful"), "{text}");
     assert!(text.contains("deb-smoke: ok"), "{text}");
     // Nothing installed on the machine itself.
     let q = Command::new(require("dpkg-query"))
