@@ -104,8 +104,8 @@ pub fn rules_yaml(rules: &[Rule]) -> String {
 }
 
 /// The main configuration file. Its keys come out in one fixed order
-/// (host_id, state_dir, control, allow, firewall, metrics, safety, redis,
-/// rules), one line each unless a verbatim `redis` section spans more, so a
+/// (host_id, state_dir, control, allow, proxies, http, firewall, metrics,
+/// safety, redis, rules), one line each unless a verbatim `redis` section spans more, so a
 /// test can name the line an error is reported at.
 #[derive(Clone, Debug)]
 pub struct MainConfig {
@@ -127,6 +127,8 @@ impl MainConfig {
                 "state_dir",
                 "control",
                 "allow",
+                "proxies",
+                "http",
                 "firewall",
                 "metrics",
                 "safety",
@@ -156,6 +158,17 @@ impl MainConfig {
     /// `allow:`, e.g. `"[192.0.2.0/24]"`.
     pub fn allow(self, list: &str) -> MainConfig {
         self.set("allow", list.to_owned())
+    }
+
+    /// `proxies:`, the hops trusted to name the client, e.g. `"[10.213.61.1]"`.
+    pub fn proxies(self, list: &str) -> MainConfig {
+        self.set("proxies", list.to_owned())
+    }
+
+    /// `http:`, the decision endpoint, e.g.
+    /// `"{ listen: /run/fleetban/http.sock, deny_status: 429 }"`.
+    pub fn http(self, http: &str) -> MainConfig {
+        self.set("http", http.to_owned())
     }
 
     /// `firewall:`, e.g. `"{ backend: log }"` or `"{ table: t }"`.

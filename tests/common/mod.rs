@@ -34,9 +34,9 @@ pub use cli::{cli, control_status, CliOutput};
 pub use config::{rules_yaml, ConfigDir, MainConfig, Rule};
 pub use daemon::Daemon;
 
-pub use netns::{http_get, http_get_with, veth_pair, NetNs};
+pub use netns::{http_get, http_get_headers, http_get_with, veth_pair, NetNs, Reply};
 pub use nft::{nft_bans, nft_bans_detailed, nft_set_elements, nft_set_elements_detailed, parse_set_json, NftElem};
-pub use nginx::{web_and_client, Nginx};
+pub use nginx::{web_and_client, Nginx, Site};
 pub use redis::{connect, runtime, Redis, ACL_PASSWORD};
 
 use std::path::{Path, PathBuf};

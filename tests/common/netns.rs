@@ -137,6 +137,74 @@ pub fn http_get_with(ns: &NetNs, url: &str, extra: &[&str], timeout: Duration) -
     }
 }
 
+/// What [`http_get_headers`] got back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reply {
+    pub status: u16,
+    /// The headers asked for, in the order asked; "" for one not sent.
+    pub headers: Vec<String>,
+}
+
+/// As [`http_get_with`], also reading the response headers `names`
+/// (case-insensitive; curl's `%header{}`).
+pub fn http_get_headers(
+    ns: &NetNs,
+    url: &str,
+    extra: &[&str],
+    names: &[&str],
+    timeout: Duration,
+) -> Result<Reply, String> {
+    let max_time = format!("{:.3}", timeout.as_secs_f64());
+    // One line per value: the status, then each header.
+    let mut write_out = String::from("%{http_code}");
+    for name in names {
+        assert!(
+            name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'),
+            "a header name, got {name:?}"
+        );
+        write_out += &format!("\\n%header{{{name}}}");
+    }
+    let mut argv = vec![
+        "curl",
+        "-sS",
+        "-o",
+        "/dev/null",
+        "-w",
+        &write_out,
+        "--noproxy",
+        "*",
+        "--max-time",
+        &max_time,
+    ];
+    argv.extend_from_slice(extra);
+    argv.push("--");
+    argv.push(url);
+    let out = ns.exec(&argv).output().map_err(|e| format!("spawn curl: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "curl {url} from {}: {} ({})",
+            ns.name,
+            String::from_utf8_lossy(&out.stderr).trim(),
+            out.status
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut lines = text.split('\n');
+    let code = lines.next().unwrap_or_default().trim();
+    let status = match code.parse::<u16>() {
+        Ok(c) if c != 0 => c,
+        _ => return Err(format!("curl {url}: no HTTP status (got {text:?})")),
+    };
+    let headers: Vec<String> = lines.map(|l| l.trim().to_owned()).collect();
+    if headers.len() != names.len() {
+        return Err(format!(
+            "curl {url}: expected {} header lines, got {text:?}",
+            names.len()
+        ));
+    }
+    Ok(Reply { status, headers })
+}
+
 /// Runs `ip ARGS`, panicking with its stderr on failure.
 fn ip(args: &[&str]) {
     run_ok(Command::new(require("ip")).args(args).stdin(Stdio::null()));

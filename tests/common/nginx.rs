@@ -1,6 +1,8 @@
 //! A real nginx inside a test namespace, everything it writes in a temp dir:
 //! the access log the daemon tails, rotated the way logrotate does it
-//! (rename, then [`Nginx::reopen`]).
+//! (rename, then [`Nginx::reopen`]). [`Nginx::start`] serves fixed answers;
+//! [`Nginx::start_site`] takes the test's own http-block lines and server
+//! body ([`Site`]: includes, upstreams, proxying) around the same frame.
 
 use super::{read_lossy, require, require_root, signal, wait_exit, NetNs};
 use std::ffi::OsStr;
@@ -19,6 +21,22 @@ const STOP_GRACE: Duration = Duration::from_secs(2);
 /// Readiness probe location; `access_log off` so probes never reach access.log.
 const READY_PATH: &str = "/__fbt_ready";
 
+/// What [`Nginx::start_site`] puts in nginx.conf besides the frame (temp
+/// paths, pid, error log, the readiness probe), as nginx text.
+#[derive(Clone, Debug, Default)]
+pub struct Site {
+    /// The access log's `log_format`; None: `combined`.
+    pub log_format: Option<String>,
+    /// Lines in the http block before the server (includes, `upstream`s,
+    /// realip).
+    pub http: String,
+    /// The server block's body after `listen`: its includes and locations.
+    /// `{www}` stands for a directory holding `ok` ("ok\n"), for locations
+    /// that serve a file (`return` runs before access checks such as
+    /// `auth_request`; a file is served after them).
+    pub server: String,
+}
+
 pub struct Nginx {
     /// Config, pid, logs and temp paths; removed on Drop.
     dir: TempDir,
@@ -34,6 +52,18 @@ impl Nginx {
     /// `combined`, or `log_format` (an nginx `log_format` string) if given.
     /// Locations: `/` -> 200 "ok\n", `/static/` -> 200 "s\n", `/missing` -> 404.
     pub fn start(ns: &NetNs, listen: &str, log_format: Option<&str>) -> Nginx {
+        let site = Site {
+            log_format: log_format.map(str::to_owned),
+            http: String::new(),
+            server: DEFAULT_LOCATIONS.to_owned(),
+        };
+        Nginx::start_site(ns, listen, &site)
+    }
+
+    /// As [`Nginx::start`], with the http lines and server body of `site`
+    /// instead of the fixed locations. The readiness probe answers before
+    /// any access check, so a site behind `auth_request` starts as well.
+    pub fn start_site(ns: &NetNs, listen: &str, site: &Site) -> Nginx {
         require_root("Nginx::start");
         let dir = tempfile::Builder::new()
             .prefix("fbt-nginx-")
@@ -41,9 +71,11 @@ impl Nginx {
             .expect("create temp dir for nginx");
         let d = dir.path();
         fs::create_dir(d.join("tmp")).expect("create nginx tmp dir");
+        fs::create_dir(d.join("www")).expect("create nginx www dir");
+        fs::write(d.join("www/ok"), "ok\n").expect("write www/ok");
         let conf = d.join("nginx.conf");
         let error_log = d.join("error.log");
-        fs::write(&conf, config(d, listen, log_format)).expect("write nginx.conf");
+        fs::write(&conf, config(d, listen, site)).expect("write nginx.conf");
 
         let argv: [&OsStr; 7] = [
             "nginx".as_ref(),
@@ -174,7 +206,14 @@ impl Drop for Nginx {
     }
 }
 
-fn config(d: &Path, listen: &str, log_format: Option<&str>) -> String {
+/// The locations of [`Nginx::start`].
+const DEFAULT_LOCATIONS: &str = "\
+    location / { return 200 \"ok\\n\"; }
+    location /static/ { return 200 \"s\\n\"; }
+    location /missing { return 404; }
+";
+
+fn config(d: &Path, listen: &str, site: &Site) -> String {
     let dir = d.display();
     let mut c = String::new();
     let _ = write!(
@@ -203,7 +242,7 @@ fn config(d: &Path, listen: &str, log_format: Option<&str>) -> String {
             let _ = writeln!(c, "    {directive} {dir}/tmp/{directive};");
         }
     }
-    match log_format {
+    match &site.log_format {
         Some(f) => {
             let escaped = f.replace('\\', "\\\\").replace('\'', "\\'");
             let _ = writeln!(c, "    log_format fbt '{escaped}';");
@@ -213,14 +252,14 @@ fn config(d: &Path, listen: &str, log_format: Option<&str>) -> String {
             let _ = writeln!(c, "    access_log {dir}/access.log combined;");
         }
     }
+    c += &site.http;
+    let server = site.server.replace("{www}", &format!("{dir}/www"));
     let _ = write!(
         c,
-        "    server {{\n\
+        "\n    server {{\n\
          \x20       listen {listen};\n\
          \x20       server_name _;\n\
-         \x20       location / {{ return 200 \"ok\\n\"; }}\n\
-         \x20       location /static/ {{ return 200 \"s\\n\"; }}\n\
-         \x20       location /missing {{ return 404; }}\n\
+         {server}\n\
          \x20       location = {READY_PATH} {{ access_log off; return 204; }}\n\
          \x20   }}\n\
          }}\n"
