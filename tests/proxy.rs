@@ -292,17 +292,10 @@ fn repo_file(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
-/// What a refused client gets with this `deny_status`.
+/// What a refused client gets with this `deny_status`: that status, and in
+/// `Retry-After` the whole seconds left of its 10-minute ban.
 fn refused(deny_status: u16) -> impl Fn(&Reply) -> bool {
-    move |r| {
-        r.status == deny_status
-            && if deny_status == 429 {
-                // Whole seconds left of the 10-minute ban.
-                matches!(r.headers[1].parse::<u64>(), Ok(s) if (1..=600).contains(&s))
-            } else {
-                r.headers[1].is_empty()
-            }
-    }
+    move |r| r.status == deny_status && matches!(r.headers[1].parse::<u64>(), Ok(s) if (1..=600).contains(&s))
 }
 
 /// The attacker's LIMIT + 1 requests, all served (the one crossing the
