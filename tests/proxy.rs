@@ -9,7 +9,8 @@
 //! the refusal is the HTTP endpoint's: an attacker spread over both
 //! backends is refused by both, a good client behind the same balancer is
 //! not, the balancer is never banned, a forged `X-Forwarded-For` names no
-//! one; and a stopped, killed or hung daemon lets everyone through.
+//! one; and a stopped, killed or hung daemon, or its socket removed, lets
+//! everyone through.
 
 mod common;
 
@@ -27,7 +28,8 @@ const ATTACKER: &str = "10.213.60.2";
 const GOOD: &str = "10.213.60.3";
 const FORGER: &str = "10.213.60.4";
 /// Requests per minute a client may make (fleet-wide); the next one bans.
-const LIMIT: u32 = 10;
+/// The good client makes fewer in every test (two or three per step).
+const LIMIT: u32 = 12;
 /// One request's bound: a check that hangs must not hold a request longer.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -392,10 +394,27 @@ fn behind_a_balancer_with_forwarded_logs_the_attacker_gets_429_with_retry_after(
 enum Stop {
     /// SIGTERM: a clean stop.
     Term,
+    /// SIGTERM, then the socket file removed: nothing at the path.
+    Gone,
     /// SIGKILL: its socket file left behind, nobody listening.
     Kill,
     /// SIGSTOP: the socket accepts connections nobody answers.
     Hang,
+}
+
+impl Stop {
+    /// What nginx's error log says of a check that failed this way (any of).
+    fn causes(self) -> &'static [&'static str] {
+        const REFUSED: &str = "(111: Connection refused) while connecting to upstream";
+        const MISSING: &str = "(2: No such file or directory) while connecting to upstream";
+        match self {
+            // The endpoint may leave its socket file or remove it.
+            Stop::Term => &[REFUSED, MISSING],
+            Stop::Gone => &[MISSING],
+            Stop::Kill => &[REFUSED],
+            Stop::Hang => &["upstream timed out"],
+        }
+    }
 }
 
 #[test]
@@ -403,12 +422,17 @@ fn a_stopped_killed_or_hung_daemon_fails_open_and_unban_lifts_the_refusal_everyw
     let mut fleet = Fleet::start(Logs::Realip, 403);
     attack(&fleet, 403);
 
-    for stop in [Stop::Term, Stop::Kill, Stop::Hang] {
+    for stop in [Stop::Term, Stop::Gone, Stop::Kill, Stop::Hang] {
         for b in &mut fleet.backends {
+            // This step's failed checks only.
+            std::fs::write(b.nginx.error_log(), "").expect("truncate nginx's error.log");
             match stop {
-                Stop::Term => {
+                Stop::Term | Stop::Gone => {
                     let (status, _) = b.daemon.take().expect("running").stop(Duration::from_secs(10));
                     assert!(status.success(), "{status}");
+                    if matches!(stop, Stop::Gone) && b.socket().exists() {
+                        std::fs::remove_file(b.socket()).expect("remove the socket file");
+                    }
                 }
                 Stop::Kill => {
                     b.daemon.take().expect("running").kill9();
@@ -425,23 +449,19 @@ fn a_stopped_killed_or_hung_daemon_fails_open_and_unban_lifts_the_refusal_everyw
         println!("daemons stopped by {stop:?}: everyone served, slowest request {slowest:?}");
         // Served because the check failed as this stop makes it fail, not
         // because it was skipped.
-        let cause = match stop {
-            Stop::Term => None,
-            Stop::Kill => Some("(111: Connection refused) while connecting to upstream"),
-            Stop::Hang => Some("upstream timed out"),
-        };
-        for b in fleet.backends.iter() {
-            let Some(cause) = cause else { break };
+        for b in &fleet.backends {
             let log = std::fs::read_to_string(b.nginx.error_log()).unwrap_or_default();
+            let failed = |l: &&str| l.contains("/.fleetban-check") && stop.causes().iter().any(|c| l.contains(c));
             assert!(
-                log.lines().any(|l| l.contains(cause) && l.contains("/.fleetban-check")),
-                "{}'s error.log names no failed check ({cause}):\n{log}",
-                b.upstream
+                log.lines().any(|l| failed(&l)),
+                "{}'s error.log names no check failed as {stop:?} makes it fail ({:?}):\n{log}",
+                b.upstream,
+                stop.causes()
             );
         }
         for b in &mut fleet.backends {
             match stop {
-                Stop::Term | Stop::Kill => b.start_daemon(),
+                Stop::Term | Stop::Gone | Stop::Kill => b.start_daemon(),
                 Stop::Hang => b.daemon().signal(libc::SIGCONT),
             }
         }
