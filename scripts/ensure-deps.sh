@@ -2,6 +2,8 @@
 # Installs the system tools the integration tests drive (real redis-server,
 # nft, nginx, ip, curl, logrotate, systemd-analyze, man) when any is missing. Never starts a service:
 # tests spawn their own instances.
+# Usage: scripts/ensure-deps.sh [--bench]   (--bench: also the load generator
+# the bench/ drivers use, wrk)
 set -euo pipefail
 
 # binary -> Debian package
@@ -20,6 +22,9 @@ declare -A PKG=(
   [unshare]=util-linux
   [dpkg-deb]=dpkg
 )
+if [ "${1:-}" = --bench ]; then
+  PKG[wrk]=wrk
+fi
 
 have() {
   command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]
