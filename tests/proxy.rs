@@ -10,7 +10,8 @@
 //! backends is refused by both, a good client behind the same balancer is
 //! not, the balancer is never banned, a forged `X-Forwarded-For` names no
 //! one; and a stopped, killed or hung daemon, or its socket removed, lets
-//! everyone through.
+//! everyone through. Without realip the daemon still bans the right
+//! clients from a logged `X-Forwarded-For`, but nothing refuses them.
 
 mod common;
 
@@ -45,8 +46,11 @@ enum Logs {
     /// realip rewrites `$remote_addr`; the combined format.
     Realip,
     /// The log also carries `"$http_x_forwarded_for"`; `proxies:` names the
-    /// balancer.
+    /// balancer. realip still gives the check its client.
     Forwarded,
+    /// As `Forwarded`, without realip: only the daemon reads the client
+    /// (from the logged list); nginx's check asks about the balancer.
+    ForwardedNoRealip,
 }
 
 /// One backend host: its namespace, nginx with the snippet, its daemon.
@@ -108,8 +112,8 @@ impl Fleet {
             let files = ConfigDir::new();
             let socket = files.path().join("http.sock");
             let site = Site {
-                log_format: (logs == Logs::Forwarded).then(|| XFF_FORMAT.to_owned()),
-                http: backend_http(&files, &socket, &lb_addr),
+                log_format: (logs != Logs::Realip).then(|| XFF_FORMAT.to_owned()),
+                http: backend_http(&files, &socket, &lb_addr, logs != Logs::ForwardedNoRealip),
                 server: format!(
                     "include {};\n        location / {{ root {{www}}; try_files /ok =404; }}\n",
                     repo_file("nginx/fleetban-location.conf").display()
@@ -124,7 +128,7 @@ impl Fleet {
             )
             .matching("{ method: [GET], status: [2xx] }")
             .ban("10m");
-            if logs == Logs::Forwarded {
+            if logs != Logs::Realip {
                 rule = rule.format(&format!("{{ log_format: '{XFF_FORMAT}' }}"));
             }
             let main = files
@@ -255,6 +259,48 @@ impl Fleet {
         }
     }
 
+    /// The balancer's own requests (a health check, say), straight to each
+    /// backend, well over the limit: it is in `proxies`, never counted.
+    fn balancer_requests(&self) {
+        for b in &self.backends {
+            for i in 0..LIMIT + 5 {
+                let url = format!("http://{}/page", b.upstream);
+                assert_eq!(
+                    http_get(&self.lb_ns, &url, REQUEST_TIMEOUT),
+                    Ok(200),
+                    "balancer's request {i}"
+                );
+            }
+        }
+    }
+
+    /// The attacker and the forger are in the ban list and every nft set;
+    /// the balancer and the good client in none; every line was parsed.
+    fn banned_are_the_attackers_only(&self) {
+        self.wait_nft(ATTACKER, true);
+        self.wait_nft(FORGER, true);
+        let banned = self.banned();
+        assert!(
+            banned.contains(&ATTACKER.to_owned()) && banned.contains(&FORGER.to_owned()),
+            "{banned:?}"
+        );
+        for addr in self.lb_addrs().iter().map(String::as_str).chain([GOOD]) {
+            assert!(!banned.iter().any(|b| b == addr), "{addr} in the ban list: {banned:?}");
+            for b in &self.backends {
+                let set = nft_bans(&b.ns, "fleetban", "v4");
+                assert!(
+                    !set.iter().any(|(e, _)| e == addr),
+                    "{addr} in {}'s nft set: {set:?}",
+                    b.upstream
+                );
+            }
+        }
+        for b in &self.backends {
+            let st = b.daemon().status();
+            assert_eq!(st["unparsed"], 0, "{st}");
+        }
+    }
+
     /// The balancer's addresses, as clients and backends see it.
     fn lb_addrs(&self) -> Vec<String> {
         let mut addrs = vec![LB_FRONT.to_owned()];
@@ -264,15 +310,16 @@ impl Fleet {
 }
 
 /// The backend's http-block lines: the shipped `fleetban.conf` with the test's
-/// socket, and the realip lines of its comment trusting the balancer.
-fn backend_http(files: &ConfigDir, socket: &Path, lb_addr: &str) -> String {
+/// socket, and (with `realip`) the realip lines of its comment trusting the
+/// balancer.
+fn backend_http(files: &ConfigDir, socket: &Path, lb_addr: &str, use_realip: bool) -> String {
     const SHIPPED_SOCKET: &str = "unix:/run/fleetban/http.sock";
     let shipped = std::fs::read_to_string(repo_file("nginx/fleetban.conf")).expect("read nginx/fleetban.conf");
     assert!(shipped.contains(SHIPPED_SOCKET), "fleetban.conf names {SHIPPED_SOCKET}");
     let conf = files.path().join("fleetban.conf");
     let ours = shipped.replace(SHIPPED_SOCKET, &format!("unix:{}", socket.display()));
     std::fs::write(&conf, ours).expect("write the snippet's copy");
-    let mut http = format!("    include {};\n    set_real_ip_from {lb_addr};\n", conf.display());
+    let mut http = format!("    include {};\n", conf.display());
     // The commented block, uncommented; its example networks replaced above.
     let realip: Vec<&str> = shipped
         .lines()
@@ -284,8 +331,11 @@ fn backend_http(files: &ConfigDir, socket: &Path, lb_addr: &str) -> String {
         ["real_ip_header X-Forwarded-For;", "real_ip_recursive on;"],
         "the realip block of nginx/fleetban.conf"
     );
-    for line in realip {
-        http += &format!("    {line}\n");
+    if use_realip {
+        http += &format!("    set_real_ip_from {lb_addr};\n");
+        for line in realip {
+            http += &format!("    {line}\n");
+        }
     }
     http
 }
@@ -321,18 +371,7 @@ fn attack(fleet: &Fleet, deny_status: u16) -> Vec<Duration> {
 fn scenario(logs: Logs, deny_status: u16) {
     let fleet = Fleet::start(logs, deny_status);
 
-    // The balancer's own requests (a health check, say), well over the
-    // limit: it is in `proxies`, never counted.
-    for b in &fleet.backends {
-        for i in 0..LIMIT + 5 {
-            let url = format!("http://{}/page", b.upstream);
-            assert_eq!(
-                http_get(&fleet.lb_ns, &url, REQUEST_TIMEOUT),
-                Ok(200),
-                "balancer's request {i}"
-            );
-        }
-    }
+    fleet.balancer_requests();
     fleet.served_by_both(GOOD, "the good client at first");
 
     let took = attack(&fleet, deny_status);
@@ -355,28 +394,34 @@ fn scenario(logs: Logs, deny_status: u16) {
     fleet.until_both(FORGER, &["-H", &forged], "the forger refused", refused(deny_status));
     fleet.served_by_both(GOOD, "the good client the forger named");
 
-    fleet.wait_nft(ATTACKER, true);
-    fleet.wait_nft(FORGER, true);
-    let banned = fleet.banned();
-    assert!(
-        banned.contains(&ATTACKER.to_owned()) && banned.contains(&FORGER.to_owned()),
-        "{banned:?}"
-    );
-    for addr in fleet.lb_addrs().iter().map(String::as_str).chain([GOOD]) {
-        assert!(!banned.iter().any(|b| b == addr), "{addr} in the ban list: {banned:?}");
-        for b in &fleet.backends {
-            let set = nft_bans(&b.ns, "fleetban", "v4");
-            assert!(
-                !set.iter().any(|(e, _)| e == addr),
-                "{addr} in {}'s nft set: {set:?}",
-                b.upstream
-            );
+    fleet.banned_are_the_attackers_only();
+}
+
+/// Without realip the logs still name the client: the daemon walks the
+/// logged `X-Forwarded-For` from the right through `proxies:` and bans the
+/// attacker and the forger, never the good client the forger named nor the
+/// balancer. Refusing them at the HTTP layer takes realip (the check asks
+/// about `$remote_addr`, here the balancer's), so they are still served.
+#[test]
+fn without_realip_the_daemon_takes_the_client_from_the_logged_forwarded_list() {
+    let fleet = Fleet::start(Logs::ForwardedNoRealip, 403);
+    fleet.balancer_requests();
+    let forged = format!("X-Forwarded-For: {GOOD}");
+    for (src, extra) in [(ATTACKER, vec![]), (FORGER, vec!["-H", forged.as_str()])] {
+        for i in 0..=LIMIT {
+            let r = fleet
+                .get(src, &extra)
+                .unwrap_or_else(|e| panic!("{src}'s request {i}: {e}"));
+            assert_eq!(r.status, 200, "{src}'s request {i}: {r:?}");
         }
     }
-    for b in &fleet.backends {
-        let st = b.daemon().status();
-        assert_eq!(st["unparsed"], 0, "{st}");
+    for addr in [ATTACKER, FORGER] {
+        common::wait_until(Duration::from_secs(10), &format!("{addr} in the ban list"), || {
+            fleet.banned().iter().any(|b| b == addr)
+        });
     }
+    fleet.banned_are_the_attackers_only();
+    fleet.served_by_both(ATTACKER, "the attacker, asked about as the balancer");
 }
 
 #[test]
