@@ -130,6 +130,7 @@ fn checks() {
         println!("daemon pinned to CPU {cpu}: {ok}");
     }
     println!("{n} active bans, {conns} kept-alive connections, {seconds} s per run, {runs} runs");
+    println!("daemon RSS with the bans, before any check: {:.1} MB", rss_mb(d.pid()));
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -137,16 +138,17 @@ fn checks() {
         .unwrap();
     let mut rates = Vec::new();
     for run in 1..=runs {
-        let cpu_before = cpu_seconds(d.pid());
+        let (cpu_before, client_before) = (cpu_seconds(d.pid()), cpu_seconds(std::process::id()));
         let (count, mut lat) = rt.block_on(load(&sock, n, conns, Duration::from_secs(seconds)));
         let cpu = cpu_seconds(d.pid()) - cpu_before;
+        let client = cpu_seconds(std::process::id()) - client_before;
         lat.sort_unstable();
         let q = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)] as f64 / 1000.0;
         let rate = count as f64 / seconds as f64;
         rates.push(rate);
         println!(
             "run {run}: {rate:.0} checks/s; latency p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, max {:.1} µs; \
-             daemon CPU {cpu:.2} s ({:.0} checks per CPU second)",
+             daemon CPU {cpu:.2} s ({:.0} checks per CPU second), client CPU {client:.2} s",
             q(0.5),
             q(0.99),
             q(0.999),
@@ -156,9 +158,20 @@ fn checks() {
     }
     rates.sort_by(f64::total_cmp);
     println!("median {:.0} checks/s over {runs} runs", rates[rates.len() / 2]);
+    println!("daemon RSS after the runs: {:.1} MB", rss_mb(d.pid()));
     let status = d.status();
     println!("daemon status http: {}", status["http"]);
     daemon_histogram(&metrics);
+}
+
+/// Resident memory of process `pid`, in MB.
+fn rss_mb(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
 }
 
 /// User + system CPU seconds of process `pid` so far (all its threads).

@@ -32,8 +32,8 @@ const MAX_CONNECTIONS: usize = 1024;
 /// opens a new one when it needs it).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A head (or a body being skipped) that stops arriving this long is
-/// dropped with its connection.
+/// A head (or a body being skipped) that stops arriving this long, or an
+/// answer the client does not read for this long, drops the connection.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Bodies longer than this are not skipped: the answer closes the
@@ -84,9 +84,15 @@ pub async fn bind(http: &HttpConfig) -> std::io::Result<Listener> {
     }
 }
 
-/// Gives the socket at `path` the group `name`.
+/// Gives the socket at `path` the group `name`: nothing to do when it was
+/// created with it (the process's group, e.g. a unit's `Group=`), else a
+/// chown, which needs root or membership of the group.
 fn give_group(path: &Path, name: &str) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
     let gid = group_id(name).ok_or_else(|| format!("group `{name}` does not exist"))?;
+    if std::fs::metadata(path).is_ok_and(|m| m.gid() == gid) {
+        return Ok(());
+    }
     std::os::unix::fs::chown(path, None, Some(gid)).map_err(|e| format!("giving it group `{name}` failed: {e}"))
 }
 
@@ -200,8 +206,10 @@ pub(super) async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
             }
         }
         if !out.is_empty() {
-            if sock.write_all(&out).await.is_err() {
-                return;
+            // A client that does not read its answers loses its connection.
+            match tokio::time::timeout(READ_TIMEOUT, sock.write_all(&out)).await {
+                Ok(Ok(())) => {}
+                _ => return,
             }
             out.clear();
             if checks > 0 {
