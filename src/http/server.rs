@@ -113,8 +113,12 @@ fn group_id(name: &str) -> Option<u32> {
 /// Answers connections on `listener` until `shutdown`, then waits for the
 /// open connections to close (each watches `shutdown` too).
 pub async fn serve(listener: Listener, endpoint: Endpoint, shutdown: CancellationToken) {
+    serve_at_most(listener, endpoint, MAX_CONNECTIONS, shutdown).await;
+}
+
+async fn serve_at_most(listener: Listener, endpoint: Endpoint, max: usize, shutdown: CancellationToken) {
     let endpoint = Arc::new(endpoint);
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let slots = Arc::new(tokio::sync::Semaphore::new(max));
     let connections = TaskTracker::new();
     loop {
         let slot = tokio::select! {
@@ -502,6 +506,39 @@ mod tests {
         };
         let ((), got) = tokio::join!(connection(server, &ep, &token), talking);
         assert!(got.starts_with("HTTP/1.1 403 Forbidden\r\n"), "{got}");
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_cap_wait_for_a_slot_and_shutdown_waits_for_all() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let token = CancellationToken::new();
+        let server = tokio::spawn(serve_at_most(Listener::Tcp(listener), endpoint(403), 1, token.clone()));
+        let ask = |mut s: tokio::net::TcpStream| async move {
+            s.write_all(check("192.0.2.1").as_bytes()).await.unwrap();
+            let mut got = [0u8; 256];
+            let n = s.read(&mut got).await.unwrap();
+            (s, String::from_utf8_lossy(&got[..n]).into_owned())
+        };
+        let first = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (first, got) = tokio::time::timeout(Duration::from_secs(5), ask(first)).await.unwrap();
+        assert!(got.starts_with("HTTP/1.1 403"), "{got}");
+        // The second waits in the backlog while the first holds the slot...
+        let second = tokio::spawn(ask(tokio::net::TcpStream::connect(addr).await.unwrap()));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!second.is_finished(), "answered beyond the cap");
+        // ...and is answered once the first lets go.
+        drop(first);
+        let (_second, got) = tokio::time::timeout(Duration::from_secs(5), second)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(got.starts_with("HTTP/1.1 403"), "{got}");
+        token.cancel();
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .unwrap()
+            .unwrap();
     }
 
     #[test]
