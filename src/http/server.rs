@@ -1,24 +1,20 @@
-//! The endpoint's listener and connections: a unix socket (mode 0660, group
-//! `http.group` or `www-data`) or a loopback TCP port; HTTP/1.1 with
-//! keepalive (nginx's upstream `keepalive` pool) and HTTP/1.0; pipelined
-//! requests answered in order; a head of at most [`MAX_HEAD`] bytes, a
-//! read timeout, a cap on connections, a pause after a failed accept.
+//! The endpoint's connections, on the listener `listen.rs` binds: HTTP/1.1
+//! with keepalive (nginx's upstream `keepalive` pool) and HTTP/1.0;
+//! pipelined requests answered in order; a head of at most [`MAX_HEAD`]
+//! bytes, read and write timeouts, a cap on connections, a pause after a
+//! failed accept; the answer to each head.
 
-use std::ffi::CString;
 use std::io::Write as _;
-use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::listen::{accept, Listener, Stream};
 use super::request::{parse, Client, Head, Method, Parse, MAX_HEAD};
 use super::{Decisions, HttpCounters};
-use crate::config::{HttpConfig, Listen, DEFAULT_HTTP_GROUP};
 use crate::enforce::Until;
 
 /// `Retry-After` of a permanent ban: one day (a client is told to come back
@@ -46,68 +42,6 @@ pub struct Endpoint {
     /// 403 or 429 (`http.deny_status`).
     pub deny_status: u16,
     pub counters: Arc<HttpCounters>,
-}
-
-pub enum Listener {
-    Unix(UnixListener),
-    Tcp(TcpListener),
-}
-
-/// Binds `http.listen`. A unix socket replaces a stale one, gets mode 0660
-/// and the group `http.group` (default `www-data`) when that group exists;
-/// otherwise it stays root's (0600) and a warning says so.
-pub async fn bind(http: &HttpConfig) -> std::io::Result<Listener> {
-    match &http.listen {
-        Listen::Tcp(addr) => Ok(Listener::Tcp(TcpListener::bind(addr).await?)),
-        Listen::Unix(path) => {
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)?;
-            }
-            // A socket left by a previous run refuses bind: remove it.
-            match std::fs::remove_file(path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            }
-            let listener = UnixListener::bind(path)?;
-            let name = http.group.as_deref().unwrap_or(DEFAULT_HTTP_GROUP);
-            let mode = match give_group(path, name) {
-                Ok(()) => 0o660,
-                Err(why) => {
-                    tracing::warn!(socket = %path.display(), group = name, "{why}; the socket is root's only (mode 0600).");
-                    0o600
-                }
-            };
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
-            Ok(Listener::Unix(listener))
-        }
-    }
-}
-
-/// Gives the socket at `path` the group `name`: nothing to do when it was
-/// created with it (the process's group, e.g. a unit's `Group=`), else a
-/// chown, which needs root or membership of the group.
-fn give_group(path: &Path, name: &str) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
-    let gid = group_id(name).ok_or_else(|| format!("group `{name}` does not exist"))?;
-    if std::fs::metadata(path).is_ok_and(|m| m.gid() == gid) {
-        return Ok(());
-    }
-    std::os::unix::fs::chown(path, None, Some(gid)).map_err(|e| format!("giving it group `{name}` failed: {e}"))
-}
-
-/// The id of the group `name`, from the system's group database.
-fn group_id(name: &str) -> Option<u32> {
-    let name = CString::new(name).ok()?;
-    let mut buf = vec![0 as libc::c_char; 64 * 1024];
-    // SAFETY: an all-zero `group` is a valid value (null pointers, zero id);
-    // getgrnam_r only writes into it and into `buf`, within `buf.len()`.
-    let mut group: libc::group = unsafe { std::mem::zeroed() };
-    let mut found: *mut libc::group = std::ptr::null_mut();
-    // SAFETY: every pointer is valid for the call; `found` is set to
-    // `&mut group` or null.
-    let rc = unsafe { libc::getgrnam_r(name.as_ptr(), &mut group, buf.as_mut_ptr(), buf.len(), &mut found) };
-    (rc == 0 && !found.is_null()).then_some(group.gr_gid)
 }
 
 /// Answers connections on `listener` until `shutdown`, then waits for the
@@ -152,18 +86,6 @@ async fn serve_at_most(listener: Listener, endpoint: Endpoint, max: usize, shutd
     }
     connections.close();
     connections.wait().await;
-}
-
-enum Stream {
-    Unix(tokio::net::UnixStream),
-    Tcp(tokio::net::TcpStream),
-}
-
-async fn accept(listener: &Listener) -> std::io::Result<Stream> {
-    match listener {
-        Listener::Unix(l) => l.accept().await.map(|(s, _)| Stream::Unix(s)),
-        Listener::Tcp(l) => l.accept().await.map(|(s, _)| Stream::Tcp(s)),
-    }
 }
 
 /// One connection: reads heads, answers each in order (every complete head
@@ -331,6 +253,7 @@ mod tests {
 
     use super::*;
     use crate::bans::BanCache;
+    use tokio::net::TcpListener;
 
     fn endpoint(deny_status: u16) -> Endpoint {
         let mut view = BanCache::default();
