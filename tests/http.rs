@@ -2,8 +2,9 @@
 //! with the embedded store or a shared redis-server, its firewall a log
 //! (nft is not what is under test here), asked as nginx asks it. A client
 //! over a rule's limit, an operator's network ban, an IPv6 /64 and /128, a
-//! ban made by another host on the same Redis: denied here; an unban, or
-//! the ban's end, lifts it; a good client and a malformed header get 204,
+//! ban made by another host on the same Redis or found by a reconcile:
+//! denied here; an unban, the ban's end, or its absence at a reconcile
+//! lifts it; a good client and a malformed header get 204,
 //! and `status` counts.
 
 mod common;
@@ -136,7 +137,7 @@ fn a_ban_by_another_host_on_the_same_redis_is_denied_here_and_unban_lifts_it() {
             .main_config()
             .host_id("web-1")
             .log_firewall()
-            .redis(&redis.url(), "")
+            .redis(&redis.url(), "reconcile_every: 1s")
             .http(&format!("{{ listen: '{addr}', deny_status: 429 }}")),
         &[scraper(&here, "10m")],
     );
@@ -167,6 +168,14 @@ fn a_ban_by_another_host_on_the_same_redis_is_denied_here_and_unban_lifts_it() {
     assert!(out.success(), "{}", out.text());
     wait_answer(&mut c, "198.51.100.9", 429);
     assert_eq!(c.check("198.51.100.9").retry_after, Some(86_400));
+
+    // Written to the list behind the events' back: a reconcile brings it,
+    // and takes away what left the list the same way.
+    let until = (common::now_ms() + 600_000).to_string();
+    redis.cli(&["ZADD", "{fleetban}:bans", &until, "203.0.113.200"]);
+    wait_answer(&mut c, "203.0.113.200", 429);
+    redis.cli(&["ZREM", "{fleetban}:bans", "198.51.100.0/24"]);
+    wait_answer(&mut c, "198.51.100.9", 204);
 }
 
 /// Runs `fleetban run -c cfg` until it exits (bounded: 20 s); its status
