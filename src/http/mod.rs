@@ -5,17 +5,20 @@
 //!
 //! bytes -> head (`request.rs`) -> answer from [`Decisions`]
 //! (`decisions.rs`: this host's view of the list, kept by [`follow`] from
-//! the enforcer's stream of changes) -> bytes (`server.rs`: the listener,
-//! connections with keepalive and pipelining, the socket's owner and mode).
+//! the enforcer's stream of changes) -> bytes (`server.rs`: connections
+//! with keepalive and pipelining, on what `listen.rs` binds: the unix
+//! socket with its owner and mode, or loopback TCP).
 //! No Redis command per check: answers come from memory only.
 
 mod decisions;
+mod listen;
 mod request;
 mod server;
 
 pub use decisions::{follow, Decisions};
+pub use listen::{bind, Listener};
 pub use request::MAX_HEAD;
-pub use server::{bind, serve, Endpoint, Listener, PERMANENT_RETRY_AFTER_S};
+pub use server::{serve, Endpoint, PERMANENT_RETRY_AFTER_S};
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;

@@ -282,6 +282,69 @@ mod tests {
         assert!(h.chunked);
     }
 
+    mod any_input {
+        use proptest::prelude::*;
+
+        use super::super::{parse, Client, Parse};
+
+        /// A head nginx could send: a check for an address (or none, or
+        /// garbage), with headers in any case and order.
+        fn head() -> impl Strategy<Value = (String, Client)> {
+            let addr = prop_oneof![
+                any::<[u8; 4]>().prop_map(|o| {
+                    let a = std::net::Ipv4Addr::from(o);
+                    (Some(a.to_string()), Client::Addr(a.into()))
+                }),
+                any::<u128>().prop_map(|v| {
+                    let a = std::net::Ipv6Addr::from(v);
+                    (Some(a.to_string()), Client::Addr(crate::addr::normalize(a.into())))
+                }),
+                Just((None, Client::Missing)),
+                "[a-z]{1,8}".prop_map(|g| (Some(g), Client::Invalid)),
+            ];
+            (addr, any::<bool>(), any::<bool>()).prop_map(|((text, client), upper, host_first)| {
+                let name = if upper { "X-CLIENT-ADDR" } else { "x-client-addr" };
+                let mut headers = vec!["Host: fleetban".to_owned()];
+                if let Some(t) = text {
+                    headers.insert(usize::from(!host_first), format!("{name}: {t}"));
+                }
+                (
+                    format!("GET /check HTTP/1.1\r\n{}\r\n\r\n", headers.join("\r\n")),
+                    client,
+                )
+            })
+        }
+
+        proptest! {
+            /// Any bytes: an answer, never a panic, never past the input.
+            #[test]
+            fn any_bytes(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+                if let Parse::Done(_, n) = parse(&bytes) {
+                    prop_assert!(n <= bytes.len());
+                }
+            }
+
+            /// Heads sent back to back are read one by one, each as alone.
+            #[test]
+            fn pipelined_heads_read_as_each_alone(heads in prop::collection::vec(head(), 1..6)) {
+                let all: String = heads.iter().map(|(h, _)| h.as_str()).collect();
+                let mut at = 0;
+                for (text, client) in &heads {
+                    match parse(&all.as_bytes()[at..]) {
+                        Parse::Done(h, n) => {
+                            prop_assert_eq!(n, text.len());
+                            prop_assert_eq!(h.client, *client);
+                            prop_assert!(h.check && h.keep_alive);
+                            at += n;
+                        }
+                        other => prop_assert!(false, "{:?} at {}", other, at),
+                    }
+                }
+                prop_assert_eq!(parse(&all.as_bytes()[at..]), Parse::Partial);
+            }
+        }
+    }
+
     #[test]
     fn other_methods_parse_and_are_told_apart() {
         assert_eq!(done("POST /check HTTP/1.1\r\n\r\n").0.method, Method::Other);

@@ -1,24 +1,20 @@
-//! The endpoint's listener and connections: a unix socket (mode 0660, group
-//! `http.group` or `www-data`) or a loopback TCP port; HTTP/1.1 with
-//! keepalive (nginx's upstream `keepalive` pool) and HTTP/1.0; pipelined
-//! requests answered in order; a head of at most [`MAX_HEAD`] bytes, a
-//! read timeout, a cap on connections, a pause after a failed accept.
+//! The endpoint's connections, on the listener `listen.rs` binds: HTTP/1.1
+//! with keepalive (nginx's upstream `keepalive` pool) and HTTP/1.0;
+//! pipelined requests answered in order; a head of at most [`MAX_HEAD`]
+//! bytes, read and write timeouts, a cap on connections, a pause after a
+//! failed accept; the answer to each head.
 
-use std::ffi::CString;
 use std::io::Write as _;
-use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::listen::{accept, Listener, Stream};
 use super::request::{parse, Client, Head, Method, Parse, MAX_HEAD};
 use super::{Decisions, HttpCounters};
-use crate::config::{HttpConfig, Listen, DEFAULT_HTTP_GROUP};
 use crate::enforce::Until;
 
 /// `Retry-After` of a permanent ban: one day (a client is told to come back
@@ -32,8 +28,8 @@ const MAX_CONNECTIONS: usize = 1024;
 /// opens a new one when it needs it).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A head (or a body being skipped) that stops arriving this long is
-/// dropped with its connection.
+/// A head (or a body being skipped) that stops arriving this long, or an
+/// answer the client does not read for this long, drops the connection.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Bodies longer than this are not skipped: the answer closes the
@@ -48,67 +44,15 @@ pub struct Endpoint {
     pub counters: Arc<HttpCounters>,
 }
 
-pub enum Listener {
-    Unix(UnixListener),
-    Tcp(TcpListener),
-}
-
-/// Binds `http.listen`. A unix socket replaces a stale one, gets mode 0660
-/// and the group `http.group` (default `www-data`) when that group exists;
-/// otherwise it stays root's (0600) and a warning says so.
-pub async fn bind(http: &HttpConfig) -> std::io::Result<Listener> {
-    match &http.listen {
-        Listen::Tcp(addr) => Ok(Listener::Tcp(TcpListener::bind(addr).await?)),
-        Listen::Unix(path) => {
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)?;
-            }
-            // A socket left by a previous run refuses bind: remove it.
-            match std::fs::remove_file(path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            }
-            let listener = UnixListener::bind(path)?;
-            let name = http.group.as_deref().unwrap_or(DEFAULT_HTTP_GROUP);
-            let mode = match give_group(path, name) {
-                Ok(()) => 0o660,
-                Err(why) => {
-                    tracing::warn!(socket = %path.display(), group = name, "{why}; the socket is root's only (mode 0600).");
-                    0o600
-                }
-            };
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
-            Ok(Listener::Unix(listener))
-        }
-    }
-}
-
-/// Gives the socket at `path` the group `name`.
-fn give_group(path: &Path, name: &str) -> Result<(), String> {
-    let gid = group_id(name).ok_or_else(|| format!("group `{name}` does not exist"))?;
-    std::os::unix::fs::chown(path, None, Some(gid)).map_err(|e| format!("giving it group `{name}` failed: {e}"))
-}
-
-/// The id of the group `name`, from the system's group database.
-fn group_id(name: &str) -> Option<u32> {
-    let name = CString::new(name).ok()?;
-    let mut buf = vec![0 as libc::c_char; 64 * 1024];
-    // SAFETY: an all-zero `group` is a valid value (null pointers, zero id);
-    // getgrnam_r only writes into it and into `buf`, within `buf.len()`.
-    let mut group: libc::group = unsafe { std::mem::zeroed() };
-    let mut found: *mut libc::group = std::ptr::null_mut();
-    // SAFETY: every pointer is valid for the call; `found` is set to
-    // `&mut group` or null.
-    let rc = unsafe { libc::getgrnam_r(name.as_ptr(), &mut group, buf.as_mut_ptr(), buf.len(), &mut found) };
-    (rc == 0 && !found.is_null()).then_some(group.gr_gid)
-}
-
 /// Answers connections on `listener` until `shutdown`, then waits for the
 /// open connections to close (each watches `shutdown` too).
 pub async fn serve(listener: Listener, endpoint: Endpoint, shutdown: CancellationToken) {
+    serve_at_most(listener, endpoint, MAX_CONNECTIONS, shutdown).await;
+}
+
+async fn serve_at_most(listener: Listener, endpoint: Endpoint, max: usize, shutdown: CancellationToken) {
     let endpoint = Arc::new(endpoint);
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let slots = Arc::new(tokio::sync::Semaphore::new(max));
     let connections = TaskTracker::new();
     loop {
         let slot = tokio::select! {
@@ -142,18 +86,6 @@ pub async fn serve(listener: Listener, endpoint: Endpoint, shutdown: Cancellatio
     }
     connections.close();
     connections.wait().await;
-}
-
-enum Stream {
-    Unix(tokio::net::UnixStream),
-    Tcp(tokio::net::TcpStream),
-}
-
-async fn accept(listener: &Listener) -> std::io::Result<Stream> {
-    match listener {
-        Listener::Unix(l) => l.accept().await.map(|(s, _)| Stream::Unix(s)),
-        Listener::Tcp(l) => l.accept().await.map(|(s, _)| Stream::Tcp(s)),
-    }
 }
 
 /// One connection: reads heads, answers each in order (every complete head
@@ -200,8 +132,10 @@ pub(super) async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
             }
         }
         if !out.is_empty() {
-            if sock.write_all(&out).await.is_err() {
-                return;
+            // A client that does not read its answers loses its connection.
+            match tokio::time::timeout(READ_TIMEOUT, sock.write_all(&out)).await {
+                Ok(Ok(())) => {}
+                _ => return,
             }
             out.clear();
             if checks > 0 {
@@ -319,6 +253,7 @@ mod tests {
 
     use super::*;
     use crate::bans::BanCache;
+    use tokio::net::TcpListener;
 
     fn endpoint(deny_status: u16) -> Endpoint {
         let mut view = BanCache::default();
@@ -494,6 +429,39 @@ mod tests {
         };
         let ((), got) = tokio::join!(connection(server, &ep, &token), talking);
         assert!(got.starts_with("HTTP/1.1 403 Forbidden\r\n"), "{got}");
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_cap_wait_for_a_slot_and_shutdown_waits_for_all() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let token = CancellationToken::new();
+        let server = tokio::spawn(serve_at_most(Listener::Tcp(listener), endpoint(403), 1, token.clone()));
+        let ask = |mut s: tokio::net::TcpStream| async move {
+            s.write_all(check("192.0.2.1").as_bytes()).await.unwrap();
+            let mut got = [0u8; 256];
+            let n = s.read(&mut got).await.unwrap();
+            (s, String::from_utf8_lossy(&got[..n]).into_owned())
+        };
+        let first = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (first, got) = tokio::time::timeout(Duration::from_secs(5), ask(first)).await.unwrap();
+        assert!(got.starts_with("HTTP/1.1 403"), "{got}");
+        // The second waits in the backlog while the first holds the slot...
+        let second = tokio::spawn(ask(tokio::net::TcpStream::connect(addr).await.unwrap()));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!second.is_finished(), "answered beyond the cap");
+        // ...and is answered once the first lets go.
+        drop(first);
+        let (_second, got) = tokio::time::timeout(Duration::from_secs(5), second)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(got.starts_with("HTTP/1.1 403"), "{got}");
+        token.cancel();
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .unwrap()
+            .unwrap();
     }
 
     #[test]
