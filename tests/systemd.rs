@@ -1,7 +1,7 @@
 //! The shipped unit, checked with systemd's own tools: `systemd-analyze
 //! security --offline=true` rates its exposure at most 2.0 while it keeps
 //! what fleetban needs (CAP_NET_ADMIN for nft, the adm group for nginx's logs,
-//! the www-data group for the HTTP endpoint's socket, its state directory), and `systemd-analyze verify` finds nothing (with the
+//! group www-data for the HTTP endpoint's socket, its state directory), and `systemd-analyze verify` finds nothing (with the
 //! built binary in place of /usr/bin/fleetban and the generated man page).
 
 mod common;
@@ -40,7 +40,7 @@ fn unit_exposure_is_at_most_2_and_it_keeps_what_fleetban_needs() {
     assert!(unit.contains("AF_NETLINK"), "nft talks netlink");
     assert!(has("SupplementaryGroups=adm"), "nginx logs are group adm");
     assert!(
-        has("SupplementaryGroups=www-data") && has("RuntimeDirectoryMode=0711"),
+        has("Group=www-data") && has("RuntimeDirectoryMode=0750"),
         "nginx's workers (www-data) reach the HTTP endpoint's socket in /run/fleetban"
     );
     assert!(has("StateDirectory=fleetban"), "offsets and bans need a state dir");
