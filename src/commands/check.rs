@@ -36,6 +36,19 @@ pub fn check(path: &Path) -> Outcome {
         Some(r) => println!("  redis: {} (prefix {})", r.url, r.prefix),
         None => println!("  redis: none (single host, embedded store)"),
     }
+    if !config.proxies.is_empty() {
+        let nets: Vec<String> = config.proxies.iter().map(|n| n.to_string()).collect();
+        println!(
+            "  proxies: {} (never counted nor banned; their X-Forwarded-For is believed)",
+            nets.join(", ")
+        );
+    }
+    if let Some(h) = &config.http {
+        println!("  http: {} (banned clients get {})", h.listen, h.deny_status);
+    }
+    for w in config.warnings() {
+        println!("warning: {}: {w}", path.display());
+    }
     Ok(())
 }
 
