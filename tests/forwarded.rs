@@ -197,3 +197,40 @@ proptest! {
         prop_assert_eq!(parsed, Some(client), "{}", line);
     }
 }
+
+/// A proxy banned before `proxies:` was set (its address read as the
+/// client's): `check` names the ban and the way out; `ban` refuses a proxy.
+#[test]
+fn check_names_a_banned_proxy_and_ban_refuses_one() {
+    let redis = common::Redis::start();
+    let r = ConfigDir::new();
+    let before = r.main_config().redis(&redis.url(), "");
+    r.write(&before, &[Rule::new("any", &r.log, "{ hits: 10, window: 60s }")]);
+    let out = cli(&r.cfg, &["ban", "198.51.100.4", "--for", "1h"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    std::fs::write(
+        &r.cfg,
+        before.yaml() + "proxies: [198.51.100.0/24]\nhttp: { listen: /run/fbt-unused.sock }\n",
+    )
+    .unwrap();
+    let out = cli(&r.cfg, &["check"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stdout
+            .contains("198.51.100.4 is banned but overlaps the trusted proxy network 198.51.100.0/24")
+            && out.stdout.contains("fleetban unban 198.51.100.4"),
+        "{}",
+        out.stdout
+    );
+    let out = cli(&r.cfg, &["ban", "198.51.100.7"]);
+    assert_eq!(out.code, 2, "{}", out.stdout);
+    assert!(
+        out.stderr.contains("trusted proxy network 198.51.100.0/24"),
+        "{}",
+        out.stderr
+    );
+    // Once lifted, check is quiet about it.
+    assert_eq!(cli(&r.cfg, &["unban", "198.51.100.4"]).code, 0);
+    let out = cli(&r.cfg, &["check"]);
+    assert!(!out.stdout.contains("is banned but"), "{}", out.stdout);
+}
