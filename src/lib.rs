@@ -16,6 +16,8 @@
 //!   escalation, safety valve, the queue while Redis is down, this host's view.
 //! - `fleet`: follows the fleet's ban events and reconciles the local set with the list.
 //! - `control`: the control socket's protocol, client and server.
+//! - `http`: the decision endpoint nginx's `auth_request` asks (`GET /check`),
+//!   answered from an in-memory view of the list kept by the enforcer's changes.
 //! - `replay`: `fleetban test`, the offline replay with log time.
 //! - `daemon`: `fleetban run`: start, tasks, pipeline, reload, shutdown.
 //!
@@ -29,6 +31,7 @@ pub mod daemon;
 pub mod detect;
 pub mod enforce;
 pub mod fleet;
+pub mod http;
 pub mod limit;
 pub mod parse;
 pub mod replay;

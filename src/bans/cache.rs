@@ -1,41 +1,83 @@
 //! This host's view of the ban list: who is banned until when. Filled from
 //! the list at start, then from the events and our own decisions. The hot
 //! path asks it whether a hit's client is banned at the hit's time, so a
-//! banned client's hits are not counted (docs/design.md §2).
+//! banned client's hits are not counted (docs/design.md §2); the HTTP
+//! endpoint asks it which bans cover an address ([`BanCache::covering`]).
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv6Net};
 
 use crate::enforce::Until;
 
-#[derive(Default)]
+/// IPv6 bans at least this long are kept in the exact map (client prefixes
+/// and single addresses); shorter ones, and IPv4 networks, are `wide`.
+const V6_EXACT_MIN: u8 = 48;
+
+#[derive(Clone)]
 pub struct BanCache {
     /// Keys banned one by one (an address, or an IPv6 client prefix).
     exact: HashMap<IpNet, Until, foldhash::fast::RandomState>,
+    /// How many IPv6 entries of `exact` have each prefix length: the
+    /// lengths [`BanCache::covering`] looks an address up at (usually only
+    /// `ipv6_prefix`, and 128 for manual bans of one address).
+    v6_lengths: [u32; 129],
     /// Wider networks banned by an operator; few, scanned linearly.
     wide: Vec<(IpNet, Until)>,
 }
 
+impl Default for BanCache {
+    fn default() -> BanCache {
+        BanCache {
+            exact: HashMap::default(),
+            v6_lengths: [0; 129],
+            wide: Vec::new(),
+        }
+    }
+}
+
+fn is_exact(net: &IpNet) -> bool {
+    match net {
+        IpNet::V4(n) => n.prefix_len() == 32,
+        IpNet::V6(n) => n.prefix_len() >= V6_EXACT_MIN,
+    }
+}
+
 impl BanCache {
     pub fn insert(&mut self, net: IpNet, until: Until) {
-        self.remove(&net);
-        if net.prefix_len() == net.max_prefix_len() || (net.max_prefix_len() == 128 && net.prefix_len() >= 48) {
-            self.exact.insert(net, until);
+        let net = net.trunc();
+        if is_exact(&net) {
+            if self.exact.insert(net, until).is_none() {
+                self.count_length(&net, 1);
+            }
         } else {
+            self.wide.retain(|(n, _)| *n != net);
             self.wide.push((net, until));
         }
     }
 
     pub fn remove(&mut self, net: &IpNet) {
-        self.exact.remove(net);
-        self.wide.retain(|(n, _)| n != net);
+        let net = &net.trunc();
+        if is_exact(net) {
+            if self.exact.remove(net).is_some() {
+                self.count_length(net, -1);
+            }
+        } else {
+            self.wide.retain(|(n, _)| n != net);
+        }
+    }
+
+    fn count_length(&mut self, net: &IpNet, by: i32) {
+        if let IpNet::V6(n) = net {
+            let c = &mut self.v6_lengths[usize::from(n.prefix_len())];
+            *c = c.saturating_add_signed(by);
+        }
     }
 
     /// Replaces the whole view (after a reconcile).
     pub fn replace(&mut self, entries: impl IntoIterator<Item = (IpNet, Until)>) {
-        self.exact.clear();
-        self.wide.clear();
+        *self = BanCache::default();
         for (n, u) in entries {
             self.insert(n, u);
         }
@@ -44,8 +86,32 @@ impl BanCache {
     /// When the last ban covering the client `key` ends (its own, or a wider
     /// network's); None if it has none.
     pub fn until(&self, key: &IpNet) -> Option<Until> {
-        let wide = self.wide.iter().filter(|(n, _)| n.contains(key)).map(|(_, u)| *u);
-        self.exact.get(key).copied().into_iter().chain(wide).max()
+        let own = self.exact.get(key).copied();
+        own.max(self.wide_covering(|n| n.contains(key)))
+    }
+
+    /// When the last ban covering the address `addr` ends, whatever its
+    /// prefix: an IPv4 address or network, an IPv6 client prefix, a single
+    /// IPv6 address, any wider network. IPv4-mapped IPv6 is its IPv4
+    /// address. None if no ban covers it.
+    pub fn covering(&self, addr: IpAddr) -> Option<Until> {
+        let addr = crate::addr::normalize(addr);
+        let own = match addr {
+            IpAddr::V4(a) => self.exact.get(&IpNet::V4(a.into())).copied(),
+            IpAddr::V6(a) => (V6_EXACT_MIN..=128)
+                .filter(|&len| self.v6_lengths[usize::from(len)] > 0)
+                .filter_map(|len| {
+                    let net = Ipv6Net::new(a, len).ok()?.trunc();
+                    self.exact.get(&IpNet::V6(net)).copied()
+                })
+                .max(),
+        };
+        own.max(self.wide_covering(|n| n.contains(&addr)))
+    }
+
+    /// The latest end of the wide bans `covers` accepts.
+    fn wide_covering(&self, covers: impl Fn(&IpNet) -> bool) -> Option<Until> {
+        self.wide.iter().filter(|(n, _)| covers(n)).map(|(_, u)| *u).max()
     }
 
     /// Whether the client `key` is banned at `at_ms`.
@@ -64,7 +130,14 @@ impl BanCache {
     /// Forgets bans that ended before `now_ms`.
     pub fn expire(&mut self, now_ms: i64) {
         let live = |u: &Until| matches!(u, Until::Permanent) || matches!(u, Until::At(t) if *t > now_ms);
-        self.exact.retain(|_, u| live(u));
+        let lengths = &mut self.v6_lengths;
+        self.exact.retain(|n, u| {
+            let keep = live(u);
+            if let (false, IpNet::V6(n)) = (keep, n) {
+                lengths[usize::from(n.prefix_len())] -= 1;
+            }
+            keep
+        });
         self.wide.retain(|(_, u)| live(u));
     }
 
@@ -91,5 +164,125 @@ mod tests {
         assert!(c.is_banned(&"198.51.100.7/32".parse().unwrap(), i64::MAX));
         c.remove(&"198.51.100.0/24".parse().unwrap());
         assert!(!c.is_banned(&"198.51.100.7/32".parse().unwrap(), 0));
+    }
+
+    fn at(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn covering_finds_every_prefix_length() {
+        let mut c = BanCache::default();
+        c.insert("2001:db8:1:2::/64".parse().unwrap(), Until::At(10));
+        c.insert("2001:db8:1:2::7/128".parse().unwrap(), Until::At(20));
+        c.insert("2001:db8:9::/48".parse().unwrap(), Until::At(30));
+        c.insert("2001:db8::/32".parse().unwrap(), Until::At(5));
+        c.insert("192.0.2.1/32".parse().unwrap(), Until::Permanent);
+        assert_eq!(c.covering(at("2001:db8:1:2::7")), Some(Until::At(20)));
+        assert_eq!(c.covering(at("2001:db8:1:2::8")), Some(Until::At(10)));
+        assert_eq!(c.covering(at("2001:db8:9:ffff::1")), Some(Until::At(30)));
+        assert_eq!(c.covering(at("2001:db8:7::1")), Some(Until::At(5)));
+        assert_eq!(c.covering(at("2001:db9::1")), None);
+        assert_eq!(c.covering(at("::ffff:192.0.2.1")), Some(Until::Permanent));
+        assert_eq!(c.covering(at("192.0.2.2")), None);
+        // The client key asks for its own entry and wider ones only.
+        assert_eq!(c.until(&"2001:db8:1:2::/64".parse().unwrap()), Some(Until::At(10)));
+        c.remove(&"2001:db8:1:2::7/128".parse().unwrap());
+        assert_eq!(c.covering(at("2001:db8:1:2::7")), Some(Until::At(10)));
+        c.expire(15);
+        assert_eq!(c.covering(at("2001:db8:1:2::7")), None);
+        assert_eq!(c.v6_lengths.iter().sum::<u32>(), 1);
+    }
+
+    mod model {
+        use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+        use ipnet::IpNet;
+        use proptest::prelude::*;
+
+        use super::super::BanCache;
+        use crate::enforce::Until;
+
+        /// Networks and addresses drawn from a few bits of each family,
+        /// so that bans and addresses meet.
+        fn v4(bits: u8) -> Ipv4Addr {
+            Ipv4Addr::new(198, 51, bits >> 4, bits & 0xf)
+        }
+
+        fn v6(bits: u8) -> Ipv6Addr {
+            let b = u16::from(bits);
+            Ipv6Addr::new(0x2001, 0xdb8, b >> 6, (b >> 4) & 3, 0, 0, 0, b & 0xf)
+        }
+
+        fn net() -> impl Strategy<Value = IpNet> {
+            prop_oneof![
+                (any::<u8>(), 20u8..=32).prop_map(|(b, len)| IpNet::new(v4(b).into(), len).unwrap().trunc()),
+                (any::<u8>(), prop_oneof![Just(64u8), Just(128u8), 30u8..=128]).prop_map(|(b, len)| IpNet::new(
+                    v6(b).into(),
+                    len
+                )
+                .unwrap()
+                .trunc()),
+            ]
+        }
+
+        fn addr() -> impl Strategy<Value = IpAddr> {
+            prop_oneof![
+                any::<u8>().prop_map(|b| IpAddr::V4(v4(b))),
+                any::<u8>().prop_map(|b| IpAddr::V6(v6(b))),
+                any::<u8>().prop_map(|b| IpAddr::V6(v4(b).to_ipv6_mapped())),
+            ]
+        }
+
+        #[derive(Clone, Debug)]
+        enum Op {
+            Insert(IpNet, Until),
+            Remove(IpNet),
+            Expire(i64),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            let until = prop_oneof![(0i64..100).prop_map(Until::At), Just(Until::Permanent)];
+            prop_oneof![
+                4 => (net(), until).prop_map(|(n, u)| Op::Insert(n, u)),
+                1 => net().prop_map(Op::Remove),
+                1 => (0i64..100).prop_map(Op::Expire),
+            ]
+        }
+
+        proptest! {
+            /// `covering` is "the latest end of any ban whose network
+            /// contains the address", over inserts, removes and expiry.
+            #[test]
+            fn covering_is_any_ban_containing_the_address(ops in prop::collection::vec(op(), 0..60), probes in prop::collection::vec(addr(), 1..40)) {
+                let mut cache = BanCache::default();
+                let mut model: Vec<(IpNet, Until)> = Vec::new();
+                for op in ops {
+                    match op {
+                        Op::Insert(n, u) => {
+                            cache.insert(n, u);
+                            model.retain(|(m, _)| *m != n);
+                            model.push((n, u));
+                        }
+                        Op::Remove(n) => {
+                            cache.remove(&n);
+                            model.retain(|(m, _)| *m != n);
+                        }
+                        Op::Expire(now) => {
+                            cache.expire(now);
+                            model.retain(|(_, u)| *u > Until::At(now));
+                        }
+                    }
+                }
+                // Every banned network's first and last address, and others.
+                    let edges = model.iter().flat_map(|(n, _)| [n.network(), n.broadcast()]);
+                for a in probes.into_iter().chain(edges.collect::<Vec<_>>()) {
+                    let a4 = crate::addr::normalize(a);
+                    let want = model.iter().filter(|(n, _)| n.contains(&a4)).map(|(_, u)| *u).max();
+                    prop_assert_eq!(cache.covering(a), want, "{}", a);
+                }
+                prop_assert_eq!(cache.len(), model.len());
+            }
+        }
     }
 }

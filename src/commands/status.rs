@@ -38,6 +38,12 @@ fn render(s: &Status) -> String {
         "safety valve: {} ({} refused, limit {}/min)   reloads: {} ({} refused)\n",
         s.safety.state, s.safety.refused, s.safety.max_bans_per_minute, s.reloads, s.reload_errors
     );
+    if let Some(h) = &s.http {
+        out += &format!(
+            "http: {}   checks: {}   denials: {}   malformed: {}\n",
+            h.listen, h.checks, h.denials, h.malformed
+        );
+    }
     out += "sources:\n";
     for src in &s.sources {
         out += &format!(

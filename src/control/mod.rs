@@ -13,7 +13,7 @@ mod status;
 
 pub use client::{Client, ControlError};
 pub use server::{bind, serve, Handler};
-pub use status::{RedisStatus, RuleStatus, SafetyStatus, SourceStatus, Status};
+pub use status::{HttpStatus, RedisStatus, RuleStatus, SafetyStatus, SourceStatus, Status};
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};

@@ -21,6 +21,9 @@ pub struct Status {
     pub lag_ms: i64,
     pub reloads: u64,
     pub reload_errors: u64,
+    /// The decision endpoint, when `http:` is configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpStatus>,
 }
 
 /// One followed file.
@@ -49,6 +52,19 @@ pub struct SafetyStatus {
     pub state: String,
     pub max_bans_per_minute: u64,
     pub refused: u64,
+}
+
+/// The decision endpoint (`GET /check`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HttpStatus {
+    /// Where it listens: `unix:PATH` or `ADDRESS:PORT`.
+    pub listen: String,
+    /// Checks answered.
+    pub checks: u64,
+    /// Checks answered `deny_status`.
+    pub denials: u64,
+    /// Checks without a readable `X-Client-Addr` (answered 204).
+    pub malformed: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -9,12 +9,14 @@
 //! `fleetban_sync_lag_seconds` (wall clock minus the log time of the last hit
 //! read), plus `fleetban_unparsed_total`, `fleetban_stale_total`,
 //! `fleetban_safety_refused_total`, `fleetban_bans_active`,
-//! `fleetban_redis_connected`.
+//! `fleetban_redis_connected`; with `http:`, `fleetban_http_checks_total`,
+//! `fleetban_http_denials_total`, `fleetban_http_malformed_total` and
+//! `fleetban_http_check_seconds` (filled by the endpoint, lock-free).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
@@ -88,6 +90,35 @@ impl prometheus_client::collector::Collector for StatsCollector {
             "Wall clock minus the log time of the last hit read.",
             s.lag_ms.load(Relaxed) as f64 / 1000.0,
         )?;
+        if let Some(h) = &s.http {
+            let c = &h.counters;
+            counter(
+                &mut e,
+                "fleetban_http_checks",
+                "Checks answered at /check.",
+                c.checks.load(Relaxed),
+            )?;
+            counter(
+                &mut e,
+                "fleetban_http_denials",
+                "Checks answered with the deny status.",
+                c.denials.load(Relaxed),
+            )?;
+            counter(
+                &mut e,
+                "fleetban_http_malformed",
+                "Checks without a readable X-Client-Addr.",
+                c.malformed.load(Relaxed),
+            )?;
+            let (sum, count, buckets) = c.latency.snapshot();
+            e.encode_descriptor(
+                "fleetban_http_check_seconds",
+                "From the read that completed a check to its answer written.",
+                None,
+                MetricType::Histogram,
+            )?
+            .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
+        }
         let rules = s.rule_counters();
         {
             let mut hits = e.encode_descriptor("fleetban_hits", "Hits counted per rule.", None, MetricType::Counter)?;
@@ -165,5 +196,35 @@ pub async fn serve(listener: TcpListener, stats: Arc<Stats>, shutdown: Cancellat
             let _ = sock.write_all(resp.as_bytes()).await;
             let _ = sock.shutdown().await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering::Relaxed;
+    use std::sync::Arc;
+
+    use super::{render, Stats};
+    use crate::http::HttpCounters;
+
+    #[test]
+    fn the_endpoint_s_counters_and_histogram_only_with_http() {
+        assert!(!render(&Arc::new(Stats::detached())).contains("fleetban_http"));
+        let counters = Arc::new(HttpCounters::default());
+        counters.checks.store(5, Relaxed);
+        counters.denials.store(2, Relaxed);
+        counters.malformed.store(1, Relaxed);
+        counters.latency.observe(std::time::Duration::from_micros(30));
+        let text = render(&Arc::new(Stats::detached().with_http("unix:/x".into(), counters)));
+        for line in [
+            "fleetban_http_checks_total 5",
+            "fleetban_http_denials_total 2",
+            "fleetban_http_malformed_total 1",
+            "fleetban_http_check_seconds_count 1",
+            "fleetban_http_check_seconds_bucket{le=\"0.00004\"} 1",
+            "fleetban_http_check_seconds_bucket{le=\"0.00002\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
     }
 }

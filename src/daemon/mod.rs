@@ -6,6 +6,9 @@
 //!        fleet sync ─────┴────┼─────────────────┤   (ban events, reconcile)
 //!        control socket ──────┴─────────────────┘   (status, manual bans)
 //! ```
+//! With `http:`, the decision endpoint's view of the list takes every
+//! change the enforcer takes (`http::follow`), and `http::serve` answers
+//! nginx's checks from it.
 //! Shutdown is one mechanism: a `CancellationToken` that every task watches
 //! and a `TaskTracker` we wait on, with a deadline after which we go anyway.
 //! The pipeline commits what it has read and saves offsets; the nft table
@@ -61,6 +64,8 @@ pub enum DaemonError {
     Metrics(std::net::SocketAddr, std::io::Error),
     #[error("control socket {0}: {1}")]
     Control(PathBuf, std::io::Error),
+    #[error("decision endpoint {0}: {1}")]
+    Http(crate::config::Listen, std::io::Error),
 }
 
 /// Gives the allocator's free pages back to the kernel. glibc keeps what a
@@ -138,11 +143,19 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     let read_started = std::time::Instant::now();
 
     // This host's ban changes go to the enforcer; the fleet's to the
-    // enforcer and to the pipeline's view of the list.
+    // enforcer and to the pipeline's view of the list. With `http:`, the
+    // endpoint's view takes both, as the enforcer does.
     let (enf_tx, enf_rx) = tokio::sync::mpsc::unbounded_channel();
     let (updates_tx, updates_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (mut own, mut all) = (vec![enf_tx.clone()], vec![enf_tx, updates_tx]);
+    let http_rx = config.http.as_ref().map(|_| {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        own.push(tx.clone());
+        all.push(tx);
+        rx
+    });
     let store = tokio::select! {
-        s = start::open(&config, &opts, Changes::to(vec![enf_tx.clone()]), Changes::to(vec![enf_tx, updates_tx])) => s,
+        s = start::open(&config, &opts, Changes::to(own), Changes::to(all)) => s,
         _ = &mut shutdown => return Ok(()),
     };
     let start::Store {
@@ -162,19 +175,25 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
 
     // First sync: the kernel set equals the list before anything else runs.
     let (applied, view) = start::first_sync(&mut enforcer, initial, &allow).await;
+    let decisions = http_rx.map(|rx| (Arc::new(crate::http::Decisions::new(view.clone())), rx));
     bans.set_view(view);
     tracing::info!(bans = applied, rules = config.rules.len(), "Ban list applied.");
     // The list's reply, its copies and the transaction's text are freed now.
     trim_heap();
 
     let names: Vec<String> = config.rules.iter().map(|r| r.name.clone()).collect();
-    let stats = Arc::new(Stats::new(
+    let http_counters = Arc::new(crate::http::HttpCounters::default());
+    let mut stats = Stats::new(
         &names,
         config.max_bans_per_minute,
         limiter.counters(),
         bans.counters(),
         health,
-    ));
+    );
+    if let Some(http) = &config.http {
+        stats = stats.with_http(http.listen.to_string(), http_counters.clone());
+    }
+    let stats = Arc::new(stats);
     tracker.spawn(enforcer::run(
         enforcer,
         enf_rx,
@@ -191,6 +210,23 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
             .map_err(|e| DaemonError::Metrics(addr, e))?;
         tracing::info!(%addr, "Prometheus metrics on /metrics.");
         tracker.spawn(metrics::serve(listener, stats.clone(), token.clone()));
+    }
+    if let (Some(http), Some((decisions, rx))) = (&config.http, decisions) {
+        let listener = match crate::http::bind(http).await {
+            Ok(l) => l,
+            Err(e) => {
+                token.cancel();
+                return Err(DaemonError::Http(http.listen.clone(), e));
+            }
+        };
+        tracing::info!(listen = %http.listen, deny_status = http.deny_status, "Decision endpoint on GET /check.");
+        tracker.spawn(crate::http::follow(decisions.clone(), rx, allow.clone(), token.clone()));
+        let endpoint = crate::http::Endpoint {
+            decisions,
+            deny_status: http.deny_status,
+            counters: http_counters,
+        };
+        tracker.spawn(crate::http::serve(listener, endpoint, token.clone()));
     }
 
     let scanner = Scanner::new(

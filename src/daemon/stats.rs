@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 
 use crate::bans::BanCounters;
-use crate::control::{RedisStatus, RuleStatus, SafetyStatus, SourceStatus, Status};
+use crate::control::{HttpStatus, RedisStatus, RuleStatus, SafetyStatus, SourceStatus, Status};
+use crate::http::HttpCounters;
 use crate::limit::LimitCounters;
 use crate::store::Health;
 
@@ -75,6 +76,15 @@ pub struct Stats {
     pub health: Option<Health>,
     /// One nft transaction, in seconds.
     pub nft_apply: Histogram,
+    /// With `http:`: the decision endpoint's counters, counted by it.
+    pub http: Option<HttpStats>,
+}
+
+/// The decision endpoint as `Stats` knows it.
+pub struct HttpStats {
+    /// `unix:PATH` or `ADDRESS:PORT`.
+    pub listen: String,
+    pub counters: Arc<HttpCounters>,
 }
 
 impl Stats {
@@ -103,9 +113,18 @@ impl Stats {
             bans,
             health,
             nft_apply: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            http: None,
         };
         stats.set_rules(rule_names);
         stats
+    }
+
+    /// With the decision endpoint listening at `listen`, counting in `counters`.
+    pub fn with_http(self, listen: String, counters: Arc<HttpCounters>) -> Stats {
+        Stats {
+            http: Some(HttpStats { listen, counters }),
+            ..self
+        }
     }
 
     /// Counters of nothing (tests).
@@ -243,6 +262,12 @@ impl Stats {
             lag_ms: self.lag_ms.load(Relaxed),
             reloads: self.reloads.load(Relaxed),
             reload_errors: self.reload_errors.load(Relaxed),
+            http: self.http.as_ref().map(|h| HttpStatus {
+                listen: h.listen.clone(),
+                checks: h.counters.checks.load(Relaxed),
+                denials: h.counters.denials.load(Relaxed),
+                malformed: h.counters.malformed.load(Relaxed),
+            }),
         }
     }
 }

@@ -104,8 +104,8 @@ pub fn rules_yaml(rules: &[Rule]) -> String {
 }
 
 /// The main configuration file. Its keys come out in one fixed order
-/// (host_id, state_dir, control, allow, firewall, metrics, safety, redis,
-/// rules), one line each unless a verbatim `redis` section spans more, so a
+/// (host_id, state_dir, control, allow, firewall, metrics, safety, http,
+/// redis, rules), one line each unless a verbatim `redis` section spans more, so a
 /// test can name the line an error is reported at.
 #[derive(Clone, Debug)]
 pub struct MainConfig {
@@ -130,6 +130,7 @@ impl MainConfig {
                 "firewall",
                 "metrics",
                 "safety",
+                "http",
             ]),
             redis: None,
             rule_files: vec!["rules.yaml".to_owned()],
@@ -176,6 +177,12 @@ impl MainConfig {
     /// `safety:`, e.g. `"{ max_bans_per_minute: 2 }"`.
     pub fn safety(self, safety: &str) -> MainConfig {
         self.set("safety", safety.to_owned())
+    }
+
+    /// `http:`, the decision endpoint, e.g. `"{ listen: /run/x.sock }"` or
+    /// `"{ listen: '127.0.0.1:8080', deny_status: 429 }"`.
+    pub fn http(self, section: &str) -> MainConfig {
+        self.set("http", section.to_owned())
     }
 
     /// `redis: { url: '<url>', <options> }`; `options` (`"timeout: 2s,

@@ -12,7 +12,8 @@
 //!
 //! What the daemon is given comes from here too: its config files
 //! ([`ConfigDir`], [`MainConfig`], [`Rule`]), its log lines
-//! ([`combined_lines`], [`append`]) and its command line ([`cli`]). The
+//! ([`combined_lines`], [`append`]) and its command line ([`cli`]). Its
+//! decision endpoint is asked as nginx asks it ([`Checker`]). The
 //! library's own API is called from these files only where a test needs it
 //! for set-up (the control socket, a Redis connection, the clock), so a
 //! rename there touches the harness alone.
@@ -24,6 +25,7 @@ mod access_log;
 mod cli;
 mod config;
 mod daemon;
+mod http;
 pub mod model;
 mod netns;
 mod nft;
@@ -33,6 +35,7 @@ pub use access_log::{append, combined_line, combined_lines, now_ms};
 pub use cli::{cli, control_status, CliOutput};
 pub use config::{rules_yaml, ConfigDir, MainConfig, Rule};
 pub use daemon::Daemon;
+pub use http::{Answer, Checker};
 
 pub use netns::{http_get, http_get_with, veth_pair, NetNs};
 pub use nft::{nft_bans, nft_bans_detailed, nft_set_elements, nft_set_elements_detailed, parse_set_json, NftElem};

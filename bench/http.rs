@@ -1,0 +1,272 @@
+//! The decision endpoint under load, whole process, run by `bench/http.sh`.
+//! A `[[bench]]` target without libtest that runs the benchmark named on
+//! its command line (`checks`), so `cargo test --bench '*'` and a bare
+//! `cargo bench` run none. It prints figures; it asserts only that the work
+//! happened (every banned address denied, every other allowed).
+//!
+//! `checks`: a redis-server holding BANS active bans (3/4 single IPv4
+//! addresses, 1/4 IPv6 /64s, one hour left, as `bench/fleet.rs` makes
+//! them), `fleetban run` on it (firewall `backend: log`: nft is not
+//! measured here) with `http:` on a unix socket, its threads pinned to the
+//! core `DAEMON_CPU` when set. CONNS kept-alive connections (nginx's
+//! upstream pool) each ask `GET /check` in a closed loop for RUN_SECONDS, half
+//! the addresses banned, half not; RUNS runs. Per run: checks/s, and the
+//! client's p50/p99/p99.9 from writing a request to reading its whole
+//! answer; then the daemon's own `fleetban_http_check_seconds` buckets.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{Daemon, Redis};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn main() {
+    let mut ran = false;
+    for name in std::env::args().skip(1) {
+        if name == "checks" {
+            checks();
+            ran = true;
+        }
+    }
+    if !ran {
+        eprintln!("usage: cargo bench --bench http -- checks (bench/http.sh)");
+    }
+}
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+/// The address asked for ban number `i`: the banned address itself, or
+/// one inside the banned /64.
+fn banned(i: u64) -> String {
+    if i % 4 == 3 {
+        format!("2001:db8:{:x}:{:x}::1", i / 65_536, i % 65_536)
+    } else {
+        format!(
+            "{}.{}.{}.{}",
+            100 + (i / 16_777_216) % 50,
+            (i / 65_536) % 256,
+            (i / 256) % 256,
+            i % 256
+        )
+    }
+}
+
+/// An address no ban covers, of the same two kinds.
+fn free(i: u64) -> String {
+    if i % 4 == 3 {
+        format!("2001:db9:{:x}:{:x}::1", i / 65_536, i % 65_536)
+    } else {
+        format!("198.18.{}.{}", (i / 256) % 256, i % 256)
+    }
+}
+
+fn checks() {
+    let n = env("BANS", 100_000);
+    let conns = env("CONNS", 8) as usize;
+    let seconds = env("RUN_SECONDS", 5);
+    let runs = env("RUNS", 3).max(1);
+    let redis = Redis::start();
+    let script = "local n = tonumber(ARGV[1]) local u = ARGV[2] \
+        for i = 0, n - 1 do \
+          local m \
+          if i % 4 == 3 then m = string.format('2001:db8:%x:%x::/64', math.floor(i / 65536), i % 65536) \
+          else m = string.format('%d.%d.%d.%d', 100 + math.floor(i / 16777216) % 50, math.floor(i / 65536) % 256, math.floor(i / 256) % 256, i % 256) end \
+          redis.call('ZADD', KEYS[1], u, m) end return n";
+    let until = fleetban::now_ms() + 3_600_000;
+    redis.cli(&[
+        "EVAL",
+        script,
+        "1",
+        "{fleetban}:bans",
+        &n.to_string(),
+        &until.to_string(),
+    ]);
+    assert_eq!(redis.cli(&["ZCARD", "{fleetban}:bans"]), n.to_string());
+
+    let dir = tempfile::tempdir().unwrap();
+    let (log, control, sock) = (
+        dir.path().join("access.log"),
+        dir.path().join("control.sock"),
+        dir.path().join("http.sock"),
+    );
+    std::fs::write(&log, "").unwrap();
+    std::fs::write(
+        dir.path().join("rules.yaml"),
+        format!(
+            "rules:\n  - name: bench\n    logs: [{}]\n    limit: {{ hits: 100, window: 60s }}\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    let metrics = format!("127.0.0.1:{}", common::free_port());
+    let cfg = dir.path().join("fleetban.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "host_id: bench-http\nstate_dir: {}\ncontrol: {}\nfirewall: {{ backend: log }}\nmetrics: {metrics}\n\
+             http: {{ listen: '{}' }}\nredis: {{ url: '{}' }}\nrules: [rules.yaml]\n",
+            dir.path().join("state").display(),
+            control.display(),
+            sock.display(),
+            redis.url()
+        ),
+    )
+    .unwrap();
+    let d = Daemon::start(None, &cfg, &control);
+    common::wait_until(Duration::from_secs(30), "the bans in the daemon's view", || {
+        d.status()["bans_active"].as_u64() == Some(n)
+    });
+    if let Ok(cpu) = std::env::var("DAEMON_CPU") {
+        let ok = Command::new("taskset")
+            .args(["-a", "-p", "-c", &cpu, &d.pid().to_string()])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        println!("daemon pinned to CPU {cpu}: {ok}");
+    }
+    println!("{n} active bans, {conns} kept-alive connections, {seconds} s per run, {runs} runs");
+    println!("daemon RSS with the bans, before any check: {:.1} MB", rss_mb(d.pid()));
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut rates = Vec::new();
+    for run in 1..=runs {
+        let (cpu_before, client_before) = (cpu_seconds(d.pid()), cpu_seconds(std::process::id()));
+        let (count, mut lat) = rt.block_on(load(&sock, n, conns, Duration::from_secs(seconds)));
+        let cpu = cpu_seconds(d.pid()) - cpu_before;
+        let client = cpu_seconds(std::process::id()) - client_before;
+        lat.sort_unstable();
+        let q = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)] as f64 / 1000.0;
+        let rate = count as f64 / seconds as f64;
+        rates.push(rate);
+        println!(
+            "run {run}: {rate:.0} checks/s; latency p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, max {:.1} µs; \
+             daemon CPU {cpu:.2} s ({:.0} checks per CPU second), client CPU {client:.2} s",
+            q(0.5),
+            q(0.99),
+            q(0.999),
+            q(1.0),
+            count as f64 / cpu
+        );
+    }
+    rates.sort_by(f64::total_cmp);
+    println!("median {:.0} checks/s over {runs} runs", rates[rates.len() / 2]);
+    println!("daemon RSS after the runs: {:.1} MB", rss_mb(d.pid()));
+    let status = d.status();
+    println!("daemon status http: {}", status["http"]);
+    daemon_histogram(&metrics);
+}
+
+/// Resident memory of process `pid`, in MB.
+fn rss_mb(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// User + system CPU seconds of process `pid` so far (all its threads).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command's closing parenthesis; utime and stime are
+    // the 14th and 15th of the whole line, in clock ticks (100 per second).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (tick(11) + tick(12)) / 100.0
+}
+
+/// `conns` connections asking for `length` in a closed loop: the checks
+/// answered and each one's latency (ns).
+async fn load(sock: &Path, n: u64, conns: usize, length: Duration) -> (u64, Vec<u64>) {
+    let end = Instant::now() + length;
+    let mut tasks = Vec::new();
+    for c in 0..conns {
+        let sock = sock.to_path_buf();
+        // On the current-thread runtime: every client shares one thread.
+        tasks.push(tokio::spawn(async move {
+            let mut s = tokio::net::UnixStream::connect(&sock).await.expect("connect");
+            let mut lat = Vec::with_capacity(1 << 20);
+            let mut buf = [0u8; 512];
+            // Ban number `i` and the free address beside it, one after the other.
+            let mut i = (c as u64 * 7_919) % n;
+            let mut ask_banned = true;
+            while Instant::now() < end {
+                let addr = if ask_banned { banned(i) } else { free(i) };
+                let req = format!("GET /check HTTP/1.1\r\nHost: fleetban\r\nX-Client-Addr: {addr}\r\n\r\n");
+                let t = Instant::now();
+                s.write_all(req.as_bytes()).await.expect("send");
+                let mut got = 0;
+                loop {
+                    let k = s.read(&mut buf[got..]).await.expect("read");
+                    assert!(k > 0, "the endpoint closed the connection");
+                    got += k;
+                    if buf[..got].ends_with(b"\r\n\r\n") {
+                        break;
+                    }
+                }
+                lat.push(t.elapsed().as_nanos() as u64);
+                let status = &buf[9..12];
+                let want: &[u8] = if ask_banned { b"403" } else { b"204" };
+                assert_eq!(status, want, "{addr}: {}", String::from_utf8_lossy(&buf[..got]));
+                if !ask_banned {
+                    i = (i + 1) % n;
+                }
+                ask_banned = !ask_banned;
+            }
+            lat
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("a client task"));
+    }
+    (all.len() as u64, all)
+}
+
+/// The daemon's own histogram of check latency, from its metrics endpoint:
+/// the bucket each quantile falls in.
+fn daemon_histogram(metrics: &str) {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(metrics) else {
+        println!("daemon histogram: metrics endpoint not reachable");
+        return;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n");
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    let buckets: Vec<(String, u64)> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("fleetban_http_check_seconds_bucket{le=\""))
+        .filter_map(|l| {
+            let (le, rest) = l.split_once("\"} ")?;
+            Some((le.to_owned(), rest.trim().parse().ok()?))
+        })
+        .collect();
+    let Some(&(_, total)) = buckets.last() else {
+        println!("daemon histogram: none in the metrics");
+        return;
+    };
+    let at = |p: f64| {
+        buckets
+            .iter()
+            .find(|(_, c)| *c as f64 >= p * total as f64)
+            .map_or("?".to_owned(), |(le, _)| le.clone())
+    };
+    println!(
+        "daemon's own (read -> answer written), {total} checks: p50 <= {} s, p99 <= {} s, p99.9 <= {} s",
+        at(0.5),
+        at(0.99),
+        at(0.999)
+    );
+}
