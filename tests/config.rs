@@ -77,6 +77,13 @@ const BAD: &[Case] = &[
     ("prefilter out of range", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 10, window: 1m, prefilter: 1.5 }\n", "r.yaml", "4:", &["1.5", "between 0 and 1"]),
     ("token bucket too slow", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: token_bucket, burst: 4000000000, rate: 1/d }\n", "r.yaml", "4:", &["token_bucket", "burst"]),
     ("sliding counter too large", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: sliding_counter, hits: 4000000000, window: 30d }\n", "r.yaml", "4:", &["sliding_counter", "2^52"]),
+    ("forwarded list without proxies", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    format: { log_format: '$remote_addr [$time_local] \"$request\" $status \"$http_x_forwarded_for\"' }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["$http_x_forwarded_for", "proxies", "realip"]),
+    ("unquoted forwarded list", "rules: [r.yaml]\nproxies: [10.0.0.0/8]\n", "rules:\n  - name: a\n    logs: [/x]\n    format: { log_format: '$http_x_forwarded_for - $remote_addr [$time_local]' }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["neither quoted nor last"]),
+    ("forwarded list without the peer", "rules: [r.yaml]\nproxies: [10.0.0.0/8]\n", "rules:\n  - name: a\n    logs: [/x]\n    format: { log_format: '\"$http_x_forwarded_for\" [$time_local]' }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["$remote_addr", "trusted proxy"]),
+    ("bad proxy network", "rules: [r.yaml]\nproxies: [10.0.0.0/40]\n", GOOD_RULE, "fleetban.yaml", "2:", &["10.0.0.0/40"]),
+    ("bad http listen", "rules: [r.yaml]\nhttp: { listen: 'somewhere' }\n", GOOD_RULE, "fleetban.yaml", "2:", &["http.listen", "somewhere"]),
+    ("http listen not loopback", "rules: [r.yaml]\nhttp: { listen: '0.0.0.0:8081' }\n", GOOD_RULE, "fleetban.yaml", "2:", &["loopback"]),
+    ("bad deny status", "rules: [r.yaml]\nhttp: { listen: /run/x.sock, deny_status: 500 }\n", GOOD_RULE, "fleetban.yaml", "2:", &["403 or 429", "500"]),
     ("bad table name", "rules: [r.yaml]\nfirewall: { table: 'x; drop' }\n", GOOD_RULE, "fleetban.yaml", "2:", &["table"]),
 ];
 
@@ -169,4 +176,25 @@ fn errors_in_several_files_are_all_reported() {
     assert_eq!(out.code, 2);
     assert!(err.contains("a.yaml:4:"), "{err}");
     assert!(err.contains("b.yaml:4:"), "{err}");
+}
+
+/// Proxies and the decision endpoint are summarised; `proxies` without an
+/// endpoint is valid but warned about (proxied clients could not be stopped).
+#[test]
+fn proxies_and_the_endpoint_are_summarised_and_a_missing_endpoint_warned() {
+    let xff_rule = "rules:\n  - name: a\n    logs: [/x]\n    format: { log_format: '$remote_addr [$time_local] \"$request\" $status \"$http_x_forwarded_for\"' }\n    limit: { hits: 1, window: 1s }\n";
+    let (code, out, err, _d) = check("rules: [r.yaml]\nproxies: [10.0.0.0/8, '2001:db8:ff::/48']\n", xff_rule);
+    assert_eq!(code, 0, "stderr: {err}");
+    assert!(out.contains("proxies: 10.0.0.0/8, 2001:db8:ff::/48"), "{out}");
+    assert!(out.contains("warning:") && out.contains("no `http:` endpoint"), "{out}");
+    let (code, out, err, _d) = check(
+        "rules: [r.yaml]\nproxies: [10.0.0.0/8]\nhttp: { listen: /run/fleetban/http.sock, deny_status: 429 }\n",
+        xff_rule,
+    );
+    assert_eq!(code, 0, "stderr: {err}");
+    assert!(
+        out.contains("http: unix:/run/fleetban/http.sock (banned clients get 429)"),
+        "{out}"
+    );
+    assert!(!out.contains("warning:"), "{out}");
 }

@@ -9,6 +9,9 @@ use super::{failed, load, runtime, Outcome};
 pub fn run(path: &Path, dry_run: bool, bench_one_call_per_hit: bool) -> Outcome {
     daemon::prepare_process();
     let config = load(path)?;
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
     let options = daemon::Options {
         dry_run,
         config_path: path.to_path_buf(),

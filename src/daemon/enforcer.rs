@@ -76,7 +76,7 @@ fn allowed(elems: Vec<Element>, allow: &AllowList, warned: &mut u32) -> Vec<Elem
             let ok = !allow.overlaps(&e.net);
             if !ok && *warned < 20 {
                 *warned += 1;
-                tracing::warn!(addr = %e.net, "Ban of an allowed address (loopback, own, or `allow:`) not applied.");
+                tracing::warn!(addr = %e.net, "Ban of an allowed address (loopback, own, `allow:` or `proxies:`) not applied.");
             }
             ok
         })

@@ -10,12 +10,16 @@
 //! The one invariant that matters for a ban daemon: the client address is
 //! read from its own field and nowhere else. A URI, referer or user agent that
 //! contains an address (log injection) can at worst make the line unparsed;
-//! it can never make that address the [`Request::addr`]. `parse` knows nothing
+//! it can never make that address the [`Request::addr`]. Behind trusted
+//! proxies the address field is `$remote_addr` with the forwarded list
+//! (`forwarded.rs`), read from the right only as far as the first hop that
+//! is not a proxy: what a client wrote to its left is never read. `parse` knows nothing
 //! of rules, Redis or nftables, and never panics, whatever the bytes.
 //!
 //! Layout: `combined` (fast path), `log_format` (compiler), `regex` (named
 //! groups), `variables` (what each nginx variable means), `fields` (request
-//! line, status, quoted fields), `addr`, `time`.
+//! line, status, quoted fields), `addr`, `forwarded` (the client behind
+//! proxies), `time`.
 
 mod addr;
 mod combined;
