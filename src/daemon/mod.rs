@@ -225,6 +225,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
             decisions,
             deny_status: http.deny_status,
             counters: http_counters,
+            proxies: crate::addr::NetSet::new(&config.proxies),
         };
         tracker.spawn(crate::http::serve(listener, endpoint, token.clone()));
     }

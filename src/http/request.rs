@@ -6,6 +6,8 @@
 
 use std::net::IpAddr;
 
+use crate::addr::NetSet;
+
 /// The largest head accepted (request line and headers); a longer one is
 /// answered 431 and the connection closed.
 pub const MAX_HEAD: usize = 8 * 1024;
@@ -56,10 +58,20 @@ pub enum Parse {
     Bad,
 }
 
+/// [`parse_trusting`] with no proxy: `X-Forwarded-For` is never read.
+#[cfg(test)]
+pub fn parse(buf: &[u8]) -> Parse {
+    parse_trusting(buf, &NetSet::default())
+}
+
 /// Reads the head at the start of `buf`. Lines end in LF, with or without
 /// CR before it; empty lines before the request line are skipped (RFC 9112
-/// §2.2).
-pub fn parse(buf: &[u8]) -> Parse {
+/// §2.2). When `X-Client-Addr` is a hop in `proxies` (nginx asked about the
+/// balancer: no realip in front of it) and the check carries the request's
+/// `X-Forwarded-For`, the client is read from that list as the log parser
+/// reads it (`parse::resolve_forwarded`: the rightmost hop not in
+/// `proxies`); a list that names no client is an invalid address.
+pub fn parse_trusting(buf: &[u8], proxies: &NetSet) -> Parse {
     let mut pos = 0;
     let mut request_line = None;
     let mut head = Head {
@@ -73,6 +85,8 @@ pub fn parse(buf: &[u8]) -> Parse {
     };
     let mut connection: Option<bool> = None;
     let mut length: Option<u64> = None;
+    // `X-Forwarded-For`, when given once.
+    let mut forwarded: Option<Result<&[u8], ()>> = None;
     loop {
         let Some(nl) = memchr::memchr(b'\n', &buf[pos..]) else {
             return Parse::Partial;
@@ -105,6 +119,11 @@ pub fn parse(buf: &[u8]) -> Parse {
                         (Client::Missing, Some(a)) => Client::Addr(a),
                         _ => Client::Invalid,
                     };
+                } else if name.eq_ignore_ascii_case(b"x-forwarded-for") {
+                    forwarded = Some(match forwarded {
+                        None => Ok(value),
+                        Some(_) => Err(()),
+                    });
                 } else if name.eq_ignore_ascii_case(b"connection") {
                     for token in value.split(|&b| b == b',').map(trim) {
                         if token.eq_ignore_ascii_case(b"close") {
@@ -128,6 +147,17 @@ pub fn parse(buf: &[u8]) -> Parse {
         }
     }
     head.keep_alive = connection.unwrap_or(!head.http10);
+    if let (Client::Addr(peer), Some(list)) = (head.client, forwarded) {
+        if proxies.contains(peer) {
+            head.client = match list
+                .ok()
+                .and_then(|l| crate::parse::resolve_forwarded(peer, l, proxies))
+            {
+                Some(a) => Client::Addr(a),
+                None => Client::Invalid,
+            };
+        }
+    }
     head.body = length.unwrap_or(0);
     Parse::Done(head, pos)
 }
@@ -181,6 +211,41 @@ mod tests {
             Parse::Done(h, n) => (h, n),
             other => panic!("{text:?}: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_proxy_asked_about_is_resolved_through_its_forwarded_list() {
+        let proxies = NetSet::new(&["10.0.0.0/8".parse().unwrap()]);
+        let ask = |xff: &str, peer: &str| {
+            let text = format!("GET /check HTTP/1.1\r\nX-Client-Addr: {peer}\r\n{xff}\r\n");
+            match parse_trusting(text.as_bytes(), &proxies) {
+                Parse::Done(h, _) => h.client,
+                other => panic!("{other:?}"),
+            }
+        };
+        let addr = |s: &str| Client::Addr(s.parse().unwrap());
+        // nginx without realip asks about the balancer, with the list.
+        assert_eq!(
+            ask("X-Forwarded-For: 203.0.113.66, 192.0.2.7\r\n", "10.0.0.4"),
+            addr("192.0.2.7")
+        );
+        // With realip the peer is already the client: the list is not read.
+        assert_eq!(ask("X-Forwarded-For: 203.0.113.66\r\n", "192.0.2.7"), addr("192.0.2.7"));
+        // Only proxies, or no list: the balancer (never banned: 204).
+        assert_eq!(ask("X-Forwarded-For: 10.1.1.1\r\n", "10.0.0.4"), addr("10.1.1.1"));
+        assert_eq!(ask("", "10.0.0.4"), addr("10.0.0.4"));
+        // A malformed walked entry, or the header twice: no address.
+        assert_eq!(ask("X-Forwarded-For: 192.0.2.7:80\r\n", "10.0.0.4"), Client::Invalid);
+        assert_eq!(
+            ask(
+                "X-Forwarded-For: 192.0.2.7\r\nX-Forwarded-For: 192.0.2.8\r\n",
+                "10.0.0.4"
+            ),
+            Client::Invalid
+        );
+        // No proxies: never read.
+        let text = "GET /check HTTP/1.1\r\nX-Client-Addr: 10.0.0.4\r\nX-Forwarded-For: 192.0.2.7\r\n\r\n";
+        assert!(matches!(parse(text.as_bytes()), Parse::Done(Head { client, .. }, _) if client == addr("10.0.0.4")));
     }
 
     #[test]

@@ -13,8 +13,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::listen::{accept, Listener, Stream};
-use super::request::{parse, Client, Head, Method, Parse, MAX_HEAD};
+use super::request::{parse_trusting, Client, Head, Method, Parse, MAX_HEAD};
 use super::{Decisions, HttpCounters};
+use crate::addr::NetSet;
 use crate::enforce::Until;
 
 /// `Retry-After` of a permanent ban: one day (a client is told to come back
@@ -42,6 +43,9 @@ pub struct Endpoint {
     /// 403 or 429 (`http.deny_status`).
     pub deny_status: u16,
     pub counters: Arc<HttpCounters>,
+    /// `proxies:`: a check about one of them is resolved through the
+    /// `X-Forwarded-For` it carries.
+    pub proxies: NetSet,
 }
 
 /// Answers connections on `listener` until `shutdown`, then waits for the
@@ -114,7 +118,7 @@ pub(super) async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
                     break;
                 }
             }
-            match parse(&buf[start..end]) {
+            match parse_trusting(&buf[start..end], &endpoint.proxies) {
                 Parse::Partial => break,
                 Parse::Bad => {
                     out.extend_from_slice(
@@ -265,6 +269,7 @@ mod tests {
             decisions: Arc::new(Decisions::new(view)),
             deny_status,
             counters: Arc::default(),
+            proxies: NetSet::default(),
         }
     }
 
