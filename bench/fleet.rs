@@ -175,21 +175,7 @@ fn start_with_100k_bans() {
     }
     // 100k members: 3/4 single v4 addresses, 1/4 v6 /64s, one hour left.
     let until = fleetban::now_ms() + 3_600_000;
-    let script = "local n = tonumber(ARGV[1]) local u = ARGV[2] \
-        for i = 0, n - 1 do \
-          local m \
-          if i % 4 == 3 then m = string.format('2001:db8:%x:%x::/64', math.floor(i / 65536), i % 65536) \
-          else m = string.format('%d.%d.%d.%d', 100 + math.floor(i / 16777216) % 50, math.floor(i / 65536) % 256, math.floor(i / 256) % 256, i % 256) end \
-          redis.call('ZADD', KEYS[1], u, m) end return n";
-    redis.cli(&[
-        "EVAL",
-        script,
-        "1",
-        "{fleetban}:bans",
-        &n.to_string(),
-        &until.to_string(),
-    ]);
-    assert_eq!(redis.cli(&["ZCARD", "{fleetban}:bans"]), n.to_string());
+    redis.preload_bans(n as u64, until);
     // START_REPS starts of a fresh daemon in a fresh namespace on the same
     // list (medians printed); the bans one by one go on top of the last.
     let reps: usize = std::env::var("START_REPS")

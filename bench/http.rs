@@ -72,22 +72,8 @@ fn checks() {
     let seconds = env("RUN_SECONDS", 5);
     let runs = env("RUNS", 3).max(1);
     let redis = Redis::start();
-    let script = "local n = tonumber(ARGV[1]) local u = ARGV[2] \
-        for i = 0, n - 1 do \
-          local m \
-          if i % 4 == 3 then m = string.format('2001:db8:%x:%x::/64', math.floor(i / 65536), i % 65536) \
-          else m = string.format('%d.%d.%d.%d', 100 + math.floor(i / 16777216) % 50, math.floor(i / 65536) % 256, math.floor(i / 256) % 256, i % 256) end \
-          redis.call('ZADD', KEYS[1], u, m) end return n";
     let until = fleetban::now_ms() + 3_600_000;
-    redis.cli(&[
-        "EVAL",
-        script,
-        "1",
-        "{fleetban}:bans",
-        &n.to_string(),
-        &until.to_string(),
-    ]);
-    assert_eq!(redis.cli(&["ZCARD", "{fleetban}:bans"]), n.to_string());
+    redis.preload_bans(n, until);
 
     let dir = tempfile::tempdir().unwrap();
     let (log, control, sock) = (

@@ -105,36 +105,7 @@ pub fn http_get(ns: &NetNs, url: &str, timeout: Duration) -> Result<u16, String>
 /// As [`http_get`], with extra curl arguments (e.g. `["-A", "agent"]`,
 /// `["-X", "POST"]`, `["--path-as-is"]`) placed before the URL.
 pub fn http_get_with(ns: &NetNs, url: &str, extra: &[&str], timeout: Duration) -> Result<u16, String> {
-    let max_time = format!("{:.3}", timeout.as_secs_f64());
-    let mut argv = vec![
-        "curl",
-        "-sS",
-        "-o",
-        "/dev/null",
-        "-w",
-        "%{http_code}",
-        "--noproxy",
-        "*",
-        "--max-time",
-        &max_time,
-    ];
-    argv.extend_from_slice(extra);
-    argv.push("--");
-    argv.push(url);
-    let out = ns.exec(&argv).output().map_err(|e| format!("spawn curl: {e}"))?;
-    let code = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    if !out.status.success() {
-        return Err(format!(
-            "curl {url} from {}: {} ({})",
-            ns.name,
-            String::from_utf8_lossy(&out.stderr).trim(),
-            out.status
-        ));
-    }
-    match code.parse::<u16>() {
-        Ok(c) if c != 0 => Ok(c),
-        _ => Err(format!("curl {url}: no HTTP status (got {code:?})")),
-    }
+    http_get_headers(ns, url, extra, &[], timeout).map(|r| r.status)
 }
 
 /// What [`http_get_headers`] got back.
