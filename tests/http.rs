@@ -118,10 +118,17 @@ fn embedded_store_denies_the_banned_and_allows_the_rest() {
     let (checks, denials) = (h["checks"].as_u64().unwrap(), h["denials"].as_u64().unwrap());
     assert!(denials >= 8, "{s}");
     assert!(checks >= denials + 2 + 7, "{s}");
+    // The latency quantiles are bucket bounds, in µs: p50 <= p99.
+    let (p50, p99) = (
+        h["p50_us"].as_u64().expect("p50_us"),
+        h["p99_us"].as_u64().expect("p99_us"),
+    );
+    assert!(p50 >= 10 && p50 <= p99, "{s}");
     let text = cli(&r.cfg, &["status"]);
     assert!(
         text.stdout
-            .contains(&format!("http: unix:{}   checks: ", sock.display())),
+            .contains(&format!("http: unix:{}   checks: ", sock.display()))
+            && text.stdout.contains(&format!("answered within: p50 {p50} µs, p99 ")),
         "{}",
         text.text()
     );

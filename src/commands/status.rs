@@ -40,8 +40,13 @@ fn render(s: &Status) -> String {
     );
     if let Some(h) = &s.http {
         out += &format!(
-            "http: {}   checks: {}   denials: {}   malformed: {}\n",
-            h.listen, h.checks, h.denials, h.malformed
+            "http: {}   checks: {}   denials: {}   malformed: {}   answered within: p50 {}, p99 {}\n",
+            h.listen,
+            h.checks,
+            h.denials,
+            h.malformed,
+            within(h.p50_us),
+            within(h.p99_us)
         );
     }
     out += "sources:\n";
@@ -61,4 +66,9 @@ fn render(s: &Status) -> String {
         out += &format!("  {}  hits {}  bans {}\n", r.name, r.hits, r.bans);
     }
     out
+}
+
+/// `20 µs`, or `-` before the first check (or past the last bucket).
+fn within(us: Option<u64>) -> String {
+    us.map_or("-".to_owned(), |us| format!("{us} µs"))
 }

@@ -65,6 +65,14 @@ pub struct HttpStatus {
     pub denials: u64,
     /// Checks without a readable `X-Client-Addr` (answered 204).
     pub malformed: u64,
+    /// Half and 99% of the checks so far were answered within this many
+    /// microseconds (the upper bound of their latency bucket, from the read
+    /// that completed the request to the answer written; null before the
+    /// first check or past the last bucket, 20.48 ms).
+    #[serde(default)]
+    pub p50_us: Option<u64>,
+    #[serde(default)]
+    pub p99_us: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

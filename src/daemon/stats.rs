@@ -267,7 +267,15 @@ impl Stats {
                 checks: h.counters.checks.load(Relaxed),
                 denials: h.counters.denials.load(Relaxed),
                 malformed: h.counters.malformed.load(Relaxed),
+                p50_us: micros(h.counters.latency.quantile(0.5)),
+                p99_us: micros(h.counters.latency.quantile(0.99)),
             }),
         }
     }
+}
+
+/// A latency bound in seconds as whole microseconds; None when unknown or
+/// past the last bucket.
+fn micros(seconds: Option<f64>) -> Option<u64> {
+    seconds.filter(|s| s.is_finite()).map(|s| (s * 1e6).round() as u64)
 }

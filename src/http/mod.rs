@@ -62,6 +62,22 @@ impl Latency {
             .fetch_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Relaxed);
     }
 
+    /// The upper bound in seconds of the bucket holding the `q` quantile
+    /// (0 < q <= 1) of every check so far; None before the first check,
+    /// infinite past the last bound.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let (_, count, buckets) = self.snapshot();
+        if count == 0 {
+            return None;
+        }
+        let rank = (q * count as f64).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        buckets.into_iter().find_map(|(bound, n)| {
+            seen += n;
+            (seen >= rank).then_some(bound)
+        })
+    }
+
     /// (sum in seconds, count, (upper bound, count) per bucket, not
     /// cumulative), as prometheus-client encodes a histogram.
     pub fn snapshot(&self) -> (f64, u64, Vec<(f64, u64)>) {
@@ -93,5 +109,13 @@ mod tests {
         assert_eq!(buckets[0], (0.000_01, 1));
         assert_eq!(buckets[1], (0.000_02, 1));
         assert_eq!(buckets[BOUNDS.len()], (f64::INFINITY, 1));
+        assert_eq!(l.quantile(0.33), Some(0.000_01));
+        assert_eq!(l.quantile(0.5), Some(0.000_02));
+        assert_eq!(l.quantile(0.99), Some(f64::INFINITY));
+        assert_eq!(Latency::default().quantile(0.99), None);
+        for _ in 0..200 {
+            l.observe(Duration::from_micros(30));
+        }
+        assert_eq!(l.quantile(0.99), Some(0.000_04));
     }
 }
