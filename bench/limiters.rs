@@ -95,10 +95,7 @@ async fn main() {
                         rule: 0,
                         key: addr(i, 0x0a00_0000),
                         hits: (chunk * 100..((chunk + 1) * 100).min(limit))
-                            .map(|k| Hit {
-                                time_ms: T0 + i64::from(k) * step,
-                                member: member(u64::from(i), u64::from(k) * 200),
-                            })
+                            .map(|k| Hit::of_line(T0 + i64::from(k) * step, u64::from(i), u64::from(k) * 200))
                             .collect(),
                     })
                     .collect();
@@ -112,7 +109,7 @@ async fn main() {
             let after = info(&mut con, "memory", "used_memory").await;
             let per_addr = (after - before) / f64::from(addresses);
             let sample_key = match name {
-                "fixed_window" => format!("fleetban:fw:{{10.0.0.1}}:bench:{}", T0 / WINDOW_MS),
+                "fixed_window" => format!("fleetban:fixed:{{10.0.0.1}}:bench:{}", T0 / WINDOW_MS),
                 "token_bucket" => "fleetban:tb:{10.0.0.1}:bench".into(),
                 "sliding_counter" => "fleetban:sc:{10.0.0.1}:bench".into(),
                 _ => "fleetban:win:{10.0.0.1}:bench".into(),
@@ -120,7 +117,7 @@ async fn main() {
             let mut usage = 0i64;
             let mut keys_of_one = vec![sample_key.clone()];
             if name.contains("prefilter") {
-                keys_of_one.push(format!("fleetban:fw:{{10.0.0.1}}:bench:{}", T0 / WINDOW_MS));
+                keys_of_one.push(format!("fleetban:fixed:{{10.0.0.1}}:bench:{}", T0 / WINDOW_MS));
             }
             for k in &keys_of_one {
                 let u: Option<i64> = redis::cmd("MEMORY")
@@ -148,10 +145,11 @@ async fn main() {
                     .map(|i| Batch {
                         rule: 0,
                         key: addr(i, 0x0b00_0000),
-                        hits: vec![Hit {
-                            time_ms: T0 + i64::from(r) * 100,
-                            member: member(u64::from(i) + 1_000_000, u64::from(r)),
-                        }],
+                        hits: vec![Hit::of_line(
+                            T0 + i64::from(r) * 100,
+                            u64::from(i) + 1_000_000,
+                            u64::from(r),
+                        )],
                     })
                     .collect();
                 out.clear();

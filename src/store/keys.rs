@@ -32,10 +32,13 @@ impl Keys {
         }
     }
 
-    /// `fleetban:fw:{ADDR}:RULE` (`:HOST` for `scope: host`): the base of
-    /// the fixed-window counters; the script appends `:N`, the window number.
+    /// `fleetban:fixed:{ADDR}:RULE` (`:HOST` for `scope: host`): the base
+    /// of the fixed-window counters (HASHes: the count and the last offset
+    /// counted per origin); the script appends `:N`, the window number.
+    /// Before exactly-once counting they were STRINGs named `fw:`: a new
+    /// name, so that the two never meet under one key.
     pub fn fixed(&self, addr: &IpNet, rule: &str, host: Option<&str>) -> String {
-        self.per_addr("fw", addr, rule, host)
+        self.per_addr("fixed", addr, rule, host)
     }
 
     /// `fleetban:tb:{ADDR}:RULE`: token bucket state (HASH).
@@ -120,13 +123,13 @@ mod tests {
                 "fb:win:{192.0.2.7}:scraper",
                 "fb:tb:{192.0.2.7}:scraper",
                 "fb:sc:{192.0.2.7}:scraper",
-                "fb:fw:{192.0.2.7}:scraper:2",
-                "fb:fw:{192.0.2.7}:scraper:1",
+                "fb:fixed:{192.0.2.7}:scraper:2",
+                "fb:fixed:{192.0.2.7}:scraper:1",
                 "fb:win:{192.0.2.7}:scraper:web-1",
                 "fb:tb:{192.0.2.7}:scraper:web-1",
                 "fb:sc:{192.0.2.7}:scraper:web-1",
-                "fb:fw:{192.0.2.7}:scraper:web-1:2",
-                "fb:fw:{192.0.2.7}:scraper:web-1:1",
+                "fb:fixed:{192.0.2.7}:scraper:web-1:2",
+                "fb:fixed:{192.0.2.7}:scraper:web-1:1",
             ]
         );
         assert_eq!(keys.bans(), "{fb}:bans");
