@@ -601,3 +601,38 @@ fn unban_forgets_the_host_scoped_windows_of_every_host() {
     }
     assert_eq!(redis.cli(&["ZCARD", "{fleetban}:bans"]), "0");
 }
+
+/// A Redis user without `+sadd` (the rights of a version before the host
+/// registry): the daemon warns that it cannot register and runs on, its
+/// start and its reconciles unharmed.
+#[test]
+fn a_host_whose_registration_is_refused_warns_and_runs_on() {
+    let redis = Redis::start();
+    redis.add_acl_user(&[]);
+    assert_eq!(redis.cli(&["ACL", "SETUSER", "fleetban", "-sadd"]), "OK");
+    let files = ConfigDir::new();
+    let url = format!("{}?user=fleetban&pass={ACL_PASSWORD}", redis.url());
+    files.write(
+        &files
+            .main_config()
+            .host_id("no-sadd")
+            .log_firewall()
+            .redis(&url, "reconcile_every: 1s"),
+        &[Rule::new("r", &files.log, "{ hits: 3, window: 60s }")],
+    );
+    let d = Daemon::start(None, &files.cfg, &files.control);
+    append(&files.log, &lines("203.0.113.70", 4));
+    wait_until(Duration::from_secs(10), "the ban", || {
+        list(&redis).contains(&"203.0.113.70".to_owned())
+    });
+    wait_until(Duration::from_secs(10), "a reconcile's warning", || {
+        d.log_text().matches("Registering this host for unbans refused").count() >= 2
+    });
+    let text = d.log_text();
+    assert!(
+        !text.contains("ban list at start failed") && !text.contains("Reconcile with the ban list failed"),
+        "{text}"
+    );
+    assert_eq!(d.status()["redis"]["connected"], true);
+    assert_eq!(redis.cli(&["EXISTS", "{fleetban}:hosts"]), "0");
+}

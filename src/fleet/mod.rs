@@ -46,9 +46,17 @@ impl FleetSync {
     /// The id of the newest event, then the full list: events after that id
     /// are applied on top, so nothing between the two reads is lost. This
     /// host registers itself first (an unban then reaches its `scope: host`
-    /// windows).
+    /// windows); a registration refused (an ACL without SADD) is a warning,
+    /// not a failed reconcile.
     pub async fn snapshot(&mut self) -> Result<(String, Vec<Element>), redis::RedisError> {
-        self.list.register_host(&self.host).await.map_err(redis_error)?;
+        if let Err(e) = self.list.register_host(&self.host).await {
+            let e = redis_error(e);
+            if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
+                return Err(e);
+            }
+            tracing::warn!(error = %e, host = %self.host,
+                "Registering this host for unbans refused; an unban elsewhere leaves its scope: host windows.");
+        }
         let last: Vec<(String, Vec<(String, String)>)> = redis::cmd("XREVRANGE")
             .arg(self.keys.events())
             .arg("+")
