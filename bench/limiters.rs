@@ -10,7 +10,8 @@
 //! `RedisLimiter` (pipelined, as the daemon does): calls/s from the client,
 //! and Redis CPU µs per call from the server's `used_cpu_user + used_cpu_sys`.
 //!
-//! cargo bench --bench limiters -- unix:///path/redis.sock [ADDRESSES]
+//! cargo bench --bench limiters -- unix:///path/redis.sock [ADDRESSES [ALGORITHM...]]
+//! (with ALGORITHMs: only those whose name contains one of them)
 //!
 //! Without a URL (`cargo test --bench '*'`, a bare `cargo bench`) it prints
 //! its usage and exits.
@@ -74,13 +75,18 @@ async fn main() {
         "| algorithm | limit | bytes/address, used_memory delta | MEMORY USAGE of one address | encoding | calls/s (1 hit/call, pipelined) | Redis CPU µs/call |"
     );
     println!("|---|---|---|---|---|---|---|");
+    // Further arguments: only the algorithms whose name contains one of them.
+    let only = &args[args.len().min(3)..];
     for name in [
         "sliding_window",
         "sliding_window+prefilter_0.8",
         "fixed_window",
         "token_bucket",
         "sliding_counter",
-    ] {
+    ]
+    .into_iter()
+    .filter(|n| only.is_empty() || only.iter().any(|o| n.contains(o.as_str())))
+    {
         for limit in [100u32, 1000] {
             let _: () = redis::cmd("FLUSHALL").query_async(&mut con).await.expect("FLUSHALL");
             let rules = vec![rule(name, limit)];
