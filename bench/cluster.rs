@@ -13,7 +13,7 @@
 use std::time::{Duration, Instant};
 
 use fleetban::config::{Algorithm, RedisConfig, Servers};
-use fleetban::detect::{member, Hit};
+use fleetban::detect::Hit;
 use fleetban::limit::Batch;
 use fleetban::limit::{RedisLimiter, RuleLimit};
 use fleetban::store::{self, Keys};
@@ -42,10 +42,7 @@ async fn run(cfg: &RedisConfig, addresses: u32, rounds: u32, base: u32) -> f64 {
             .map(|i| Batch {
                 rule: 0,
                 key: IpNet::from(std::net::IpAddr::from((base + i).to_be_bytes())),
-                hits: vec![Hit {
-                    time_ms: T0 + i64::from(r) * 100,
-                    member: member(u64::from(i), u64::from(r)),
-                }],
+                hits: vec![Hit::of_line(T0 + i64::from(r) * 100, u64::from(i), u64::from(r))],
             })
             .collect();
         out.clear();

@@ -18,6 +18,7 @@
 # ONLY_RUN=1 (part 4 alone, for quick iterations on the Redis path),
 # RSS_LATER=SECS (print the daemon's RSS again SECS after each run),
 # START_REPS (5: daemon starts on the 100,000 bans).
+# BIN_NEW=/path/to/fleetban: this tree's build, when not target/release's.
 # Two builds in one run: BIN_OLD=/path/to/old/fleetban (e.g. the previous
 # commit built in a `git worktree`). Every row that runs fleetban (1, 4, 5)
 # is then measured for this tree's build ("new") and for BIN_OLD ("old"),
@@ -36,11 +37,12 @@ RUN_LINES=${RUN_LINES:-$LINES}
 if ! command -v fail2ban-regex >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y fail2ban >/dev/null
 fi
-cargo build --release --bin fleetban >/dev/null
+# BIN_NEW: this tree's binary built elsewhere (e.g. another CARGO_TARGET_DIR).
+[ -n "${BIN_NEW:-}" ] || cargo build --release --bin fleetban >/dev/null
 GEN=$(bench/exe.sh loggen)
 # The builds measured, by name.
 builds=(new)
-declare -A bins=([new]=$PWD/target/release/fleetban)
+declare -A bins=([new]=${BIN_NEW:-$PWD/target/release/fleetban})
 if [ -n "${BIN_OLD:-}" ]; then
   builds+=(old)
   bins[old]=$BIN_OLD

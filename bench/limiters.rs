@@ -10,7 +10,8 @@
 //! `RedisLimiter` (pipelined, as the daemon does): calls/s from the client,
 //! and Redis CPU µs per call from the server's `used_cpu_user + used_cpu_sys`.
 //!
-//! cargo bench --bench limiters -- unix:///path/redis.sock [ADDRESSES]
+//! cargo bench --bench limiters -- unix:///path/redis.sock [ADDRESSES [ALGORITHM...]]
+//! (with ALGORITHMs: only those whose name contains one of them)
 //!
 //! Without a URL (`cargo test --bench '*'`, a bare `cargo bench`) it prints
 //! its usage and exits.
@@ -74,13 +75,18 @@ async fn main() {
         "| algorithm | limit | bytes/address, used_memory delta | MEMORY USAGE of one address | encoding | calls/s (1 hit/call, pipelined) | Redis CPU µs/call |"
     );
     println!("|---|---|---|---|---|---|---|");
+    // Further arguments: only the algorithms whose name contains one of them.
+    let only = &args[args.len().min(3)..];
     for name in [
         "sliding_window",
         "sliding_window+prefilter_0.8",
         "fixed_window",
         "token_bucket",
         "sliding_counter",
-    ] {
+    ]
+    .into_iter()
+    .filter(|n| only.is_empty() || only.iter().any(|o| n.contains(o.as_str())))
+    {
         for limit in [100u32, 1000] {
             let _: () = redis::cmd("FLUSHALL").query_async(&mut con).await.expect("FLUSHALL");
             let rules = vec![rule(name, limit)];
@@ -95,10 +101,7 @@ async fn main() {
                         rule: 0,
                         key: addr(i, 0x0a00_0000),
                         hits: (chunk * 100..((chunk + 1) * 100).min(limit))
-                            .map(|k| Hit {
-                                time_ms: T0 + i64::from(k) * step,
-                                member: member(u64::from(i), u64::from(k) * 200),
-                            })
+                            .map(|k| Hit::of_line(T0 + i64::from(k) * step, u64::from(i), u64::from(k) * 200))
                             .collect(),
                     })
                     .collect();
@@ -112,7 +115,7 @@ async fn main() {
             let after = info(&mut con, "memory", "used_memory").await;
             let per_addr = (after - before) / f64::from(addresses);
             let sample_key = match name {
-                "fixed_window" => format!("fleetban:fw:{{10.0.0.1}}:bench:{}", T0 / WINDOW_MS),
+                "fixed_window" => format!("fleetban:fixed:{{10.0.0.1}}:bench:{}", T0 / WINDOW_MS),
                 "token_bucket" => "fleetban:tb:{10.0.0.1}:bench".into(),
                 "sliding_counter" => "fleetban:sc:{10.0.0.1}:bench".into(),
                 _ => "fleetban:win:{10.0.0.1}:bench".into(),
@@ -120,7 +123,7 @@ async fn main() {
             let mut usage = 0i64;
             let mut keys_of_one = vec![sample_key.clone()];
             if name.contains("prefilter") {
-                keys_of_one.push(format!("fleetban:fw:{{10.0.0.1}}:bench:{}", T0 / WINDOW_MS));
+                keys_of_one.push(format!("fleetban:fixed:{{10.0.0.1}}:bench:{}", T0 / WINDOW_MS));
             }
             for k in &keys_of_one {
                 let u: Option<i64> = redis::cmd("MEMORY")
@@ -148,10 +151,11 @@ async fn main() {
                     .map(|i| Batch {
                         rule: 0,
                         key: addr(i, 0x0b00_0000),
-                        hits: vec![Hit {
-                            time_ms: T0 + i64::from(r) * 100,
-                            member: member(u64::from(i) + 1_000_000, u64::from(r)),
-                        }],
+                        hits: vec![Hit::of_line(
+                            T0 + i64::from(r) * 100,
+                            u64::from(i) + 1_000_000,
+                            u64::from(r),
+                        )],
                     })
                     .collect();
                 out.clear();

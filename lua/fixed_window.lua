@@ -1,20 +1,26 @@
 -- Fixed window for several (rule, address) groups of one rule in one call
 -- (one per address on a Redis Cluster), each group's hits in order as if
--- alone: the seeds' INCR + PEXPIRE, in one script so that no counter is left
--- without its expiry. Window number N = floor(now / window); a hit is over
--- the limit when its window's counter already holds `limit`.
--- KEYS[g]  group g's base ({prefix}:fw:{ADDR}:RULE); the counter of window N
---          is KEYS[g]..':'..N (same hash slot: the address is the hash tag)
+-- alone, each line counted once (docs/design.md §2). Window number
+-- N = floor(now / window); a hit is over the limit when its window already
+-- counted `limit` hits.
+-- KEYS[g]  group g's base ({prefix}:fixed:{ADDR}:RULE); window N is the HASH
+--          KEYS[g]..':'..N (same hash slot: the address is the hash tag):
+--          c = hits counted, and per origin (host and file) the byte offset
+--          of the last line counted from it; PEXPIRE window + 1000 ms when
+--          created, so no counter is left without its expiry.
 -- ARGV[1]  window in ms
 -- ARGV[2]  limit
 -- ARGV[3]  1 = `now` from the server's TIME, 0 = from the hits
 -- ARGV[4]  unused (0)
 -- ARGV[5]  G, the number of groups; ARGV[6] .. ARGV[5+G] their numbers of
---          hits; then each group's pairs (time ms, member) in log order
--- Returns {i1, n1, i2, n2, ...} as sliding_window.lua: n = the counter the
--- hit found (over), or the last counter incremented (under; 0 if none).
--- A counter cannot tell a line read twice from a new one: a batch sent again
--- after a timeout is counted again (see README, "Choosing an algorithm").
+--          hits; then each group's triples (time ms, origin, offset) in log
+--          order
+-- Returns {i1, n1, i2, n2, ...} as sliding_window.lua: n = the count the
+-- hit found (over), or the count of the last hit's window (under).
+-- A line at or before the offset last counted from its origin in its window
+-- was counted (or judged) already: a re-read after a crash, a batch sent
+-- again after a timeout. It is neither counted nor judged again. The lines
+-- of one origin reach a window in offset order (docs/design.md §2).
 local window = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 local server_now
@@ -23,24 +29,82 @@ if ARGV[3] == '1' then
   server_now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- BEGIN tier: the same lines in fixed_window.lua and sliding_window.lua (a script cannot load another)
+-- One fixed window's HASH in hand (tk): its count (tc), whether it is new
+-- (tfresh), whether it changed (tdirty), and the marks of the origins looked
+-- up so far: the first one's in o1/m1 (offset as a number; t1 its text once
+-- it moved), any other's in `more` (origin -> {offset, text}). No table in
+-- the usual case, one origin per group.
+local tk, tc, tfresh, tdirty = nil, 0, false, false
+local o1, m1, t1, more = nil, -1, nil, nil
+
+-- Writes what changed in the window in hand, with its expiry if it is new.
+local function tier_save()
+  if tdirty then
+    if more == nil then
+      redis.call('HSET', tk, 'c', tc, o1, t1)
+    else
+      local args = {'c', tc}
+      if t1 then args[3], args[4] = o1, t1 end
+      for o, v in pairs(more) do
+        if v[2] then
+          args[#args + 1] = o
+          args[#args + 1] = v[2]
+        end
+      end
+      redis.call('HSET', tk, unpack(args))
+    end
+    if tfresh then redis.call('PEXPIRE', tk, window + 1000) end
+  end
+  tk, tc, tdirty, t1, more = nil, 0, false, nil, nil
+end
+
+-- Offers the line at `offset` of `origin` (ARGV text) to window `key`, of
+-- at most `cap` hits: 'seen' (counted before), 'full', or 'counted'.
+local function tier_offer(key, origin, offset, cap)
+  if key ~= tk then
+    tier_save()
+    local v = redis.call('HMGET', key, 'c', origin)
+    tk, tc, tfresh = key, tonumber(v[1]) or 0, not v[1]
+    o1, m1 = origin, tonumber(v[2]) or -1
+  end
+  local at = tonumber(offset)
+  if origin == o1 then
+    if at <= m1 then return 'seen' end
+    if tc >= cap then return 'full' end
+    m1, t1 = at, offset
+  else
+    if more == nil then more = {} end
+    local v = more[origin]
+    if v == nil then
+      v = {tonumber(redis.call('HGET', key, origin)) or -1, false}
+      more[origin] = v
+    end
+    if at <= v[1] then return 'seen' end
+    if tc >= cap then return 'full' end
+    v[1], v[2] = at, offset
+  end
+  tc = tc + 1
+  tdirty = true
+  return 'counted'
+end
+-- END tier
+
 local function one(base, first, last)
-  local count = 0
   local i = 0
-  local ck, c = nil, 0
-  for a = first, last, 2 do
+  for a = first, last, 3 do
     i = i + 1
     local now = server_now or tonumber(ARGV[a])
     local key = base .. ':' .. string.format('%d', math.floor(now / window))
-    if key ~= ck then
-      ck = key
-      c = tonumber(redis.call('GET', key) or '0')
+    if tier_offer(key, ARGV[a + 1], ARGV[a + 2], limit) == 'full' then
+      local c = tc
+      tier_save()
+      return i, c
     end
-    if c >= limit then return i, c end
-    c = redis.call('INCR', key)
-    if c == 1 then redis.call('PEXPIRE', key, window + 1000) end
-    count = c
   end
-  return 0, count
+  local c = tc
+  tier_save()
+  return 0, c
 end
 
 local groups = tonumber(ARGV[5])
@@ -48,7 +112,7 @@ local out = {}
 local a = 6 + groups
 for g = 1, groups do
   local n = tonumber(ARGV[5 + g])
-  out[2 * g - 1], out[2 * g] = one(KEYS[g], a, a + 2 * n - 2)
-  a = a + 2 * n
+  out[2 * g - 1], out[2 * g] = one(KEYS[g], a, a + 3 * n - 3)
+  a = a + 3 * n
 end
 return out

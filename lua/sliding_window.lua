@@ -3,15 +3,16 @@
 -- EVALSHA per rule and flush slice instead of one per address (outside a
 -- Redis Cluster; on a Cluster a call carries one group, one hash slot).
 -- KEYS[2g-1]  group g's window ZSET ({prefix}:win:{ADDR}:RULE)
--- KEYS[2g]    group g's prefilter counters' base ({prefix}:fw:{ADDR}:RULE);
---             window N is KEYS[2g]..':'..N
+-- KEYS[2g]    group g's prefilter counters' base ({prefix}:fixed:{ADDR}:RULE);
+--             window N is the HASH KEYS[2g]..':'..N, as in fixed_window.lua
 -- ARGV[1]  window in ms
 -- ARGV[2]  limit: hits allowed within one window
 -- ARGV[3]  1 = take `now` from the server's TIME (clock: redis), 0 = from the hits
 -- ARGV[4]  prefilter threshold P = floor(prefilter x limit); 0 = no prefilter
 -- ARGV[5]  G, the number of groups
 -- ARGV[6] .. ARGV[5+G]  each group's number of hits
--- then each group's pairs (time ms, member) in log order, group after group
+-- then each group's hits in log order, group after group: pairs (time ms,
+-- member), or with a prefilter quadruples (time ms, member, origin, offset)
 -- Returns {i1, n1, i2, n2, ...}, per group: i = 1-based index of the first
 -- hit over the limit (0: none), n = the count it was judged on (over) or the
 -- members in the ZSET (under).
@@ -20,9 +21,12 @@
 -- crash: it is neither counted again nor judged again.
 --
 -- Prefilter (two tiers): the first P hits of each fixed window N (of length
--- `window`) are only counted in a plain counter and never judged; from the
--- (P+1)-th on, a hit goes to the ZSET and is judged on ZCARD + P, a lower
--- bound of the exact count (those P hits lie within the sliding window).
+-- `window`) are only counted in a fixed-window counter and never judged;
+-- from the (P+1)-th on, a hit goes to the ZSET and is judged on ZCARD + P, a
+-- lower bound of the exact count (those P hits lie within the sliding
+-- window). A line the counter counted already (at or before the offset last
+-- counted from its origin in that window) is neither counted nor judged
+-- again, as in fixed_window.lua.
 local window = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 local prefilter = tonumber(ARGV[4])
@@ -31,6 +35,70 @@ if ARGV[3] == '1' then
   local t = redis.call('TIME')
   server_now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+-- The ARGV values per hit.
+local stride = 2
+if prefilter > 0 then stride = 4 end
+
+-- BEGIN tier: the same lines in fixed_window.lua and sliding_window.lua (a script cannot load another)
+-- One fixed window's HASH in hand (tk): its count (tc), whether it is new
+-- (tfresh), whether it changed (tdirty), and the marks of the origins looked
+-- up so far: the first one's in o1/m1 (offset as a number; t1 its text once
+-- it moved), any other's in `more` (origin -> {offset, text}). No table in
+-- the usual case, one origin per group.
+local tk, tc, tfresh, tdirty = nil, 0, false, false
+local o1, m1, t1, more = nil, -1, nil, nil
+
+-- Writes what changed in the window in hand, with its expiry if it is new.
+local function tier_save()
+  if tdirty then
+    if more == nil then
+      redis.call('HSET', tk, 'c', tc, o1, t1)
+    else
+      local args = {'c', tc}
+      if t1 then args[3], args[4] = o1, t1 end
+      for o, v in pairs(more) do
+        if v[2] then
+          args[#args + 1] = o
+          args[#args + 1] = v[2]
+        end
+      end
+      redis.call('HSET', tk, unpack(args))
+    end
+    if tfresh then redis.call('PEXPIRE', tk, window + 1000) end
+  end
+  tk, tc, tdirty, t1, more = nil, 0, false, nil, nil
+end
+
+-- Offers the line at `offset` of `origin` (ARGV text) to window `key`, of
+-- at most `cap` hits: 'seen' (counted before), 'full', or 'counted'.
+local function tier_offer(key, origin, offset, cap)
+  if key ~= tk then
+    tier_save()
+    local v = redis.call('HMGET', key, 'c', origin)
+    tk, tc, tfresh = key, tonumber(v[1]) or 0, not v[1]
+    o1, m1 = origin, tonumber(v[2]) or -1
+  end
+  local at = tonumber(offset)
+  if origin == o1 then
+    if at <= m1 then return 'seen' end
+    if tc >= cap then return 'full' end
+    m1, t1 = at, offset
+  else
+    if more == nil then more = {} end
+    local v = more[origin]
+    if v == nil then
+      v = {tonumber(redis.call('HGET', key, origin)) or -1, false}
+      more[origin] = v
+    end
+    if at <= v[1] then return 'seen' end
+    if tc >= cap then return 'full' end
+    v[1], v[2] = at, offset
+  end
+  tc = tc + 1
+  tdirty = true
+  return 'counted'
+end
+-- END tier
 
 -- A group of hits in time order, spanning less than a window, that all fit
 -- (the count after the first hit's sweep plus the hits <= limit: no hit can
@@ -82,17 +150,14 @@ local function one(key, fw, first, last)
   -- no ZSCORE unless the window is full (a hit over the limit may be a re-read).
   local count = nil
   local i = 0
-  for a = first, last, 2 do
+  for a = first, last, stride do
     i = i + 1
     local now = server_now or tonumber(ARGV[a])
     local member = ARGV[a + 1]
     local screened = false
     if prefilter > 0 then
       local fk = fw .. ':' .. string.format('%d', math.floor(now / window))
-      if tonumber(redis.call('GET', fk) or '0') < prefilter then
-        if redis.call('INCR', fk) == 1 then redis.call('PEXPIRE', fk, window + 1000) end
-        screened = true
-      end
+      screened = tier_offer(fk, ARGV[a + 2], ARGV[a + 3], prefilter) ~= 'full'
     end
     if not screened then
       -- Members at or before now - window leave the window; a later hit can
@@ -106,6 +171,7 @@ local function one(key, fw, first, last)
       if count + prefilter >= limit then
         if not redis.call('ZSCORE', key, member) then
           if added then redis.call('PEXPIRE', key, window + 1000) end
+          tier_save()
           return i, count + prefilter
         end
       elseif redis.call('ZADD', key, 'NX', now, member) == 1 then
@@ -115,6 +181,7 @@ local function one(key, fw, first, last)
     end
   end
   if added then redis.call('PEXPIRE', key, window + 1000) end
+  tier_save()
   return 0, count or redis.call('ZCARD', key)
 end
 
@@ -123,7 +190,7 @@ local out = {}
 local a = 6 + groups
 for g = 1, groups do
   local n = tonumber(ARGV[5 + g])
-  out[2 * g - 1], out[2 * g] = one(KEYS[2 * g - 1], KEYS[2 * g], a, a + 2 * n - 2)
-  a = a + 2 * n
+  out[2 * g - 1], out[2 * g] = one(KEYS[2 * g - 1], KEYS[2 * g], a, a + stride * n - stride)
+  a = a + stride * n
 end
 return out

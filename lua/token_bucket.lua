@@ -14,9 +14,11 @@
 -- else t = t'. Returns {i1, n1, i2, n2, ...}: n = tokens in use,
 -- ceil((t - now) / interval), at the hit over the limit or after the last
 -- hit counted (0 if none).
--- A batch sent again (timeout, re-read after a crash) carries the member of
--- the last hit counted: that hit and the ones before it in the batch were
--- counted already and are skipped.
+-- A batch sent again as it was (a timeout) carries the member of the last
+-- hit counted: that hit and the ones before it in the batch were counted
+-- already and are skipped. Lines read again after a crash that come batched
+-- otherwise, or interleaved with another file's, count again
+-- (docs/design.md §2).
 local interval = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local server_now

@@ -300,3 +300,103 @@ fn held_hits_wait_urgent_ones_do_not_and_none_is_lost_or_doubled() {
         "offset {size} saved at stop: {saved}"
     );
 }
+
+/// What Redis holds of `addr` under rule `rule` (whose name is no key kind):
+/// its fixed-window counters (the `c` field of each window's HASH) plus the
+/// members of its sliding window.
+fn counted(redis: &Redis, addr: &str, rule: &str) -> u64 {
+    let keys = redis.cli(&["--scan", "--pattern", &format!("fleetban:*{{{addr}}}:{rule}*")]);
+    keys.lines()
+        .map(|k| {
+            let n = match redis.cli(&["TYPE", k]).as_str() {
+                "zset" => redis.cli(&["ZCARD", k]),
+                "hash" => redis.cli(&["HGET", k, "c"]),
+                "string" => redis.cli(&["GET", k]),
+                other => panic!("{k}: a {other}"),
+            };
+            n.parse::<u64>().unwrap_or_else(|_| panic!("{k}: {n:?}"))
+        })
+        .sum()
+}
+
+/// The offset saved for `log` in the daemon's offsets file (0 if none yet).
+fn saved_offset(offsets: &std::path::Path, log: &std::path::Path) -> u64 {
+    let text = std::fs::read_to_string(offsets).unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    v["files"][log.to_str().unwrap()]["offset"].as_u64().unwrap_or(0)
+}
+
+/// Exactly once across a crash for the counters: a `fixed_window` rule and
+/// the prefilter tier of a sliding window. The daemon is SIGKILLed once
+/// Redis has counted lines whose offsets were not saved yet (they are saved
+/// every second), so the restarted daemon reads them again; every count in
+/// Redis then equals the lines written.
+#[test]
+fn counters_count_each_line_once_across_a_sigkill() {
+    let redis = Redis::start();
+    let r = ConfigDir::new();
+    let main = r
+        .main_config()
+        .host_id("crash-host")
+        .log_firewall()
+        .redis(&redis.url(), "hold: 10ms");
+    // Limits no test run reaches: nothing is banned, every line is counted.
+    let rules = [
+        Rule::new(
+            "counted",
+            &r.log,
+            "{ hits: 100000, window: 3600s, algorithm: fixed_window }",
+        ),
+        Rule::new("tiered", &r.log, "{ hits: 1000, window: 3600s, prefilter: 0.8 }"),
+    ];
+    r.write(&main, &rules);
+    let offsets = r.state.join("offsets.json");
+    let addr = "203.0.113.30";
+    let both = |n: u64| counted(&redis, addr, "counted") >= n && counted(&redis, addr, "tiered") >= n;
+
+    let mut d = Daemon::start(None, &r.cfg, &r.control);
+    wait_until(Duration::from_secs(10), "the log registered in the offsets", || {
+        std::fs::read_to_string(&offsets).is_ok_and(|o| o.contains("access.log"))
+    });
+    // Bursts of lines until a kill lands between Redis counting a burst and
+    // the offsets of its lines being saved (the next burst starts from a
+    // restarted daemon, its lines saved); at most four tries.
+    let mut t = now_ms();
+    let mut written = 0u64;
+    let mut reread = false;
+    for _ in 0..4 {
+        let burst: String = (0..200).map(|i| combined_line(addr, t + i, "/page", 200)).collect();
+        t += 200;
+        append(&r.log, &burst);
+        written += 200;
+        wait_until(Duration::from_secs(10), "the burst counted in Redis", || both(written));
+        d.kill9();
+        let size = std::fs::metadata(&r.log).unwrap().len();
+        if saved_offset(&offsets, &r.log) < size {
+            reread = true;
+            break;
+        }
+        d = Daemon::start(None, &r.cfg, &r.control);
+    }
+    assert!(reread, "every kill came after the offsets were saved");
+    assert_eq!(counted(&redis, addr, "counted"), written);
+
+    // Restarted: the uncommitted lines are read again, then more are written.
+    let d = Daemon::start(None, &r.cfg, &r.control);
+    let more: String = (0..150).map(|i| combined_line(addr, t + i, "/page", 200)).collect();
+    append(&r.log, &more);
+    written += 150;
+    let size = std::fs::metadata(&r.log).unwrap().len();
+    wait_until(
+        Duration::from_secs(15),
+        "every line decided and its offset saved",
+        || saved_offset(&offsets, &r.log) == size,
+    );
+    assert!(d.status()["lines"].as_u64().unwrap() > 150, "nothing was read again");
+    assert_eq!(counted(&redis, addr, "counted"), written, "fixed_window");
+    assert_eq!(
+        counted(&redis, addr, "tiered"),
+        written,
+        "sliding window with prefilter"
+    );
+}

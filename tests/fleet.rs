@@ -553,3 +553,86 @@ fn an_acl_user_with_the_documented_minimal_rights_runs_the_fleet() {
         .unwrap();
     assert!(String::from_utf8_lossy(&denied.stdout).contains("NOPERM"), "{denied:?}");
 }
+
+/// `scope: host` windows are per host, and `fleetban unban` on one host
+/// forgets the address's windows on every host: two daemons (host ids web-a
+/// and web-b, firewall as a log) share one Redis; each counts the client to
+/// one hit below its limit, one host unbans it, and the next request on
+/// either host starts a fresh window instead of banning.
+#[test]
+fn unban_forgets_the_host_scoped_windows_of_every_host() {
+    let redis = Redis::start();
+    let addr = "203.0.113.40";
+    let hosts: Vec<(ConfigDir, Daemon)> = ["web-a", "web-b"]
+        .into_iter()
+        .map(|id| {
+            let files = ConfigDir::new();
+            files.write(
+                &files
+                    .main_config()
+                    .host_id(id)
+                    .log_firewall()
+                    .redis(&redis.url(), "hold: 10ms"),
+                &[Rule::new(
+                    "per-host",
+                    &files.log,
+                    "{ hits: 3, window: 60s, scope: host }",
+                )],
+            );
+            let daemon = Daemon::start(None, &files.cfg, &files.control);
+            (files, daemon)
+        })
+        .collect();
+    let window = |id: &str| redis.cli(&["ZCARD", &format!("fleetban:win:{{{addr}}}:per-host:{id}")]);
+    for ((files, _), id) in hosts.iter().zip(["web-a", "web-b"]) {
+        append(&files.log, &lines(addr, 3));
+        wait_until(Duration::from_secs(10), "the host's window full", || window(id) == "3");
+    }
+    let out = cli(&hosts[0].0.cfg, &["unban", addr]);
+    assert!(out.success(), "{}", out.text());
+    for id in ["web-a", "web-b"] {
+        assert_eq!(window(id), "0", "{id}'s window survived the unban");
+    }
+    // The next request on each host is the first of a fresh window.
+    for ((files, daemon), id) in hosts.iter().zip(["web-a", "web-b"]) {
+        append(&files.log, &lines(addr, 1));
+        wait_until(Duration::from_secs(10), "the request counted", || window(id) == "1");
+        assert_eq!(daemon.status()["bans"], 0, "{id} banned after the unban");
+    }
+    assert_eq!(redis.cli(&["ZCARD", "{fleetban}:bans"]), "0");
+}
+
+/// A Redis user without `+sadd` (the rights of a version before the host
+/// registry): the daemon warns that it cannot register and runs on, its
+/// start and its reconciles unharmed.
+#[test]
+fn a_host_whose_registration_is_refused_warns_and_runs_on() {
+    let redis = Redis::start();
+    redis.add_acl_user(&[]);
+    assert_eq!(redis.cli(&["ACL", "SETUSER", "fleetban", "-sadd"]), "OK");
+    let files = ConfigDir::new();
+    let url = format!("{}?user=fleetban&pass={ACL_PASSWORD}", redis.url());
+    files.write(
+        &files
+            .main_config()
+            .host_id("no-sadd")
+            .log_firewall()
+            .redis(&url, "reconcile_every: 1s"),
+        &[Rule::new("r", &files.log, "{ hits: 3, window: 60s }")],
+    );
+    let d = Daemon::start(None, &files.cfg, &files.control);
+    append(&files.log, &lines("203.0.113.70", 4));
+    wait_until(Duration::from_secs(10), "the ban", || {
+        list(&redis).contains(&"203.0.113.70".to_owned())
+    });
+    wait_until(Duration::from_secs(10), "a reconcile's warning", || {
+        d.log_text().matches("Registering this host for unbans refused").count() >= 2
+    });
+    let text = d.log_text();
+    assert!(
+        !text.contains("ban list at start failed") && !text.contains("Reconcile with the ban list failed"),
+        "{text}"
+    );
+    assert_eq!(d.status()["redis"]["connected"], true);
+    assert_eq!(redis.cli(&["EXISTS", "{fleetban}:hosts"]), "0");
+}

@@ -151,6 +151,8 @@ fn corpus_hits() -> Vec<ModelHit> {
             key: key.clone(),
             time,
             member: n as u64,
+            origin: 0,
+            offset: n as u64,
         });
         if r.status == 404 {
             hits.push(ModelHit {
@@ -158,6 +160,8 @@ fn corpus_hits() -> Vec<ModelHit> {
                 key,
                 time,
                 member: n as u64,
+                origin: 0,
+                offset: n as u64,
             });
         }
     }

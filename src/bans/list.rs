@@ -126,11 +126,26 @@ impl BanList {
         }
     }
 
+    /// Makes `host` one of the hosts whose `scope: host` windows an unban
+    /// deletes (`Keys::hosts`); the fleet sync calls it at every reconcile,
+    /// so a Redis that lost its data learns it again. Nothing to do for the
+    /// embedded list.
+    pub async fn register_host(&mut self, host: &str) -> Result<(), BanListError> {
+        match self {
+            BanList::Memory(_) => Ok(()),
+            BanList::Redis { con, keys } => {
+                let _: i64 = redis::cmd("SADD").arg(keys.hosts()).arg(host).query_async(con).await?;
+                Ok(())
+            }
+        }
+    }
+
     /// Deletes the state of `addr` under `rules` (name, window ms), every
-    /// algorithm's, in the fleet's scope and `host`'s (`Keys::of_address`:
-    /// one hash tag, so one slot), so its next request starts fresh windows
-    /// instead of banning it again at once. Nothing to do for the embedded
-    /// list: the daemon's limiter forgets on the unban itself.
+    /// algorithm's, in the fleet's scope and in the `scope: host` scope of
+    /// every registered host and of `host` (`Keys::of_address`: one hash
+    /// tag, so one slot), so its next request on any host starts fresh
+    /// windows instead of banning it again at once. Nothing to do for the
+    /// embedded list: the daemon's limiter forgets on the unban itself.
     pub async fn forget_windows(
         &mut self,
         addr: &IpNet,
@@ -141,11 +156,19 @@ impl BanList {
         match self {
             BanList::Memory(_) => Ok(()),
             BanList::Redis { con, keys } => {
-                let window_keys = keys.of_address(addr, rules.iter().copied(), host, now_ms);
-                if window_keys.is_empty() {
+                if rules.is_empty() {
                     return Ok(());
                 }
-                let _: i64 = redis::cmd("DEL").arg(window_keys).query_async(con).await?;
+                let registered: Vec<String> = redis::cmd("SMEMBERS").arg(keys.hosts()).query_async(con).await?;
+                let mut hosts: Vec<&str> = registered.iter().map(String::as_str).collect();
+                if !hosts.contains(&host) {
+                    hosts.push(host);
+                }
+                let window_keys = keys.of_address(addr, rules.iter().copied(), &hosts, now_ms);
+                // Bounded commands however large the fleet.
+                for some in window_keys.chunks(1024) {
+                    let _: i64 = redis::cmd("DEL").arg(some).query_async(con).await?;
+                }
                 Ok(())
             }
         }

@@ -58,6 +58,7 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
     let mut fleet = FleetSync {
         events,
         list: BanList::redis(con.clone(), keys.clone()),
+        host: config.host_id.clone(),
         keys: keys.clone(),
         reconcile_every: r.reconcile_every,
         changes: to_all,

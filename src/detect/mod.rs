@@ -25,8 +25,27 @@ pub use scan::{Mode, RuleCount, Scanned, Scanner, Sink};
 pub struct Hit {
     /// Time of the request in unix ms (log time, or arrival time for `clock: redis`).
     pub time_ms: i64,
-    /// Deterministic member (see [`member`]).
+    /// Deterministic member (see [`member`]): what a sliding window, a
+    /// bucket and a counter recognise a line read twice by.
     pub member: u64,
+    /// The file the line was read from on this host ([`origin_seed`]) and
+    /// its byte offset there: the fixed-window counters recognise a line
+    /// read twice by its offset, at or before the last one they counted
+    /// from that origin (docs/design.md §2).
+    pub origin: u64,
+    pub offset: u64,
+}
+
+impl Hit {
+    /// The hit of the line at `offset` in the file `origin`, at `time_ms`.
+    pub fn of_line(time_ms: i64, origin: u64, offset: u64) -> Hit {
+        Hit {
+            time_ms,
+            member: member(origin, offset),
+            origin,
+            offset,
+        }
+    }
 }
 
 /// A deterministic member for one hit, from where its line was read: the

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 
-use super::{member, AllowList, Group, Hit, Plan};
+use super::{AllowList, Group, Hit, Plan};
 use crate::config::Clock;
 use crate::source::Chunk;
 
@@ -157,14 +157,7 @@ impl Scanner {
                         continue;
                     }
                     counts[ri].hits += 1;
-                    sink.hit(
-                        ri,
-                        key,
-                        Hit {
-                            time_ms: time,
-                            member: member(origin, offset),
-                        },
-                    );
+                    sink.hit(ri, key, Hit::of_line(time, origin, offset));
                 }
             }
             if !parsed {

@@ -29,6 +29,8 @@ pub struct FleetSync {
     pub events: crate::store::Conn,
     /// Reads the full list on reconcile.
     pub list: BanList,
+    /// This host's id, registered at every reconcile (`BanList::register_host`).
+    pub host: String,
     pub keys: Keys,
     pub reconcile_every: Duration,
     /// To the enforcer and to the pipeline's view of the list.
@@ -42,8 +44,19 @@ pub struct FleetSync {
 
 impl FleetSync {
     /// The id of the newest event, then the full list: events after that id
-    /// are applied on top, so nothing between the two reads is lost.
+    /// are applied on top, so nothing between the two reads is lost. This
+    /// host registers itself first (an unban then reaches its `scope: host`
+    /// windows); a registration refused (an ACL without SADD) is a warning,
+    /// not a failed reconcile.
     pub async fn snapshot(&mut self) -> Result<(String, Vec<Element>), redis::RedisError> {
+        if let Err(e) = self.list.register_host(&self.host).await {
+            let e = redis_error(e);
+            if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
+                return Err(e);
+            }
+            tracing::warn!(error = %e, host = %self.host,
+                "Registering this host for unbans refused; an unban elsewhere leaves its scope: host windows.");
+        }
         let last: Vec<(String, Vec<(String, String)>)> = redis::cmd("XREVRANGE")
             .arg(self.keys.events())
             .arg("+")
@@ -53,10 +66,7 @@ impl FleetSync {
             .query_async(&mut self.events)
             .await?;
         let id = last.into_iter().next().map_or_else(|| "0-0".to_owned(), |(id, _)| id);
-        let entries = self.list.active(crate::now_ms()).await.map_err(|e| match e {
-            crate::bans::BanListError::Redis(r) => r,
-            other => redis::RedisError::from(std::io::Error::other(other.to_string())),
-        })?;
+        let entries = self.list.active(crate::now_ms()).await.map_err(redis_error)?;
         Ok((
             id,
             entries.into_iter().map(|(net, until)| Element { net, until }).collect(),
@@ -194,6 +204,14 @@ impl StreamId {
 }
 
 /// One field of an `XINFO STREAM` reply (a flat array in RESP2, a map in RESP3).
+/// A ban list's error as the Redis error the sync's loop handles.
+fn redis_error(e: crate::bans::BanListError) -> redis::RedisError {
+    match e {
+        crate::bans::BanListError::Redis(r) => r,
+        other => redis::RedisError::from(std::io::Error::other(other.to_string())),
+    }
+}
+
 fn info_field<'a>(info: &'a redis::Value, name: &str) -> Option<&'a redis::Value> {
     use redis::Value;
     let is = |v: &Value| match v {

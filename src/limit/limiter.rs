@@ -229,8 +229,9 @@ impl Limiter {
     /// One verdict per batch, in order: Redis (or the embedded store);
     /// while Redis is down, the local fallback (`on_down: local`) or
     /// retries with backoff until it answers (`pause`). None if asked to
-    /// stop meanwhile (nothing decided is lost: members make resending
-    /// idempotent).
+    /// stop meanwhile (nothing decided is lost: members and offsets make
+    /// resending idempotent, docs/design.md §2; the bucket and the counter
+    /// skip only a batch resent as it was).
     pub async fn decide(&mut self, batches: &[Batch], shutdown: &CancellationToken) -> Option<Vec<Verdict>> {
         let mut verdicts = Vec::with_capacity(batches.len());
         if !self.decide_rest(batches, &mut verdicts, shutdown, None).await {

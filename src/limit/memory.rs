@@ -26,10 +26,21 @@ struct Entry {
     expires_at: i64,
 }
 
-/// One fixed-window counter (`fw:{ADDR}:RULE:N`).
+/// One fixed-window counter (the HASH `fixed:{ADDR}:RULE:N`): its count
+/// and, per origin, the offset of the last line it counted.
 struct Fixed {
     count: u32,
+    marks: Vec<(u64, u64)>,
     expires_at: i64,
+}
+
+/// What a fixed-window counter makes of one line (`tier_offer` in the scripts).
+enum Offer {
+    /// Counted before: at or before the last offset counted from its origin.
+    Seen,
+    /// The counter already holds its cap: not counted.
+    Full,
+    Counted,
 }
 
 /// The scalars of a [`RuleLimit`] (no name: no allocation per batch).
@@ -159,11 +170,18 @@ impl MemoryLimiter {
                 let mut count = 0;
                 for (i, h) in hits.iter().enumerate() {
                     let n = now_of(h).div_euclid(rule.window_ms);
-                    let c = Self::fixed_count(&self.fixed, rule_index, key, n, wall_now);
-                    if c >= rule.hits {
+                    let (offer, c) = Self::offer(
+                        &mut self.fixed,
+                        (rule_index, key, n),
+                        h,
+                        rule.hits,
+                        wall_now,
+                        rule.window_ms,
+                    );
+                    if let Offer::Full = offer {
                         return Verdict::Over { index: i, count: c };
                     }
-                    count = Self::incr(&mut self.fixed, rule_index, key, n, wall_now, rule.window_ms + 1000);
+                    count = c;
                 }
                 Verdict::Under { count }
             }
@@ -177,27 +195,42 @@ impl MemoryLimiter {
         self.windows.get_mut(&(rule, key)).filter(|e| e.expires_at > wall_now)
     }
 
-    fn fixed_count(fixed: &FixedMap, rule: usize, key: IpNet, n: i64, wall_now: i64) -> u32 {
-        fixed
-            .get(&(rule, key, n))
-            .filter(|f| f.expires_at > wall_now)
-            .map_or(0, |f| f.count)
-    }
-
-    /// INCR, and PEXPIRE when the counter is created.
-    fn incr(fixed: &mut FixedMap, rule: usize, key: IpNet, n: i64, wall_now: i64, ttl: i64) -> u32 {
-        let f = fixed.entry((rule, key, n)).or_insert(Fixed {
+    /// Offers the line of `hit` to the fixed-window counter `at` of at most
+    /// `cap` hits (`tier_offer` of `lua/fixed_window.lua`); also the count
+    /// after it. A counter created here expires `window_ms` + 1 s from now.
+    fn offer(
+        fixed: &mut FixedMap,
+        at: (usize, IpNet, i64),
+        hit: &Hit,
+        cap: u32,
+        wall_now: i64,
+        window_ms: i64,
+    ) -> (Offer, u32) {
+        let f = fixed.entry(at).or_insert(Fixed {
             count: 0,
+            marks: Vec::new(),
             expires_at: 0,
         });
         if f.expires_at <= wall_now {
             f.count = 0;
+            f.marks.clear();
+        }
+        let mark = f.marks.iter_mut().find(|(origin, _)| *origin == hit.origin);
+        if mark.as_ref().is_some_and(|(_, offset)| hit.offset <= *offset) {
+            return (Offer::Seen, f.count);
+        }
+        if f.count >= cap {
+            return (Offer::Full, f.count);
+        }
+        match mark {
+            Some(m) => m.1 = hit.offset,
+            None => f.marks.push((hit.origin, hit.offset)),
         }
         f.count += 1;
         if f.count == 1 {
-            f.expires_at = wall_now + ttl;
+            f.expires_at = wall_now + window_ms + 1000;
         }
-        f.count
+        (Offer::Counted, f.count)
     }
 
     /// The sliding window's steps (`lua/sliding_window.lua`, one group),
@@ -222,11 +255,14 @@ impl MemoryLimiter {
         let mut over = None;
         for (i, hit) in hits.iter().enumerate() {
             let now = now_of(hit);
-            // Two tiers: the first `pre` hits of each fixed window are only counted.
+            // Two tiers: the first `pre` hits of each fixed window are only
+            // counted; a line that counter counted before is skipped.
             if pre > 0 {
                 let n = now.div_euclid(window_ms);
-                if Self::fixed_count(fixed, ri, key, n, wall_now) < pre {
-                    Self::incr(fixed, ri, key, n, wall_now, window_ms + 1000);
+                if !matches!(
+                    Self::offer(fixed, (ri, key, n), hit, pre, wall_now, window_ms).0,
+                    Offer::Full
+                ) {
                     continue;
                 }
             }

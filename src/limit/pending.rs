@@ -275,10 +275,7 @@ mod tests {
     use super::*;
 
     fn hit(t: i64) -> Hit {
-        Hit {
-            time_ms: t,
-            member: t as u64,
-        }
+        Hit::of_line(t, 1, t as u64)
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //! (addresses), each batch decided in the script as if alone; all calls of a
 //! flush in one pipeline (one round trip), the script loaded again and the
 //! failed calls resent when the server answers NOSCRIPT.
-//! Resending is safe: members are deterministic, and the scripts do not
-//! count a member twice (fixed-window counters excepted; see the scripts).
+//! Resending is safe: members and (origin, offset) are deterministic, and
+//! the scripts do not count a line twice (token bucket and sliding counter:
+//! only a batch resent as it was; see the scripts).
 //! On a Redis Cluster a call carries one batch (a script may touch one hash
 //! slot, and the address is the hash tag), and the calls of a slice go out
 //! concurrently instead of as one pipeline (which may not span slots).
@@ -114,15 +115,18 @@ impl RedisLimiter {
         for b in group {
             c.arg(b.hits.len());
         }
+        // Per hit what its script reads (see each script's header).
         for b in group {
-            if r.algorithm == Algorithm::SlidingWindow {
-                for h in &b.hits {
-                    c.arg(h.time_ms).arg(super::zset_member(h.member, r.hits));
-                }
-            } else {
-                for h in &b.hits {
-                    c.arg(h.time_ms).arg(h.member);
-                }
+            for h in &b.hits {
+                c.arg(h.time_ms);
+                match r.algorithm {
+                    Algorithm::SlidingWindow if r.prefilter > 0 => {
+                        c.arg(super::zset_member(h.member, r.hits)).arg(h.origin).arg(h.offset)
+                    }
+                    Algorithm::SlidingWindow => c.arg(super::zset_member(h.member, r.hits)),
+                    Algorithm::FixedWindow => c.arg(h.origin).arg(h.offset),
+                    Algorithm::TokenBucket | Algorithm::SlidingCounter => c.arg(h.member),
+                };
             }
         }
         c

@@ -32,10 +32,13 @@ impl Keys {
         }
     }
 
-    /// `fleetban:fw:{ADDR}:RULE` (`:HOST` for `scope: host`): the base of
-    /// the fixed-window counters; the script appends `:N`, the window number.
+    /// `fleetban:fixed:{ADDR}:RULE` (`:HOST` for `scope: host`): the base
+    /// of the fixed-window counters (HASHes: the count and the last offset
+    /// counted per origin); the script appends `:N`, the window number.
+    /// Before exactly-once counting they were STRINGs named `fw:`: a new
+    /// name, so that the two never meet under one key.
     pub fn fixed(&self, addr: &IpNet, rule: &str, host: Option<&str>) -> String {
-        self.per_addr("fw", addr, rule, host)
+        self.per_addr("fixed", addr, rule, host)
     }
 
     /// `fleetban:tb:{ADDR}:RULE`: token bucket state (HASH).
@@ -67,22 +70,30 @@ impl Keys {
         format!("{{{}}}:events", self.prefix)
     }
 
+    /// `{fleetban}:hosts`: SET of the host ids of the daemons that used this
+    /// Redis (each adds its own at every reconcile), so that an unban can
+    /// name the `scope: host` keys of every host without a SCAN.
+    pub fn hosts(&self) -> String {
+        format!("{{{}}}:hosts", self.prefix)
+    }
+
     /// Every key holding state of `addr` under `rules` (name, window ms):
-    /// each algorithm's, in the fleet's scope and in `host`'s, fixed-window
-    /// counters for the window of `now_ms` and the one before (older ones
-    /// have expired). What `fleetban unban` deletes, so the address starts
-    /// fresh windows.
+    /// each algorithm's, in the fleet's scope and in each of `hosts`'s,
+    /// fixed-window counters for the window of `now_ms` and the one before
+    /// (older ones have expired). What `fleetban unban` deletes, so the
+    /// address starts fresh windows on every host. All in `{ADDR}`'s slot.
     pub fn of_address<'a>(
         &self,
         addr: &IpNet,
         rules: impl IntoIterator<Item = (&'a str, i64)>,
-        host: &str,
+        hosts: &[&str],
         now_ms: i64,
     ) -> Vec<String> {
         let mut out = Vec::new();
         for (rule, window_ms) in rules {
             let n = now_ms / window_ms.max(1);
-            for host in [None, Some(host)] {
+            let scopes = std::iter::once(None).chain(hosts.iter().map(|h| Some(*h)));
+            for host in scopes {
                 let fixed = self.fixed(addr, rule, host);
                 out.extend([
                     self.window(addr, rule, host),
@@ -113,23 +124,28 @@ mod tests {
     fn every_key_of_an_address_shares_its_hash_tag() {
         let keys = Keys::new("fb");
         let addr: IpNet = "192.0.2.7/32".parse().unwrap();
-        let all = keys.of_address(&addr, [("scraper", 60_000)], "web-1", 120_000);
+        let all = keys.of_address(&addr, [("scraper", 60_000)], &["web-1"], 120_000);
         assert_eq!(
             all,
             [
                 "fb:win:{192.0.2.7}:scraper",
                 "fb:tb:{192.0.2.7}:scraper",
                 "fb:sc:{192.0.2.7}:scraper",
-                "fb:fw:{192.0.2.7}:scraper:2",
-                "fb:fw:{192.0.2.7}:scraper:1",
+                "fb:fixed:{192.0.2.7}:scraper:2",
+                "fb:fixed:{192.0.2.7}:scraper:1",
                 "fb:win:{192.0.2.7}:scraper:web-1",
                 "fb:tb:{192.0.2.7}:scraper:web-1",
                 "fb:sc:{192.0.2.7}:scraper:web-1",
-                "fb:fw:{192.0.2.7}:scraper:web-1:2",
-                "fb:fw:{192.0.2.7}:scraper:web-1:1",
+                "fb:fixed:{192.0.2.7}:scraper:web-1:2",
+                "fb:fixed:{192.0.2.7}:scraper:web-1:1",
             ]
         );
+        let two = keys.of_address(&addr, [("scraper", 60_000)], &["web-1", "web-2"], 120_000);
+        assert_eq!(two.len(), 15);
+        assert!(two.contains(&"fb:win:{192.0.2.7}:scraper:web-2".to_owned()), "{two:?}");
+        assert!(two.iter().all(|k| k.contains("{192.0.2.7}")));
         assert_eq!(keys.bans(), "{fb}:bans");
+        assert_eq!(keys.hosts(), "{fb}:hosts");
         assert_eq!(keys.offences(&addr), "{fb}:off:192.0.2.7");
     }
 }

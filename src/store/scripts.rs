@@ -66,3 +66,22 @@ pub fn is_noscript(e: &redis::RedisError) -> bool {
 pub fn value_is_noscript(v: &redis::Value) -> bool {
     matches!(v, redis::Value::ServerError(e) if e.kind() == Some(redis::ServerErrorKind::NoScript))
 }
+
+#[cfg(test)]
+mod tests {
+    /// The lines between `-- BEGIN tier` and `-- END tier` of a script.
+    fn tier(src: &str) -> &str {
+        let start = src.find("-- BEGIN tier").expect("a tier block");
+        let end = src[start..].find("-- END tier").expect("its end") + start;
+        &src[start..end]
+    }
+
+    /// The fixed-window counter is one semantics: `fixed_window.lua` and the
+    /// prefilter of `sliding_window.lua` carry the same copy of its code.
+    #[test]
+    fn both_fixed_window_tiers_are_one_copy() {
+        let fixed = tier(include_str!("../../lua/fixed_window.lua"));
+        assert!(fixed.contains("local function tier_offer"));
+        assert_eq!(fixed, tier(include_str!("../../lua/sliding_window.lua")));
+    }
+}

@@ -1,7 +1,9 @@
 //! The brute-force model of DESIGN §2, written as plainly as the text: each
 //! hit in log order; a client banned at the hit's time is not counted;
 //! members at or before now - window leave; a member seen before is not
-//! counted twice; a window already holding `limit` members bans.
+//! counted twice; a window already holding `limit` members bans. A fixed
+//! window (and the prefilter's) counts a line once: not again at or before
+//! the last offset it counted from the line's origin.
 //! No batching, no expiry, no optimisation: the reference the real
 //! implementations are compared with. The other algorithms (README,
 //! "Choosing an algorithm") are modelled the same plain way.
@@ -14,6 +16,9 @@ pub struct ModelHit {
     pub key: String,
     pub time: i64,
     pub member: u64,
+    /// The file (on its host) the line was read from, and its offset there.
+    pub origin: u64,
+    pub offset: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -43,6 +48,9 @@ pub enum Algo {
 struct Other {
     /// Fixed windows: hits counted per window number.
     fixed: HashMap<i64, usize>,
+    /// Fixed windows: per (window number, origin) the offset of the last
+    /// line counted.
+    marks: HashMap<(i64, u64), u64>,
     /// Token bucket: theoretical arrival time (µs).
     tat: Option<i64>,
     /// Sliding counter: the window number each counted hit was counted in.
@@ -51,6 +59,20 @@ struct Other {
     cur: Option<i64>,
     /// Bucket and counter: the member of the last hit counted.
     mark: Option<u64>,
+}
+
+impl Other {
+    /// Fixed window `n` counted this line before: the lines of one origin
+    /// come in offset order, so a line at or before the last one counted
+    /// from it was counted or judged already.
+    fn seen(&self, n: i64, h: &ModelHit) -> bool {
+        self.marks.get(&(n, h.origin)).is_some_and(|&m| h.offset <= m)
+    }
+
+    fn count(&mut self, n: i64, h: &ModelHit) {
+        *self.fixed.entry(n).or_default() += 1;
+        self.marks.insert((n, h.origin), h.offset);
+    }
 }
 
 /// A ban the model decides: which hit (index into the input) crossed the limit.
@@ -77,9 +99,14 @@ pub fn model(hits: &[ModelHit], rules: &[ModelRule]) -> Vec<ModelBan> {
         let n = h.time.div_euclid(r.window);
         let over = match r.algo {
             Algo::Sliding { prefilter } => {
-                if prefilter > 0 && o.fixed.get(&n).copied().unwrap_or(0) < prefilter {
-                    *o.fixed.entry(n).or_default() += 1;
-                    continue;
+                if prefilter > 0 {
+                    if o.seen(n, h) {
+                        continue;
+                    }
+                    if o.fixed.get(&n).copied().unwrap_or(0) < prefilter {
+                        o.count(n, h);
+                        continue;
+                    }
                 }
                 let w = windows.entry((h.rule, h.key.clone())).or_default();
                 w.retain(|&(score, _)| score > h.time - r.window);
@@ -94,11 +121,13 @@ pub fn model(hits: &[ModelHit], rules: &[ModelRule]) -> Vec<ModelBan> {
                 }
             }
             Algo::Fixed => {
-                let c = o.fixed.entry(n).or_default();
-                if *c >= r.limit {
+                if o.seen(n, h) {
+                    continue;
+                }
+                if o.fixed.get(&n).copied().unwrap_or(0) >= r.limit {
                     true
                 } else {
-                    *c += 1;
+                    o.count(n, h);
                     false
                 }
             }
