@@ -17,6 +17,7 @@
 # (LINES; more lines make the <= redis.hold wait after the last one weigh less), SKIP_NFT=1,
 # ONLY_RUN=1 (part 4 alone, for quick iterations on the Redis path),
 # RSS_LATER=SECS (print the daemon's RSS again SECS after each run),
+# REDIS_OPTS='hold: 0s' (more keys of the daemons' `redis:` section),
 # START_REPS (5: daemon starts on the 100,000 bans).
 # BIN_NEW=/path/to/fleetban: this tree's build, when not target/release's.
 # Two builds in one run: BIN_OLD=/path/to/old/fleetban (e.g. the previous
@@ -137,8 +138,8 @@ run_once() {
   mkdir -p "$d"
   : > "$d/access.log"
   sed -e "s#$work/access.log#$d/access.log#" "$work/rules.yaml" > "$d/rules.yaml"
-  printf 'rules: [rules.yaml]\nstate_dir: %s/state\ncontrol: %s/run.sock\nredis: { url: "unix://%s/redis.sock" }\nfirewall: { backend: log }\n' \
-    "$d" "$d" "$work" > "$d/run.yaml"
+  printf 'rules: [rules.yaml]\nstate_dir: %s/state\ncontrol: %s/run.sock\nredis: { url: "unix://%s/redis.sock"%s }\nfirewall: { backend: log }\n' \
+    "$d" "$d" "$work" "${REDIS_OPTS:+, $REDIS_OPTS}" > "$d/run.yaml"
   "$GEN" --lines "$n" --clients "$CLIENTS" --start-ms "$(($(date +%s%3N) - 5000))" --per-second 1000000 > "$d/live.log"
   # shellcheck disable=SC2086
   RUST_LOG=warn "$bin" run -c "$d/run.yaml" $extra 2> "$d/run.err" &
