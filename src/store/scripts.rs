@@ -6,30 +6,47 @@ use super::Conn;
 /// server answers NOSCRIPT (after a restart or SCRIPT FLUSH).
 pub struct LuaScript {
     pub name: &'static str,
-    src: &'static str,
+    src: String,
     sha: String,
 }
 
-pub static SLIDING_WINDOW: std::sync::LazyLock<LuaScript> =
-    std::sync::LazyLock::new(|| LuaScript::new("sliding_window", include_str!("../../lua/sliding_window.lua")));
+/// The line of `fixed_window.lua` and `sliding_window.lua` that stands for
+/// `lua/tier.lua` (the fixed-window counter both use; a script cannot load
+/// another).
+const TIER_LINE: &str = "-- tier.lua: the fixed-window counter (lua/tier.lua), put here when the script is embedded\n";
+const TIER: &str = include_str!("../../lua/tier.lua");
+
+/// `src` with `lua/tier.lua` in place of its [`TIER_LINE`].
+fn with_tier(src: &str) -> String {
+    assert_eq!(src.matches(TIER_LINE).count(), 1, "one place for lua/tier.lua");
+    src.replacen(TIER_LINE, TIER, 1)
+}
+
+pub static SLIDING_WINDOW: std::sync::LazyLock<LuaScript> = std::sync::LazyLock::new(|| {
+    LuaScript::new(
+        "sliding_window",
+        with_tier(include_str!("../../lua/sliding_window.lua")),
+    )
+});
 pub static FIXED_WINDOW: std::sync::LazyLock<LuaScript> =
-    std::sync::LazyLock::new(|| LuaScript::new("fixed_window", include_str!("../../lua/fixed_window.lua")));
+    std::sync::LazyLock::new(|| LuaScript::new("fixed_window", with_tier(include_str!("../../lua/fixed_window.lua"))));
 pub static TOKEN_BUCKET: std::sync::LazyLock<LuaScript> =
-    std::sync::LazyLock::new(|| LuaScript::new("token_bucket", include_str!("../../lua/token_bucket.lua")));
-pub static SLIDING_COUNTER: std::sync::LazyLock<LuaScript> =
-    std::sync::LazyLock::new(|| LuaScript::new("sliding_counter", include_str!("../../lua/sliding_counter.lua")));
+    std::sync::LazyLock::new(|| LuaScript::new("token_bucket", include_str!("../../lua/token_bucket.lua").to_owned()));
+pub static SLIDING_COUNTER: std::sync::LazyLock<LuaScript> = std::sync::LazyLock::new(|| {
+    LuaScript::new(
+        "sliding_counter",
+        include_str!("../../lua/sliding_counter.lua").to_owned(),
+    )
+});
 pub static BAN: std::sync::LazyLock<LuaScript> =
-    std::sync::LazyLock::new(|| LuaScript::new("ban", include_str!("../../lua/ban.lua")));
+    std::sync::LazyLock::new(|| LuaScript::new("ban", include_str!("../../lua/ban.lua").to_owned()));
 pub static UNBAN: std::sync::LazyLock<LuaScript> =
-    std::sync::LazyLock::new(|| LuaScript::new("unban", include_str!("../../lua/unban.lua")));
+    std::sync::LazyLock::new(|| LuaScript::new("unban", include_str!("../../lua/unban.lua").to_owned()));
 
 impl LuaScript {
-    fn new(name: &'static str, src: &'static str) -> LuaScript {
-        LuaScript {
-            name,
-            src,
-            sha: redis::Script::new(src).get_hash().to_owned(),
-        }
+    fn new(name: &'static str, src: String) -> LuaScript {
+        let sha = redis::Script::new(&src).get_hash().to_owned();
+        LuaScript { name, src, sha }
     }
 
     /// `EVALSHA sha numkeys keys...` ready for arguments; for pipelines.
@@ -43,7 +60,7 @@ impl LuaScript {
     }
 
     pub async fn load(&self, con: &mut Conn) -> redis::RedisResult<()> {
-        let _: String = redis::cmd("SCRIPT").arg("LOAD").arg(self.src).query_async(con).await?;
+        let _: String = redis::cmd("SCRIPT").arg("LOAD").arg(&self.src).query_async(con).await?;
         Ok(())
     }
 
@@ -69,19 +86,24 @@ pub fn value_is_noscript(v: &redis::Value) -> bool {
 
 #[cfg(test)]
 mod tests {
-    /// The lines between `-- BEGIN tier` and `-- END tier` of a script.
-    fn tier(src: &str) -> &str {
-        let start = src.find("-- BEGIN tier").expect("a tier block");
-        let end = src[start..].find("-- END tier").expect("its end") + start;
-        &src[start..end]
-    }
+    use super::*;
 
     /// The fixed-window counter is one semantics: `fixed_window.lua` and the
-    /// prefilter of `sliding_window.lua` carry the same copy of its code.
+    /// prefilter of `sliding_window.lua` are embedded with `lua/tier.lua`.
     #[test]
     fn both_fixed_window_tiers_are_one_copy() {
-        let fixed = tier(include_str!("../../lua/fixed_window.lua"));
-        assert!(fixed.contains("local function tier_offer"));
-        assert_eq!(fixed, tier(include_str!("../../lua/sliding_window.lua")));
+        for script in [&*FIXED_WINDOW, &*SLIDING_WINDOW] {
+            assert_eq!(
+                script.src.matches("local function tier_offer").count(),
+                1,
+                "{}",
+                script.name
+            );
+            assert!(
+                script.src.contains(TIER) && !script.src.contains(TIER_LINE),
+                "{}",
+                script.name
+            );
+        }
     }
 }
