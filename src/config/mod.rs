@@ -26,7 +26,7 @@ use serde_saphyr::Location;
 pub use error::{ConfigError, ConfigErrors};
 pub use firewall::FirewallConfig;
 pub use http::{HttpConfig, Listen, DEFAULT_GROUP as DEFAULT_HTTP_GROUP};
-pub use redis::{RedisConfig, Servers, TlsFiles};
+pub use redis::{RedisConfig, Sentinel, Servers, TlsFiles};
 pub use rules::{BanPolicy, Limit, Rule};
 pub use schema::{ActionSpec, Algorithm, Backend, Clock, MatchSpec, OnDown, Scope};
 pub use values::{Dur, Method, Net, Rate, Re, StatusPat};

@@ -55,13 +55,17 @@ pub enum Servers {
     /// Seed nodes of a Redis Cluster.
     Cluster(Vec<String>),
     /// The master of `service` as the sentinels name it, followed across failovers.
-    Sentinel {
-        service: String,
-        nodes: Vec<String>,
-        user: Option<String>,
-        password: Option<String>,
-        db: i64,
-    },
+    Sentinel(Sentinel),
+}
+
+/// `redis.sentinel`: whom to ask for the master, and how to log in to it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sentinel {
+    pub service: String,
+    pub nodes: Vec<String>,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub db: i64,
 }
 
 /// PEM contents of `redis.tls`.
@@ -155,13 +159,13 @@ pub(super) fn redis_config(
         }
         (
             format!("sentinel:{service}"),
-            Servers::Sentinel {
+            Servers::Sentinel(Sentinel {
                 service: service.to_owned(),
                 nodes,
                 user: s.user.clone(),
                 password: s.password.clone(),
                 db: s.db,
-            },
+            }),
         )
     };
     let prefix = r.prefix.value.trim();
@@ -178,7 +182,7 @@ pub(super) fn redis_config(
         .and_then(|t| tls_files(file, base, section.referenced, t, errors));
     let urls: Vec<&str> = match &servers {
         Servers::Url => vec![url.as_str()],
-        Servers::Cluster(n) | Servers::Sentinel { nodes: n, .. } => n.iter().map(String::as_str).collect(),
+        Servers::Cluster(n) | Servers::Sentinel(Sentinel { nodes: n, .. }) => n.iter().map(String::as_str).collect(),
     };
     if r.tls.is_some() && !urls.iter().any(|u| u.starts_with("rediss://")) {
         errors.push(ConfigError::at(

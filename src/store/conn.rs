@@ -25,7 +25,7 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ConnectionAddr, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
-use crate::config::{RedisConfig, Servers, TlsFiles};
+use crate::config::{RedisConfig, Sentinel, Servers, TlsFiles};
 
 /// A Redis connection for one of the three topologies; cheap to clone
 /// (clones share the underlying connection).
@@ -48,14 +48,7 @@ struct Followed {
 }
 
 enum Target {
-    Sentinel {
-        service: String,
-        nodes: Vec<String>,
-        user: Option<String>,
-        password: Option<String>,
-        db: i64,
-        tls: Option<TlsFiles>,
-    },
+    Sentinel { sentinel: Sentinel, tls: Option<TlsFiles> },
     Cluster(Box<ClusterClient>),
 }
 
@@ -94,22 +87,12 @@ impl Conn {
                 }
                 Target::Cluster(Box::new(b.build()?))
             }
-            Servers::Sentinel {
-                service,
-                nodes,
-                user,
-                password,
-                db,
-            } => {
-                for n in nodes {
+            Servers::Sentinel(sentinel) => {
+                for n in &sentinel.nodes {
                     client(n.as_str(), cfg.tls.as_ref())?;
                 }
                 Target::Sentinel {
-                    service: service.clone(),
-                    nodes: nodes.clone(),
-                    user: user.clone(),
-                    password: password.clone(),
-                    db: *db,
+                    sentinel: sentinel.clone(),
                     tls: cfg.tls.clone(),
                 }
             }
@@ -182,11 +165,14 @@ impl Followed {
     /// Asks each sentinel in turn for the master of the service and connects to it.
     async fn resolve(&self) -> RedisResult<ConnectionManager> {
         let Target::Sentinel {
-            service,
-            nodes,
-            user,
-            password,
-            db,
+            sentinel:
+                Sentinel {
+                    service,
+                    nodes,
+                    user,
+                    password,
+                    db,
+                },
             tls,
         } = &self.target
         else {
@@ -343,7 +329,7 @@ impl ConnectionLike for Conn {
         match &self.0 {
             Inner::Single(m) => m.get_db(),
             Inner::Followed(f) => match &f.target {
-                Target::Sentinel { db, .. } => *db,
+                Target::Sentinel { sentinel, .. } => sentinel.db,
                 Target::Cluster(_) => 0,
             },
         }
