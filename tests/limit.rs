@@ -325,8 +325,11 @@ proptest! {
     }
 }
 
-#[test]
-fn redis_script_agrees_with_model_and_memory() {
+/// Random hit sequences of each of `families` through the scripts on a real
+/// redis-server, the embedded store and the model: the three agree. With
+/// `resend`, batches are sent again as [`drive_with`] does (the model never
+/// sees them). Each case in its own key prefix (`prefix` + its number).
+fn redis_agrees_with_model_and_memory(families: &[Family], cases: u32, prefix: &str, resend: bool) {
     let redis = Redis::start();
     let rt = runtime();
     let con = connect(
@@ -335,23 +338,23 @@ fn redis_script_agrees_with_model_and_memory() {
         Duration::from_secs(5),
     );
     let case = std::sync::atomic::AtomicU32::new(0);
-    for family in FAMILIES {
+    for &family in families {
         eprintln!("{family:?}");
         let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-            cases: 100,
+            cases,
             ..ProptestConfig::default()
         });
         runner
             .run(&sequences_of(family), |(hits, rules, batches)| {
                 let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                // Each case in its own prefix: no state shared between cases.
-                let keys = Keys::new(&format!("fbtest{n}"));
+                // No state shared between cases.
+                let keys = Keys::new(&format!("{prefix}{n}"));
                 let mut lim = RedisLimiter::new(con.clone(), keys, "h1", rule_limits(&rules));
-                let got = drive(&hits, &rules, &batches, |bs| check(&rt, &mut lim, bs));
-                prop_assert_eq!(&got, &model_bans(&hits, &rules));
+                let got = drive_with(&hits, &rules, &batches, resend, |bs| check(&rt, &mut lim, bs));
+                prop_assert_eq!(&got, &model_bans(&hits, &rules), "{:?}", family);
                 let mut m = MemoryLimiter::new(rule_limits(&rules));
                 let wall = now_ms();
-                let mem = drive(&hits, &rules, &batches, |bs| {
+                let mem = drive_with(&hits, &rules, &batches, resend, |bs| {
                     bs.iter().map(|b| m.check(b.rule, b.key, &b.hits, wall)).collect()
                 });
                 prop_assert_eq!(got, mem);
@@ -361,40 +364,16 @@ fn redis_script_agrees_with_model_and_memory() {
     }
 }
 
+#[test]
+fn redis_script_agrees_with_model_and_memory() {
+    redis_agrees_with_model_and_memory(&FAMILIES, 100, "fbtest", false);
+}
+
 /// As `memory_counts_lines_sent_again_once`, on the scripts: Redis, the
 /// embedded store and the model (which never sees the resent batches) agree.
 #[test]
 fn redis_counts_lines_sent_again_once() {
-    let redis = Redis::start();
-    let rt = runtime();
-    let con = connect(
-        &rt,
-        &redis.config("fbtest", Duration::from_secs(2)),
-        Duration::from_secs(5),
-    );
-    let case = std::sync::atomic::AtomicU32::new(0);
-    for family in EXACTLY_ONCE {
-        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-            cases: 60,
-            ..ProptestConfig::default()
-        });
-        runner
-            .run(&sequences_of(family), |(hits, rules, batches)| {
-                let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let mut lim =
-                    RedisLimiter::new(con.clone(), Keys::new(&format!("again{n}")), "h1", rule_limits(&rules));
-                let got = drive_with(&hits, &rules, &batches, true, |bs| check(&rt, &mut lim, bs));
-                prop_assert_eq!(&got, &model_bans(&hits, &rules), "{:?}", family);
-                let mut m = MemoryLimiter::new(rule_limits(&rules));
-                let wall = now_ms();
-                let mem = drive_with(&hits, &rules, &batches, true, |bs| {
-                    bs.iter().map(|b| m.check(b.rule, b.key, &b.hits, wall)).collect()
-                });
-                prop_assert_eq!(got, mem);
-                Ok(())
-            })
-            .unwrap();
-    }
+    redis_agrees_with_model_and_memory(&EXACTLY_ONCE, 60, "again", true);
 }
 
 #[test]
