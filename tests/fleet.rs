@@ -626,7 +626,7 @@ fn a_host_whose_registration_is_refused_warns_and_runs_on() {
         list(&redis).contains(&"203.0.113.70".to_owned())
     });
     wait_until(Duration::from_secs(10), "a reconcile's warning", || {
-        d.log_text().matches("Registering this host for unbans refused").count() >= 2
+        d.log_text().matches("Registering this host refused").count() >= 2
     });
     let text = d.log_text();
     assert!(

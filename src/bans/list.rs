@@ -128,14 +128,21 @@ impl BanList {
 
     /// Makes `host` one of the hosts whose `scope: host` windows an unban
     /// deletes (`Keys::hosts`); the fleet sync calls it at every reconcile,
-    /// so a Redis that lost its data learns it again. Nothing to do for the
-    /// embedded list.
-    pub async fn register_host(&mut self, host: &str) -> Result<(), BanListError> {
+    /// so a Redis that lost its data learns it again. Whether `host` was
+    /// new, and how many hosts are registered (the embedded list: one).
+    pub async fn register_host(&mut self, host: &str) -> Result<(bool, u32), BanListError> {
         match self {
-            BanList::Memory(_) => Ok(()),
+            BanList::Memory(_) => Ok((false, 1)),
             BanList::Redis { con, keys } => {
-                let _: i64 = redis::cmd("SADD").arg(keys.hosts()).arg(host).query_async(con).await?;
-                Ok(())
+                let (added, hosts): (i64, i64) = redis::pipe()
+                    .cmd("SADD")
+                    .arg(keys.hosts())
+                    .arg(host)
+                    .cmd("SCARD")
+                    .arg(keys.hosts())
+                    .query_async(con)
+                    .await?;
+                Ok((added > 0, u32::try_from(hosts).unwrap_or(u32::MAX)))
             }
         }
     }

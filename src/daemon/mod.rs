@@ -163,6 +163,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         mut bans,
         health,
         fleet,
+        hot,
         initial,
     } = store;
     tracing::debug!(seconds = read_started.elapsed().as_secs_f64(), "Ban list read.");
@@ -204,6 +205,13 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     if let Some((fleet, last_id)) = fleet {
         tracker.spawn(fleet.run(last_id, token.clone()));
     }
+    let (news, marks) = match hot {
+        Some((news, marks, publisher)) => {
+            tracker.spawn(publisher.run(token.clone()));
+            (Some(news), Some(marks))
+        }
+        None => (None, None),
+    };
     if let Some(addr) = config.metrics {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -269,6 +277,8 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         updates: updates_rx,
         commands: commands_rx,
         reloads: reload_rx,
+        news,
+        marks,
     };
     let rules = reload::rule_infos(&config, &stats);
     let pipeline = Pipeline::new(rules, scanner, limiter, bans, inputs, offsets.clone(), stats.clone());

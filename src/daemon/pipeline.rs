@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use tokio::sync::mpsc::{Receiver, UnboundedReceiver};
+use tokio::sync::mpsc::{Receiver, UnboundedReceiver, UnboundedSender};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -29,7 +29,7 @@ use crate::config::BanPolicy;
 use crate::control::{Request, Response};
 use crate::detect::{self, Hit, Plan, Scanner, Sink};
 use crate::enforce::{Change, Until};
-use crate::limit::{Batch, Landed, Limiter, RuleLimit, Verdict};
+use crate::limit::{Batch, FleetNews, HotKey, Landed, Limiter, RuleLimit, Verdict};
 use crate::source::{Chunk, FileId, OffsetStore};
 
 /// Hits gathered before a flush is forced even if more chunks are waiting.
@@ -69,6 +69,10 @@ pub struct Inputs {
     pub updates: UnboundedReceiver<Change>,
     pub commands: Receiver<Command>,
     pub reloads: UnboundedReceiver<Reload>,
+    /// With Redis: what the fleet says of hot clients (`limit::FleetNews`).
+    pub news: Option<UnboundedReceiver<FleetNews>>,
+    /// With Redis: where this host's hot marks go, for the fleet.
+    pub marks: Option<UnboundedSender<Vec<HotKey>>>,
 }
 
 pub struct Pipeline {
@@ -145,6 +149,7 @@ impl Pipeline {
     pub async fn run(mut self, mut chunks: Receiver<Chunk>, shutdown: CancellationToken) {
         let mut last_save = tokio::time::Instant::now();
         let (mut updates_open, mut commands_open, mut reloads_open) = (true, true, true);
+        let mut news_open = self.inputs.news.is_some();
         loop {
             let retry = self.bans.next_attempt();
             let held = self.limiter.next_deadline();
@@ -165,6 +170,10 @@ impl Pipeline {
                 u = self.inputs.updates.recv(), if updates_open => match u {
                     Some(u) => self.update(u),
                     None => updates_open = false,
+                },
+                n = recv_opt(&mut self.inputs.news), if news_open => match n {
+                    Some(n) => self.limiter.news(n),
+                    None => news_open = false,
                 },
                 c = self.inputs.commands.recv(), if commands_open => match c {
                     Some(c) => self.command(c).await,
@@ -202,6 +211,11 @@ impl Pipeline {
             self.stats.busy_since_ms.store(crate::now_ms(), Relaxed);
             while let Ok(u) = self.inputs.updates.try_recv() {
                 self.update(u);
+            }
+            if let Some(news) = &mut self.inputs.news {
+                while let Ok(n) = news.try_recv() {
+                    self.limiter.news(n);
+                }
             }
             if self.inflight.is_none() {
                 self.bans.recover().await;
@@ -430,9 +444,15 @@ impl Pipeline {
         (!batches.is_empty()).then_some(batches)
     }
 
-    /// Bans what went over, commits the offsets of chunks with nothing
-    /// pending.
+    /// Tells the fleet of the clients found hot, bans what went over,
+    /// commits the offsets of chunks with nothing pending.
     async fn apply(&mut self, batches: &[Batch], verdicts: Vec<Verdict>) {
+        if let Some(marks) = &self.inputs.marks {
+            let hot = self.limiter.take_hot();
+            if !hot.is_empty() {
+                let _ = marks.send(hot);
+            }
+        }
         for (b, v) in batches.iter().zip(verdicts) {
             if let Verdict::Over { index, count } = v {
                 self.ban(b.rule, b.key, b.hits[index].time_ms, count + 1).await;
@@ -471,6 +491,14 @@ impl Pipeline {
         if let Ok(Applied::New(_) | Applied::Local(_)) = self.bans.ban(req, at_ms, crate::now_ms()).await {
             counters.bans.fetch_add(1, Relaxed);
         }
+    }
+}
+
+/// The next message of an optional channel; never, if there is none.
+async fn recv_opt<T>(rx: &mut Option<UnboundedReceiver<T>>) -> Option<T> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -10,8 +10,9 @@ use crate::bans::{BanCache, BanList, Bans};
 use crate::config::{Config, RedisConfig};
 use crate::detect::AllowList;
 use crate::enforce::{Changes, Element, Enforcer};
-use crate::fleet::FleetSync;
-use crate::limit::{Limiter, RedisLimiter, RuleLimit};
+use crate::fleet::{hot::Publisher, FleetSync};
+use crate::limit::{FleetNews, HotKey, Limiter, RedisLimiter, RuleLimit};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use crate::store::{self, Health, Keys};
 
 /// What the daemon runs on.
@@ -22,6 +23,9 @@ pub struct Store {
     pub health: Option<Health>,
     /// With Redis: the fleet sync and the stream id it follows from.
     pub fleet: Option<(FleetSync, String)>,
+    /// With Redis: the fleet's news for the limiter (from the fleet sync),
+    /// where the limiter's hot marks go, and the task that writes them.
+    pub hot: Option<(UnboundedReceiver<FleetNews>, UnboundedSender<Vec<HotKey>>, Publisher)>,
     /// The list as read at start; None if it could not be read (the
     /// kernel's set then stays as the last run left it until the first
     /// reconcile).
@@ -46,6 +50,7 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
             bans: Bans::new(list, &config.host_id, to_enforcer).with_valve(config.max_bans_per_minute),
             health: None,
             fleet: None,
+            hot: None,
             initial: Some(initial),
         };
     };
@@ -55,6 +60,14 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
     let bans = Bans::new(BanList::redis(con.clone(), keys.clone()), &config.host_id, to_enforcer)
         .with_valve(config.max_bans_per_minute)
         .with_queue(health.clone());
+    let (news_tx, news_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (marks_tx, marks_rx) = tokio::sync::mpsc::unbounded_channel();
+    let publisher = Publisher {
+        con: con.clone(),
+        keys: keys.clone(),
+        host: config.host_id.clone(),
+        marks: marks_rx,
+    };
     let mut fleet = FleetSync {
         events,
         list: BanList::redis(con.clone(), keys.clone()),
@@ -64,6 +77,7 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
         changes: to_all,
         gaps: 0,
         held: bans.held(),
+        news: Some(news_tx),
     };
     let (last_id, initial) = match fleet.snapshot().await {
         Ok((id, list)) => {
@@ -88,6 +102,7 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
         bans,
         health: Some(health),
         fleet: Some((fleet, last_id)),
+        hot: Some((news_rx, marks_tx, publisher)),
         initial,
     }
 }

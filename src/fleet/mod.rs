@@ -4,11 +4,17 @@
 //! by any host reaches this one within one round trip. A periodic reconcile
 //! repairs whatever drifted (missed events, timeouts).
 //!
+//! The same stream carries the hosts' hot marks and arrivals (`hot.rs`),
+//! which go to the limiter as [`FleetNews`]; every snapshot also reads the
+//! live marks and the number of registered hosts.
+//!
 //! Gaps are detected, not assumed away: after every read the stream's
 //! `XINFO STREAM` says whether entries after our last id were deleted
 //! (`max-deleted-entry-id`, XADD MAXLEN / XTRIM / XDEL) or whether the stream
 //! is younger than our last id (Redis restarted empty, key deleted); either
 //! way the host reconciles at once.
+
+pub mod hot;
 
 use std::time::Duration;
 
@@ -18,7 +24,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::bans::{list::parse_until, with_held, BanList, Held};
 use crate::enforce::{Change, Changes, Element};
+use crate::limit::FleetNews;
 use crate::store::Keys;
+use tokio::sync::mpsc::UnboundedSender;
 
 /// How long one XREAD waits for events before looping (to notice shutdown
 /// and reconcile deadlines).
@@ -40,6 +48,8 @@ pub struct FleetSync {
     /// Bans this host decided while Redis was down and has not yet written
     /// to the list: a reconcile keeps them rather than lifting them.
     pub held: Held,
+    /// To the limiter: hot marks, hosts, whether marks may have been missed.
+    pub news: Option<UnboundedSender<FleetNews>>,
 }
 
 impl FleetSync {
@@ -49,14 +59,25 @@ impl FleetSync {
     /// windows); a registration refused (an ACL without SADD) is a warning,
     /// not a failed reconcile.
     pub async fn snapshot(&mut self) -> Result<(String, Vec<Element>), redis::RedisError> {
-        if let Err(e) = self.list.register_host(&self.host).await {
-            let e = redis_error(e);
-            if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
-                return Err(e);
+        let hosts = match self.list.register_host(&self.host).await {
+            Ok((new, hosts)) => {
+                if new {
+                    if let Err(e) = hot::announce_join(&mut self.events, &self.keys, &self.host).await {
+                        tracing::warn!(error = %e, "Announcing this host to the fleet failed; the others count it at their next reconcile.");
+                    }
+                }
+                hosts
             }
-            tracing::warn!(error = %e, host = %self.host,
-                "Registering this host for unbans refused; an unban elsewhere leaves its scope: host windows.");
-        }
+            Err(e) => {
+                let e = redis_error(e);
+                if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
+                    return Err(e);
+                }
+                tracing::warn!(error = %e, host = %self.host,
+                    "Registering this host refused; an unban elsewhere leaves its scope: host windows, and the fleet's size is redis.fleet_size.");
+                0
+            }
+        };
         let last: Vec<(String, Vec<(String, String)>)> = redis::cmd("XREVRANGE")
             .arg(self.keys.events())
             .arg("+")
@@ -67,10 +88,25 @@ impl FleetSync {
             .await?;
         let id = last.into_iter().next().map_or_else(|| "0-0".to_owned(), |(id, _)| id);
         let entries = self.list.active(crate::now_ms()).await.map_err(redis_error)?;
+        // Marks after `id` come as events on top, as bans do.
+        let news = match hot::read_all(&mut self.events, &self.keys, crate::now_ms()).await {
+            Ok(hot) => FleetNews::Snapshot { hosts, hot },
+            Err(e) => {
+                tracing::warn!(error = %e, "Reading the fleet's hot clients failed; this host sends every hit at once until it can.");
+                FleetNews::Lost
+            }
+        };
+        self.tell(news);
         Ok((
             id,
             entries.into_iter().map(|(net, until)| Element { net, until }).collect(),
         ))
+    }
+
+    fn tell(&self, news: FleetNews) {
+        if let Some(n) = &self.news {
+            let _ = n.send(news);
+        }
     }
 
     pub async fn run(mut self, mut last_id: String, shutdown: CancellationToken) {
@@ -116,8 +152,10 @@ impl FleetSync {
                     let got = reply.keys.iter().map(|k| k.ids.len()).sum::<usize>();
                     for key in reply.keys {
                         for entry in key.ids {
-                            if let Some(c) = change_of(&entry) {
-                                self.changes.send(c);
+                            match event_of(&entry, &self.host) {
+                                Some(Event::Change(c)) => self.changes.send(c),
+                                Some(Event::News(n)) => self.tell(n),
+                                None => {}
                             }
                             last_id = entry.id;
                         }
@@ -126,17 +164,20 @@ impl FleetSync {
                         Ok(false) => {}
                         Ok(true) => {
                             self.gaps += 1;
+                            self.tell(FleetNews::Lost);
                             tracing::warn!(last_id = %before, read = got,
                                 "Ban events after our last id were trimmed or the stream was reset; reconciling.");
                             next_reconcile = tokio::time::Instant::now();
                         }
                         Err(e) => {
+                            self.tell(FleetNews::Lost);
                             tracing::warn!(error = %e, "Checking the events stream failed; will reconcile.");
                             next_reconcile = tokio::time::Instant::now();
                         }
                     }
                 }
                 Err(e) => {
+                    self.tell(FleetNews::Lost);
                     tracing::warn!(error = %e, "Following ban events failed; will reconcile.");
                     // After any gap the whole list is read again.
                     next_reconcile = tokio::time::Instant::now();
@@ -238,6 +279,32 @@ async fn sleep_or_stop(d: Duration, shutdown: &CancellationToken) -> bool {
     tokio::select! {
         _ = tokio::time::sleep(d) => false,
         _ = shutdown.cancelled() => true,
+    }
+}
+
+/// What one stream entry says.
+enum Event {
+    Change(Change),
+    News(FleetNews),
+}
+
+/// One stream entry as a change of the list, or news for the limiter from
+/// another host than `own`; entries whose address does not parse are
+/// dropped with a warning (nothing unparsed reaches nft).
+fn event_of(entry: &redis::streams::StreamId, own: &str) -> Option<Event> {
+    let field = |k: &str| entry.get::<String>(k);
+    let op = field("op")?;
+    match op.as_str() {
+        "hot" | "join" if field("host").as_deref() == Some(own) => None,
+        "hot" => {
+            let (marks, bad) = hot::decode(&field("marks")?);
+            if bad > 0 {
+                tracing::warn!(bad, "Hot-client event with lines that do not parse; those skipped.");
+            }
+            Some(Event::News(FleetNews::Hot(marks)))
+        }
+        "join" => Some(Event::News(FleetNews::Joined)),
+        _ => change_of(entry).map(Event::Change),
     }
 }
 

@@ -1,8 +1,9 @@
 //! [`Limiter`]: what the pipeline hands its hits to and gets verdicts from.
 //! It owns every decision about *when* and *where* hits are judged, none
 //! about *how* (that is the scripts' and [`MemoryLimiter`]'s):
-//! - the pending hits per (rule, key), and which may wait (`redis.hold`,
-//!   from the counts the limiter itself last reported: `pending.rs`);
+//! - the pending hits per (rule, key), and which may wait: those of clients
+//!   far from every limit, from the counts Redis reported here and the hot
+//!   marks of the other hosts ([`FleetNews`], `pending.rs`);
 //! - the backend, Redis or the embedded store;
 //! - with Redis, what happens when it does not answer (`redis.on_down`:
 //!   the local fallback, or retries with backoff), using the [`Health`]
@@ -22,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::fallback::Fallback;
 use super::pending::{Batch, HoldPolicy, Pending};
 use super::{LimitError, MemoryLimiter, RedisLimiter, RuleLimit, Verdict};
-use crate::config::OnDown;
+use crate::config::{OnDown, Scope};
 use crate::detect::Hit;
 use crate::store::Health;
 
@@ -59,12 +60,40 @@ enum Backend {
     },
 }
 
+/// A client whose count under a rule reached half its limit, hot until
+/// `until_ms` (unix ms): what the hosts tell each other so that none keeps
+/// its hits unsent (`pending.rs`, `fleet::publish_hot`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HotKey {
+    pub rule: String,
+    pub key: IpNet,
+    pub until_ms: i64,
+}
+
+/// What the fleet tells the limiter (from the fleet sync).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FleetNews {
+    /// At start and every reconcile: the hosts registered, every live mark.
+    Snapshot { hosts: u32, hot: Vec<HotKey> },
+    /// Marks another host published.
+    Hot(Vec<HotKey>),
+    /// A host registered for the first time: each one's share shrinks.
+    Joined,
+    /// The events stream cannot be followed until the next snapshot: marks
+    /// may be missed, so nothing waits.
+    Lost,
+}
+
 pub struct Limiter {
     backend: Backend,
     pending: Pending,
     /// `redis.hold` in ms: how long batches far from their limit may wait
-    /// (0 with the embedded store, which gains nothing from waiting).
+    /// at most (0 with the embedded store, which gains nothing from waiting).
     hold_ms: i64,
+    /// Hosts counting `scope: fleet` windows: the registered ones, and at
+    /// least `redis.fleet_size`.
+    hosts: u32,
+    fleet_size: u32,
     /// The limiter's monotonic clock (holds and their deadlines).
     started: Instant,
     counters: Arc<LimitCounters>,
@@ -100,7 +129,7 @@ impl Flight {
 impl Limiter {
     /// The embedded store: decides in process, holds nothing.
     pub fn memory(rules: Vec<RuleLimit>) -> Limiter {
-        Limiter::new(Backend::Memory(MemoryLimiter::new(rules)), 0, &[])
+        Limiter::new(Backend::Memory(MemoryLimiter::new(rules)), 0, 1, &[])
     }
 
     /// Redis, with `on_down` deciding while `health` says it is down.
@@ -112,32 +141,105 @@ impl Limiter {
             health,
             fallback,
         };
-        Limiter::new(backend, hold_ms, &rules)
+        let mut l = Limiter::new(backend, hold_ms, fleet_size, &rules);
+        // Until the fleet's marks are read (the first snapshot), nothing waits.
+        l.pending.set_blind(true);
+        l
     }
 
-    fn new(backend: Backend, hold_ms: i64, rules: &[RuleLimit]) -> Limiter {
+    fn new(backend: Backend, hold_ms: i64, fleet_size: u32, rules: &[RuleLimit]) -> Limiter {
         let mut l = Limiter {
             backend,
             pending: Pending::default(),
             hold_ms,
+            hosts: fleet_size.max(1),
+            fleet_size: fleet_size.max(1),
             started: Instant::now(),
             counters: Arc::default(),
         };
-        l.pending.set_policy(l.hold_policy(rules));
+        l.pending.set_policy(l.hold_policy(rules), None);
         l
     }
 
-    /// How long each rule's batches may wait: `hold_ms` with Redis (a
-    /// prefilter's screened hits are not in the counts Redis reports),
-    /// nothing with the embedded store.
+    /// When each rule's batches may wait (`pending.rs`): with Redis, within
+    /// a share of half the limit per host (a prefilter's screened hits are
+    /// not in the counts Redis reports); nothing with the embedded store.
     fn hold_policy(&self, rules: &[RuleLimit]) -> Vec<HoldPolicy> {
         match self.backend {
             Backend::Memory(_) => Vec::new(),
             Backend::Redis { .. } => rules
                 .iter()
-                .map(|l| HoldPolicy::new(self.hold_ms, l.hits, 2 * l.prefilter, l.window_ms))
+                .map(|l| {
+                    let fleet = l.scope == Scope::Fleet;
+                    let hosts = if fleet { self.hosts } else { 1 };
+                    HoldPolicy::new(self.hold_ms, l.hits, 2 * l.prefilter, l.window_ms, hosts, fleet)
+                })
                 .collect(),
         }
+    }
+
+    fn rules(&self) -> &[RuleLimit] {
+        match &self.backend {
+            Backend::Memory(m) => m.rules(),
+            Backend::Redis { limiter, .. } => limiter.rules(),
+        }
+    }
+
+    /// What the fleet said: hot marks (their batches here go with the next
+    /// flush), hosts joining (every share shrinks), or that marks may have
+    /// been missed (nothing waits until the next snapshot).
+    pub fn news(&mut self, news: FleetNews) {
+        let hot = match news {
+            FleetNews::Snapshot { hosts, hot } => {
+                self.set_hosts(hosts);
+                self.pending.set_blind(false);
+                hot
+            }
+            FleetNews::Hot(hot) => hot,
+            FleetNews::Joined => {
+                self.set_hosts(self.hosts.saturating_add(1));
+                return;
+            }
+            FleetNews::Lost => {
+                self.pending.set_blind(true);
+                return;
+            }
+        };
+        let (mono, wall) = (self.mono_ms(), crate::now_ms());
+        for h in hot {
+            if let Some(rule) = self.rules().iter().position(|r| r.name == h.rule) {
+                self.pending.mark_hot(rule, h.key, mono + (h.until_ms - wall));
+            }
+        }
+    }
+
+    fn set_hosts(&mut self, hosts: u32) {
+        let hosts = hosts.max(self.fleet_size);
+        if hosts != self.hosts {
+            self.hosts = hosts;
+            let policy = self.hold_policy(self.rules());
+            self.pending.set_policy(policy, None);
+        }
+    }
+
+    /// The hot marks made here since the last call, for the fleet.
+    pub fn take_hot(&mut self) -> Vec<HotKey> {
+        let fresh = self.pending.take_fresh();
+        if fresh.is_empty() {
+            return Vec::new();
+        }
+        let (mono, wall) = (self.mono_ms(), crate::now_ms());
+        let rules = self.rules();
+        fresh
+            .into_iter()
+            .filter_map(|(rule, key, until)| {
+                Some(HotKey {
+                    rule: rules.get(rule)?.name.clone(),
+                    key,
+                    until_ms: wall + (until - mono),
+                })
+            })
+            .collect()
     }
 
     pub fn counters(&self) -> Arc<LimitCounters> {
@@ -349,7 +451,9 @@ impl Limiter {
     /// name, the fallback's too.
     pub fn set_rules(&mut self, rules: Vec<RuleLimit>) {
         let policy = self.hold_policy(&rules);
-        self.pending.set_policy(policy);
+        let remap: Vec<Option<usize>> =
+            self.rules().iter().map(|old| rules.iter().position(|r| r.name == old.name)).collect();
+        self.pending.set_policy(policy, Some(&remap));
         match &mut self.backend {
             Backend::Memory(m) => m.set_rules(rules),
             Backend::Redis { limiter, fallback, .. } => {

@@ -115,6 +115,10 @@ impl MemoryLimiter {
         }
     }
 
+    pub fn rules(&self) -> &[RuleLimit] {
+        &self.rules
+    }
+
     /// Keeps the state of rules that keep their name and algorithm; drops the others.
     pub fn set_rules(&mut self, rules: Vec<RuleLimit>) {
         let moved: Vec<Option<usize>> = self

@@ -15,7 +15,7 @@ mod memory;
 mod pending;
 mod redis;
 
-pub use self::limiter::{Flight, Landed, LimitCounters, Limiter};
+pub use self::limiter::{FleetNews, Flight, HotKey, Landed, LimitCounters, Limiter};
 pub use self::memory::MemoryLimiter;
 pub use self::pending::{Batch, HoldPolicy, Pending};
 pub use self::redis::{RedisLimiter, MAX_CALLS_PER_TRIP, MAX_GROUPS_PER_CALL, MAX_HITS_PER_TRIP};

@@ -77,6 +77,12 @@ impl Keys {
         format!("{{{}}}:hosts", self.prefix)
     }
 
+    /// `{fleetban}:hot`: ZSET of the clients found at half a rule's limit
+    /// or more (`RULE ADDR`), scored by when the mark ends (`fleet::hot`).
+    pub fn hot(&self) -> String {
+        format!("{{{}}}:hot", self.prefix)
+    }
+
     /// Every key holding state of `addr` under `rules` (name, window ms):
     /// each algorithm's, in the fleet's scope and in each of `hosts`'s,
     /// fixed-window counters for the window of `now_ms` and the one before
