@@ -636,3 +636,92 @@ fn a_host_whose_registration_is_refused_warns_and_runs_on() {
     assert_eq!(d.status()["redis"]["connected"], true);
     assert_eq!(redis.cli(&["EXISTS", "{fleetban}:hosts"]), "0");
 }
+
+/// The lines of `addr`'s `n` requests, one every ms from now.
+fn spread_lines(addr: &str, n: i64) -> Vec<String> {
+    lines(addr, n).lines().map(str::to_owned).collect()
+}
+
+/// Waits until every host counts `n` hosts in the fleet.
+fn wait_fleet_of(hosts: &[&Host], n: u64) {
+    wait_for(hosts, Duration::from_secs(10), "every host to count the fleet", || {
+        hosts
+            .iter()
+            .all(|h| h.daemon.status()["redis"]["fleet_hosts"].as_u64() == Some(n))
+    });
+}
+
+/// Spread attackers with `redis.hold: 1h`: each host sees 7 of an
+/// attacker's 21 requests (limit 20), far below half the limit, so a hold
+/// timer would keep them an hour. They are banned within seconds: no timer
+/// decides anything, a host keeps at most its share (3 of 20 with three
+/// hosts) and a client at half its limit is hot on every host. A client
+/// below the limit in total is not banned.
+#[test]
+fn spread_attackers_are_banned_without_waiting_for_any_hold() {
+    let redis = Redis::start();
+    let hosts: Vec<Host> = (1..=3)
+        .map(|i| bare_host(&format!("hold{i}"), &format!("hold-{i}"), &redis, 20, "hold: 1h"))
+        .collect();
+    let all: Vec<&Host> = hosts.iter().collect();
+    wait_fleet_of(&all, 3);
+    let attackers: Vec<String> = (10..30).map(|i| format!("203.0.113.{i}")).collect();
+    let mut per_host = vec![String::new(); 3];
+    for a in attackers.iter().map(String::as_str).chain(["198.51.100.7"]) {
+        let n = if a.starts_with("198.") { 19 } else { 21 };
+        for (k, line) in spread_lines(a, n).into_iter().enumerate() {
+            per_host[k % 3] += &(line + "\n");
+        }
+    }
+    for (h, text) in hosts.iter().zip(&per_host) {
+        append(&h.files.log, text);
+    }
+    wait_for(
+        &all,
+        Duration::from_secs(10),
+        "every attacker in every host's set",
+        || {
+            hosts.iter().all(|h| {
+                let set = v4_set(&h.ns);
+                attackers.iter().all(|a| set.contains(a))
+            })
+        },
+    );
+    assert!(
+        !list(&redis).contains(&"198.51.100.7".to_owned()),
+        "19 of 20 is not banned"
+    );
+    for h in &hosts {
+        assert!(h.daemon.status()["redis"]["hot_clients"].as_u64().unwrap() > 0);
+    }
+}
+
+/// A host that starts after a client was found hot reads the fleet's marks
+/// (`{fleetban}:hot`): the last 3 requests, within its share, go to Redis
+/// at once and ban, although the mark's event was sent before it existed.
+#[test]
+fn a_host_that_joins_late_knows_the_clients_already_hot() {
+    let redis = Redis::start();
+    let first: Vec<Host> = (1..=2)
+        .map(|i| bare_host(&format!("late{i}"), &format!("late-{i}"), &redis, 20, "hold: 1h"))
+        .collect();
+    let two: Vec<&Host> = first.iter().collect();
+    wait_fleet_of(&two, 2);
+    let a = "203.0.113.44";
+    let hits = spread_lines(a, 21);
+    // 9 + 9 on the first two hosts: past their share of 5, so sent; 18 is hot.
+    append(&first[0].files.log, &(hits[..9].join("\n") + "\n"));
+    append(&first[1].files.log, &(hits[9..18].join("\n") + "\n"));
+    wait_for(&two, Duration::from_secs(10), "the mark in Redis", || {
+        redis.cli(&["ZRANGE", "{fleetban}:hot", "0", "-1"]).contains(a)
+    });
+    assert!(list(&redis).is_empty());
+    let late = bare_host("late3", "late-3", &redis, 20, "hold: 1h");
+    let three: Vec<&Host> = first.iter().chain([&late]).collect();
+    wait_fleet_of(&three, 3);
+    append(&late.files.log, &(hits[18..].join("\n") + "\n"));
+    wait_for(&three, Duration::from_secs(10), "the ban from the late host", || {
+        list(&redis).contains(&a.to_owned())
+    });
+    assert_eq!(late.daemon.status()["redis"]["hot_clients"], 1);
+}

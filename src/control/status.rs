@@ -89,6 +89,13 @@ pub struct RedisStatus {
     pub inflight_hits: u64,
     /// Batches decided by the local fallback while Redis was down.
     pub local_decisions: u64,
+    /// Hosts this one counts as sharing the fleet's windows (registered,
+    /// at least `redis.fleet_size`): each keeps at most its share of a
+    /// cold client's hits unsent.
+    pub fleet_hosts: u64,
+    /// Clients marked hot here (at half a rule's limit or more, by this
+    /// host's round trips or the fleet's marks): their hits are sent at once.
+    pub hot_clients: u64,
     /// Bans decided while Redis was down, waiting to be written.
     pub queued_bans: u64,
     /// Bans the full queue could not keep.

@@ -12,8 +12,8 @@ use crate::detect::AllowList;
 use crate::enforce::{Changes, Element, Enforcer};
 use crate::fleet::{hot::Publisher, FleetSync};
 use crate::limit::{FleetNews, HotKey, Limiter, RedisLimiter, RuleLimit};
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use crate::store::{self, Health, Keys};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 /// What the daemon runs on.
 pub struct Store {

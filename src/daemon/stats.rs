@@ -255,6 +255,8 @@ impl Stats {
                 held_hits: self.held_hits.load(Relaxed),
                 inflight_hits: self.inflight_hits.load(Relaxed),
                 local_decisions: self.limit.local_decisions.load(Relaxed),
+                fleet_hosts: self.limit.fleet_hosts.load(Relaxed),
+                hot_clients: self.limit.hot_clients.load(Relaxed),
                 queued_bans: self.bans.queued.load(Relaxed),
                 dropped_bans: self.bans.dropped.load(Relaxed),
             },

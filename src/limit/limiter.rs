@@ -38,6 +38,10 @@ pub struct LimitCounters {
     pub failed_at_ms: AtomicI64,
     /// Seconds per Redis round trip.
     pub roundtrip: Histogram,
+    /// Hosts counted as sharing the fleet's windows.
+    pub fleet_hosts: AtomicU64,
+    /// (rule, client) marked hot.
+    pub hot_clients: AtomicU64,
 }
 
 impl Default for LimitCounters {
@@ -47,6 +51,8 @@ impl Default for LimitCounters {
             local_decisions: AtomicU64::new(0),
             failed_at_ms: AtomicI64::new(0),
             roundtrip: Histogram::new(exponential_buckets(0.000_1, 2.0, 16)),
+            fleet_hosts: AtomicU64::new(0),
+            hot_clients: AtomicU64::new(0),
         }
     }
 }
@@ -158,6 +164,9 @@ impl Limiter {
             counters: Arc::default(),
         };
         l.pending.set_policy(l.hold_policy(rules), None);
+        if let Backend::Redis { .. } = l.backend {
+            l.counters.fleet_hosts.store(u64::from(l.hosts), Relaxed);
+        }
         l
     }
 
@@ -211,12 +220,14 @@ impl Limiter {
                 self.pending.mark_hot(rule, h.key, mono + (h.until_ms - wall));
             }
         }
+        self.counters.hot_clients.store(self.pending.hot() as u64, Relaxed);
     }
 
     fn set_hosts(&mut self, hosts: u32) {
         let hosts = hosts.max(self.fleet_size);
         if hosts != self.hosts {
             self.hosts = hosts;
+            self.counters.fleet_hosts.store(u64::from(hosts), Relaxed);
             let policy = self.hold_policy(self.rules());
             self.pending.set_policy(policy, None);
         }
@@ -445,14 +456,18 @@ impl Limiter {
             };
             self.pending.learn(b.rule, b.key, count, now);
         }
+        self.counters.hot_clients.store(self.pending.hot() as u64, Relaxed);
     }
 
     /// New rules (SIGHUP), with nothing pending: windows are kept by rule
     /// name, the fallback's too.
     pub fn set_rules(&mut self, rules: Vec<RuleLimit>) {
         let policy = self.hold_policy(&rules);
-        let remap: Vec<Option<usize>> =
-            self.rules().iter().map(|old| rules.iter().position(|r| r.name == old.name)).collect();
+        let remap: Vec<Option<usize>> = self
+            .rules()
+            .iter()
+            .map(|old| rules.iter().position(|r| r.name == old.name))
+            .collect();
         self.pending.set_policy(policy, Some(&remap));
         match &mut self.backend {
             Backend::Memory(m) => m.set_rules(rules),

@@ -66,7 +66,11 @@ impl HoldPolicy {
     pub fn new(hold_ms: i64, hits: u32, unseen: u32, window_ms: i64, hosts: u32, fleet: bool) -> HoldPolicy {
         let half = hits / 2;
         let hot_at = (hits - half).saturating_sub(unseen);
-        let share = if hold_ms <= 0 || hot_at == 0 { 0 } else { half / hosts.max(1) };
+        let share = if hold_ms <= 0 || hot_at == 0 {
+            0
+        } else {
+            half / hosts.max(1)
+        };
         HoldPolicy {
             hold_ms: hold_ms.max(0),
             share,
@@ -125,7 +129,11 @@ impl Pending {
         self.policy = policy;
         if let Some(map) = remap {
             let moved = |r: usize| map.get(r).copied().flatten();
-            self.hot = self.hot.drain().filter_map(|((r, k), u)| Some(((moved(r)?, k), u))).collect();
+            self.hot = self
+                .hot
+                .drain()
+                .filter_map(|((r, k), u)| Some(((moved(r)?, k), u)))
+                .collect();
             self.fresh.retain_mut(|(r, _, _)| match moved(*r) {
                 Some(n) => {
                     *r = n;
@@ -381,7 +389,10 @@ mod tests {
             p.push(0, a, hit(t), 1, 100);
         }
         p.push(0, b, hit(0), 2, 200);
-        assert!(p.take_ready(500).is_empty(), "5 of 10 kept: the fleet's count stays below 10");
+        assert!(
+            p.take_ready(500).is_empty(),
+            "5 of 10 kept: the fleet's count stays below 10"
+        );
         assert_eq!(p.next_deadline(), Some(1100));
         assert_eq!(p.oldest_seq(), Some(1));
         // A sixth hit is past the share: `a` goes; `b` keeps waiting.
@@ -413,7 +424,11 @@ mod tests {
         p.learn(0, a, Some(6), 30);
         assert!(p.take_fresh().is_empty(), "a fresh mark is not published again");
         p.learn(0, a, Some(6), 60_011);
-        assert_eq!(p.take_fresh(), vec![(0, a, 180_011)], "past half its life it is renewed");
+        assert_eq!(
+            p.take_fresh(),
+            vec![(0, a, 180_011)],
+            "past half its life it is renewed"
+        );
         // `scope: host` marks stay here.
         p.learn(1, a, Some(9), 0);
         assert!(p.take_fresh().is_empty());
@@ -497,7 +512,11 @@ mod tests {
         assert_eq!(share(1000, 100, 0, 1), 50);
         assert_eq!(share(1000, 100, 0, 3), 16);
         assert_eq!(HoldPolicy::new(1000, 100, 40, 1, 1, true).hot_at, 10);
-        assert_eq!(share(1000, 100, 2 * 80, 1), 0, "reported counts may miss more than half");
+        assert_eq!(
+            share(1000, 100, 2 * 80, 1),
+            0,
+            "reported counts may miss more than half"
+        );
         assert_eq!(share(1000, 1, 0, 1), 0);
         assert_eq!(share(0, 100, 0, 1), 0);
     }
@@ -516,7 +535,10 @@ mod tests {
                         continue;
                     }
                     let worst = u64::from(p.hot_at - 1 + unseen) + u64::from(hosts) * u64::from(p.share);
-                    assert!(worst < u64::from(hits), "hits {hits}, hosts {hosts}, unseen {unseen}: {worst}");
+                    assert!(
+                        worst < u64::from(hits),
+                        "hits {hits}, hosts {hosts}, unseen {unseen}: {worst}"
+                    );
                 }
             }
         }
