@@ -9,7 +9,7 @@
 //! the backpressure. How a hit is judged, and what happens while Redis is
 //! down, is the limiter's; how a ban is applied is `Bans`'.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -36,6 +36,11 @@ use crate::source::{Chunk, FileId, OffsetStore};
 const MAX_PENDING_HITS: usize = 65_536;
 /// Hits held (see `limit::Pending`) before every one is sent regardless.
 const MAX_HELD_HITS: usize = 4 * MAX_PENDING_HITS;
+/// Round trips in flight at most.
+const MAX_IN_FLIGHT: usize = 2;
+/// A second round trip starts while one is in flight only with this many
+/// hits ready: below it, the next one carries them (fewer, fuller calls).
+const SECOND_FLIGHT_HITS: usize = 2048;
 
 /// What the pipeline needs of one rule besides its filter and limit.
 pub struct RuleInfo {
@@ -93,11 +98,23 @@ pub struct Pipeline {
     uncommitted: VecDeque<(u64, Arc<Path>, FileId, u64)>,
     /// Sequence number of the last chunk ingested.
     seq: u64,
-    /// The limiter round trip in flight, if any. At most one: a flush is
-    /// judged only after the bans of the one before it are known.
-    inflight: Option<JoinHandle<Landed>>,
+    /// The limiter round trips in flight, oldest first, at most
+    /// [`MAX_IN_FLIGHT`]; they land in that order. A key in one is in no
+    /// other: its next hits wait for the bans of the one before.
+    inflight: VecDeque<InFlight>,
     /// At most one warning a minute about unparsed lines.
     unparsed_warn: Every,
+}
+
+/// A round trip in flight.
+struct InFlight {
+    handle: JoinHandle<Landed>,
+    /// The keys it judges: none of them goes in another one meanwhile.
+    keys: HashSet<IpNet, foldhash::fast::RandomState>,
+    /// The chunk sequence number of the oldest hit pending when it left (a
+    /// bound on its own oldest): chunks from it on are not committed yet.
+    oldest_seq: u64,
+    hits: usize,
 }
 
 /// The daemon's sink: a hit waits in the limiter unless its client is
@@ -141,7 +158,7 @@ impl Pipeline {
             stats,
             uncommitted: VecDeque::new(),
             seq: 0,
-            inflight: None,
+            inflight: VecDeque::new(),
             unparsed_warn: Every::default(),
         }
     }
@@ -155,12 +172,13 @@ impl Pipeline {
             let held = self.limiter.next_deadline();
             // While a round trip is in flight, chunks are parsed into pending
             // hits, up to a bound: then the follower's channel fills (backpressure).
-            let accepting = self.inflight.is_none() || self.limiter.pending_hits() < MAX_HELD_HITS;
+            let accepting = self.inflight.is_empty() || self.limiter.pending_hits() < MAX_HELD_HITS;
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
-                landed = join_opt(&mut self.inflight) => {
-                    self.inflight = None;
+                landed = join_front(&mut self.inflight) => {
+                    self.inflight.pop_front();
+                    self.publish_inflight();
                     if !self.land(landed, &shutdown).await {
                         break;
                     }
@@ -203,7 +221,7 @@ impl Pipeline {
                 // Idle: offsets committed by the last flush still get saved,
                 // and a burst's tables are given back.
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {
-                    if self.inflight.is_none() && self.limiter.release() {
+                    if self.inflight.is_empty() && self.limiter.release() {
                         super::trim_heap();
                     }
                 }
@@ -217,11 +235,15 @@ impl Pipeline {
                     self.limiter.news(n);
                 }
             }
-            if self.inflight.is_none() {
+            if self.inflight.is_empty() {
                 self.bans.recover().await;
                 if !self.launch_or_flush(&shutdown).await {
                     break;
                 }
+            } else if self.inflight.len() < MAX_IN_FLIGHT
+                && self.limiter.ready_hits(SECOND_FLIGHT_HITS) >= SECOND_FLIGHT_HITS
+            {
+                self.launch();
             }
             self.stats.held_hits.store(self.limiter.pending_hits() as u64, Relaxed);
             if last_save.elapsed() >= Duration::from_secs(1) {
@@ -382,17 +404,40 @@ impl Pipeline {
     /// waiting for it, so that the next chunks are parsed while Redis works
     /// ([`Pipeline::land`] takes the answer). Otherwise a plain flush.
     async fn launch_or_flush(&mut self, shutdown: &CancellationToken) -> bool {
-        let Some(flight) = self.limiter.flight() else {
+        if self.limiter.flight().is_none() {
             return self.flush(shutdown, false).await;
-        };
-        let Some(batches) = self.ready(false) else {
+        }
+        if !self.launch() {
             self.commit();
-            return true;
+        }
+        true
+    }
+
+    /// Starts a round trip with what is ready and whose keys are in no
+    /// round trip still, if Redis answers; false if none started.
+    fn launch(&mut self) -> bool {
+        let Some(flight) = self.limiter.flight() else {
+            return false;
+        };
+        let oldest_seq = self.limiter.oldest_seq().unwrap_or(u64::MAX);
+        let Some(batches) = self.ready(false) else {
+            return false;
         };
         let hits: usize = batches.iter().map(|b| b.hits.len()).sum();
-        self.stats.inflight_hits.store(hits as u64, Relaxed);
-        self.inflight = Some(tokio::spawn(flight.run(batches)));
+        let keys = batches.iter().map(|b| b.key).collect();
+        self.inflight.push_back(InFlight {
+            handle: tokio::spawn(flight.run(batches)),
+            keys,
+            oldest_seq,
+            hits,
+        });
+        self.publish_inflight();
         true
+    }
+
+    fn publish_inflight(&self) {
+        let hits: usize = self.inflight.iter().map(|f| f.hits).sum();
+        self.stats.inflight_hits.store(hits as u64, Relaxed);
     }
 
     /// The answer of the round trip in flight: bans and commits as a flush
@@ -406,7 +451,6 @@ impl Pipeline {
                 return true;
             }
         };
-        self.stats.inflight_hits.store(0, Relaxed);
         let Some((batches, verdicts)) = self.limiter.land(landed, shutdown).await else {
             return false;
         };
@@ -414,15 +458,16 @@ impl Pipeline {
         true
     }
 
-    /// Waits for the round trip in flight, if any, and applies its answer.
+    /// Waits for the round trips in flight, if any, and applies their answers.
     async fn land_inflight(&mut self, shutdown: &CancellationToken) -> bool {
-        match self.inflight.take() {
-            Some(h) => {
-                let landed = h.await;
-                self.land(landed, shutdown).await
+        while let Some(f) = self.inflight.pop_front() {
+            self.publish_inflight();
+            let landed = f.handle.await;
+            if !self.land(landed, shutdown).await {
+                return false;
             }
-            None => true,
         }
+        true
     }
 
     /// The batches to send now (all of them if `all`, or when too many
@@ -432,7 +477,11 @@ impl Pipeline {
         if self.limiter.pending_hits() == 0 {
             return None;
         }
-        let mut batches = self.limiter.take(all || self.limiter.pending_hits() >= MAX_HELD_HITS);
+        let all = all || self.limiter.pending_hits() >= MAX_HELD_HITS;
+        let inflight = &self.inflight;
+        let mut batches = self
+            .limiter
+            .take(all, |key| inflight.iter().any(|f| f.keys.contains(key)));
         // A hit that waited may belong to an address banned meanwhile (by
         // another rule, or by the fleet): not counted, as at ingest.
         for b in &mut batches {
@@ -461,9 +510,15 @@ impl Pipeline {
         self.commit();
     }
 
-    /// Commits the offsets of the chunks older than every pending hit.
+    /// Commits the offsets of the chunks older than every hit pending or in
+    /// a round trip.
     fn commit(&mut self) {
-        let oldest = self.limiter.oldest_seq().unwrap_or(u64::MAX);
+        let flying = self.inflight.iter().map(|f| f.oldest_seq).min();
+        let oldest = self
+            .limiter
+            .oldest_seq()
+            .unwrap_or(u64::MAX)
+            .min(flying.unwrap_or(u64::MAX));
         while let Some((seq, path, file, end)) = self.uncommitted.front() {
             if *seq >= oldest {
                 break;
@@ -502,10 +557,10 @@ async fn recv_opt<T>(rx: &mut Option<UnboundedReceiver<T>>) -> Option<T> {
     }
 }
 
-/// The answer of the round trip in flight; never, if none is.
-async fn join_opt(h: &mut Option<JoinHandle<Landed>>) -> Result<Landed, tokio::task::JoinError> {
-    match h {
-        Some(h) => h.await,
+/// The answer of the oldest round trip in flight; never, if none is.
+async fn join_front(f: &mut VecDeque<InFlight>) -> Result<Landed, tokio::task::JoinError> {
+    match f.front_mut() {
+        Some(f) => (&mut f.handle).await,
         None => std::future::pending().await,
     }
 }

@@ -293,14 +293,16 @@ impl Limiter {
     }
 
     /// The batches to judge now: every one if `all`, else the urgent ones
-    /// and those whose hold is over.
-    pub fn take(&mut self, all: bool) -> Vec<Batch> {
-        if all {
-            self.pending.take()
-        } else {
-            let now = self.mono_ms();
-            self.pending.take_ready(now)
-        }
+    /// and those whose hold is over; none of a key `busy` says is in a
+    /// round trip still (they stay pending, in order).
+    pub fn take(&mut self, all: bool, busy: impl Fn(&IpNet) -> bool) -> Vec<Batch> {
+        let now = self.mono_ms();
+        self.pending.take_ready(now, all, busy)
+    }
+
+    /// Hits [`Limiter::take`] would give now, counted up to `enough`.
+    pub fn ready_hits(&self, enough: usize) -> usize {
+        self.pending.ready_hits(self.mono_ms(), enough)
     }
 
     /// With Redis answering: a limiter for one round trip run apart, so

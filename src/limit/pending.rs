@@ -207,38 +207,63 @@ impl Pending {
     }
 
     /// Batches to send at `now_ms`: the urgent ones and those whose hold is
-    /// over, in the order of their first hit.
-    pub fn take_ready(&mut self, now_ms: i64) -> Vec<Batch> {
+    /// over (every one if `all`), in the order of their first hit, but none
+    /// whose key `busy` says is still in a round trip (they stay, in order).
+    pub fn take_ready(&mut self, now_ms: i64, all: bool, busy: impl Fn(&IpNet) -> bool) -> Vec<Batch> {
         let mut taken: Vec<(u64, Batch)> = Vec::with_capacity(self.urgent.len());
-        for (rule, key, generation) in std::mem::take(&mut self.urgent) {
-            if let Some(b) = self.take_one(rule, key, generation) {
-                taken.push(b);
+        let mut urgent = std::mem::take(&mut self.urgent);
+        urgent.retain(|&(rule, key, generation)| {
+            if !self.is_live(rule, key, generation) {
+                return false;
             }
-        }
+            if busy(&key) {
+                return true;
+            }
+            taken.extend(self.take_one(rule, key, generation));
+            false
+        });
+        self.urgent = urgent;
         while let Some(&(rule, key, generation, deadline)) = self.order.front() {
-            if deadline > now_ms && self.is_live(rule, key, generation) {
+            let live = self.is_live(rule, key, generation);
+            if live && (deadline > now_ms && !all || busy(&key)) {
                 break;
             }
             self.order.pop_front();
-            if let Some(b) = self.take_one(rule, key, generation) {
-                taken.push(b);
-            }
+            taken.extend(self.take_one(rule, key, generation));
         }
         taken.sort_unstable_by_key(|(generation, _)| *generation);
         taken.into_iter().map(|(_, b)| b).collect()
     }
 
+    /// Hits that [`Pending::take_ready`] would give at `now_ms`, counted up
+    /// to `enough` (a cheap look, not a take).
+    pub fn ready_hits(&self, now_ms: i64, enough: usize) -> usize {
+        let mut n = 0;
+        let len = |rule: usize, key: IpNet| self.held.get(&(rule, key)).map_or(0, |h| h.hits.len());
+        for &(rule, key, _) in &self.urgent {
+            n += len(rule, key);
+            if n >= enough {
+                return n;
+            }
+        }
+        for &(rule, key, _, deadline) in &self.order {
+            if deadline > now_ms || n >= enough {
+                break;
+            }
+            n += len(rule, key);
+        }
+        n
+    }
+
     /// Every pending batch (stop, reload, a limiter with nothing to gain
     /// from holding), in the order of their first hit.
     pub fn take(&mut self) -> Vec<Batch> {
-        self.urgent.clear();
-        let mut out = Vec::with_capacity(self.held.len());
-        while let Some((rule, key, generation, _)) = self.order.pop_front() {
-            if let Some((_, b)) = self.take_one(rule, key, generation) {
-                out.push(b);
-            }
-        }
-        out
+        self.take_ready(i64::MAX, true, |_| false)
+    }
+
+    #[cfg(test)]
+    fn take_ready_now(&mut self, now_ms: i64) -> Vec<Batch> {
+        self.take_ready(now_ms, false, |_| false)
     }
 
     fn is_live(&self, rule: usize, key: IpNet, generation: u64) -> bool {
@@ -372,7 +397,7 @@ mod tests {
             p.push(rule, key, hit(i as i64), 0, 0);
         }
         assert_eq!(p.hits(), 4);
-        let bs = p.take_ready(0);
+        let bs = p.take_ready_now(0);
         assert_eq!(bs.len(), 3);
         assert_eq!(bs[0].hits.iter().map(|h| h.time_ms).collect::<Vec<_>>(), vec![0, 3]);
         assert_eq!((bs[1].key, bs[2].rule), (b, 1));
@@ -390,20 +415,20 @@ mod tests {
         }
         p.push(0, b, hit(0), 2, 200);
         assert!(
-            p.take_ready(500).is_empty(),
+            p.take_ready_now(500).is_empty(),
             "5 of 10 kept: the fleet's count stays below 10"
         );
         assert_eq!(p.next_deadline(), Some(1100));
         assert_eq!(p.oldest_seq(), Some(1));
         // A sixth hit is past the share: `a` goes; `b` keeps waiting.
         p.push(0, a, hit(5), 3, 600);
-        let out = p.take_ready(600);
+        let out = p.take_ready_now(600);
         assert_eq!((out.len(), out[0].key, out[0].hits.len()), (1, a, 6));
         assert_eq!(p.oldest_seq(), Some(2));
         assert_eq!(p.next_deadline(), Some(1200));
         // Past its hold, a cold batch goes anyway (bookkeeping, not a decision).
-        assert!(p.take_ready(1199).is_empty());
-        assert_eq!(p.take_ready(1200).len(), 1);
+        assert!(p.take_ready_now(1199).is_empty());
+        assert_eq!(p.take_ready_now(1200).len(), 1);
         assert!(p.is_empty());
         assert_eq!((p.oldest_seq(), p.next_deadline()), (None, None));
     }
@@ -420,7 +445,7 @@ mod tests {
         p.learn(0, a, Some(5), 10);
         assert_eq!(p.take_fresh(), vec![(0, a, 120_010)], "marked for two windows");
         p.push(0, a, hit(0), 1, 20);
-        assert_eq!(p.take_ready(20).len(), 1, "a hot client's first hit goes at once");
+        assert_eq!(p.take_ready_now(20).len(), 1, "a hot client's first hit goes at once");
         p.learn(0, a, Some(6), 30);
         assert!(p.take_fresh().is_empty(), "a fresh mark is not published again");
         p.learn(0, a, Some(6), 60_011);
@@ -433,12 +458,12 @@ mod tests {
         p.learn(1, a, Some(9), 0);
         assert!(p.take_fresh().is_empty());
         p.push(1, a, hit(0), 1, 1);
-        assert_eq!(p.take_ready(1).len(), 1);
+        assert_eq!(p.take_ready_now(1).len(), 1);
         // Marks end: forgotten.
         p.release(200_000);
         assert_eq!(p.hot(), 0);
         p.push(0, a, hit(1), 2, 200_000);
-        assert!(p.take_ready(200_000).is_empty());
+        assert!(p.take_ready_now(200_000).is_empty());
     }
 
     #[test]
@@ -448,11 +473,11 @@ mod tests {
         for t in 0..3 {
             p.push(0, a, hit(t), 1, 0);
         }
-        assert!(p.take_ready(0).is_empty(), "3 of a share of 3");
+        assert!(p.take_ready_now(0).is_empty(), "3 of a share of 3");
         p.mark_hot(0, a, 60_000);
-        assert_eq!(p.take_ready(1)[0].hits.len(), 3);
+        assert_eq!(p.take_ready_now(1)[0].hits.len(), 3);
         p.push(0, a, hit(4), 2, 2);
-        assert_eq!(p.take_ready(2).len(), 1, "and every hit after it");
+        assert_eq!(p.take_ready_now(2).len(), 1, "and every hit after it");
         assert!(p.take_fresh().is_empty(), "another host's mark is not published again");
     }
 
@@ -466,17 +491,17 @@ mod tests {
             p.push(0, a, hit(t), 1, 0);
         }
         p.push(0, b, hit(0), 1, 0);
-        assert!(p.take_ready(0).is_empty(), "within a share of 10");
+        assert!(p.take_ready_now(0).is_empty(), "within a share of 10");
         p.set_policy(policy(3), None);
-        let out = p.take_ready(0);
+        let out = p.take_ready_now(0);
         assert_eq!((out.len(), out[0].key), (1, a), "4 is past a share of 3; b's 1 is not");
         p.set_blind(true);
-        assert_eq!(p.take_ready(0)[0].key, b, "blind: what was kept goes");
+        assert_eq!(p.take_ready_now(0)[0].key, b, "blind: what was kept goes");
         p.push(0, b, hit(1), 2, 0);
-        assert_eq!(p.take_ready(0).len(), 1, "blind: nothing is kept");
+        assert_eq!(p.take_ready_now(0).len(), 1, "blind: nothing is kept");
         p.set_blind(false);
         p.push(0, b, hit(2), 3, 0);
-        assert!(p.take_ready(0).is_empty());
+        assert!(p.take_ready_now(0).is_empty());
     }
 
     #[test]
@@ -486,11 +511,11 @@ mod tests {
         for _ in 0..3 {
             p.push(0, a, hit(0), 1, 0);
         }
-        assert_eq!(p.take_ready(10).len(), 1, "3 is past a share of 2");
+        assert_eq!(p.take_ready_now(10).len(), 1, "3 is past a share of 2");
         p.push(0, a, hit(2), 2, 500);
         // The stale entry (deadline 1000) must not release the new batch.
-        assert!(p.take_ready(1200).is_empty());
-        assert_eq!(p.take_ready(1500).len(), 1);
+        assert!(p.take_ready_now(1200).is_empty());
+        assert_eq!(p.take_ready_now(1500).len(), 1);
     }
 
     #[test]
@@ -502,7 +527,7 @@ mod tests {
         // Rule 1 is now rule 0; rule 0 is gone.
         p.set_policy(vec![one], Some(&[None, Some(0)]));
         p.push(0, a, hit(0), 1, 1);
-        assert_eq!(p.take_ready(1).len(), 1, "still hot under its new index");
+        assert_eq!(p.take_ready_now(1).len(), 1, "still hot under its new index");
         assert_eq!(p.take_fresh(), vec![(0, a, 120_000)]);
     }
 
