@@ -532,6 +532,35 @@ mod tests {
     }
 
     #[test]
+    fn a_key_in_a_round_trip_stays_pending_in_order_until_it_lands() {
+        let mut p = Pending::default();
+        let a: IpNet = "192.0.2.1/32".parse().unwrap();
+        let b: IpNet = "192.0.2.2/32".parse().unwrap();
+        p.push(0, a, hit(0), 1, 0);
+        p.push(0, b, hit(1), 1, 0);
+        p.push(1, a, hit(2), 2, 0);
+        let out = p.take_ready(0, false, |k| *k == a);
+        assert_eq!(out.iter().map(|b| b.key).collect::<Vec<_>>(), vec![b]);
+        assert_eq!(
+            (p.hits(), p.oldest_seq()),
+            (2, Some(1)),
+            "a's batches wait, the oldest chunk with them"
+        );
+        assert_eq!(p.ready_hits(0, 100), 2);
+        p.push(0, a, hit(3), 3, 0);
+        let out = p.take_ready(0, true, |_| false);
+        let got: Vec<(usize, Vec<i64>)> = out
+            .iter()
+            .map(|b| (b.rule, b.hits.iter().map(|h| h.time_ms).collect()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![(0, vec![0, 3]), (1, vec![2])],
+            "in the order of their first hit, each whole"
+        );
+    }
+
+    #[test]
     fn a_prefilter_or_no_hold_leaves_no_share() {
         let share = |hold, hits, unseen, hosts| HoldPolicy::new(hold, hits, unseen, 1, hosts, true).share;
         assert_eq!(share(1000, 100, 0, 1), 50);
