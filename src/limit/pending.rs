@@ -246,11 +246,16 @@ impl Pending {
                 return n;
             }
         }
-        for &(rule, key, _, deadline) in &self.order {
+        for &(rule, key, generation, deadline) in &self.order {
             if deadline > now_ms || n >= enough {
                 break;
             }
-            n += len(rule, key);
+            // The urgent ones are counted above.
+            n += self
+                .held
+                .get(&(rule, key))
+                .filter(|h| h.generation == generation && !h.urgent)
+                .map_or(0, |h| h.hits.len());
         }
         n
     }
