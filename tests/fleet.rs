@@ -725,3 +725,35 @@ fn a_host_that_joins_late_knows_the_clients_already_hot() {
     });
     assert_eq!(late.daemon.status()["redis"]["hot_clients"], 1);
 }
+
+/// Hot marks another host published and the stream trimmed before this host
+/// read them (as MAXLEN does to a host that fell behind): the host notices,
+/// sends every hit at once meanwhile, and reads the live marks again from
+/// `{fleetban}:hot`.
+#[test]
+fn marks_trimmed_unread_are_read_again_from_the_fleet_set() {
+    let redis = Redis::start();
+    let h = bare_host("marks", "marks-1", &redis, 20, "hold: 1h, reconcile_every: 1h");
+    wait_fleet_of(&[&h], 1);
+    assert_eq!(h.daemon.status()["redis"]["hot_clients"], 0);
+    let until = (now_ms() + 3_600_000).to_string();
+    redis.cli(&[
+        "EVAL",
+        "redis.call('ZADD', KEYS[2], ARGV[2], 'scraper 203.0.113.66') \
+         redis.call('XADD', KEYS[1], '*', 'op', 'hot', 'host', 'other', 'marks', 'scraper 203.0.113.66 ' .. ARGV[2]) \
+         return redis.call('XTRIM', KEYS[1], 'MAXLEN', 0)",
+        "2",
+        "{fleetban}:marks",
+        "{fleetban}:hot",
+        "x",
+        &until,
+    ]);
+    wait_for(&[&h], Duration::from_secs(10), "the mark read again", || {
+        h.daemon.status()["redis"]["hot_clients"] == 1
+    });
+    assert!(
+        h.daemon.log_text().contains("marks after our last id were trimmed"),
+        "{}",
+        h.daemon.log_text()
+    );
+}

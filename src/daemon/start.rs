@@ -78,6 +78,7 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
         gaps: 0,
         held: bans.held(),
         news: Some(news_tx),
+        marks_id: "0-0".to_owned(),
     };
     let (last_id, initial) = match fleet.snapshot().await {
         Ok((id, list)) => {

@@ -3,9 +3,11 @@
 //! that no host keeps that client's hits unsent. A mark is written twice in
 //! one pipeline: into `{fleetban}:hot` (a ZSET of `RULE ADDR` scored by the
 //! mark's end, read by a host at every snapshot so a host that starts or
-//! reconnects misses none) and as an `op=hot` entry of the events stream
-//! (how the other hosts hear of it within a round trip). One entry carries
-//! up to [`PER_ENTRY`] marks; other versions skip the entry (no `addr`).
+//! reconnects misses none) and as an `op=hot` entry of the `{fleetban}:marks`
+//! stream (how the other hosts hear of it within a round trip), which also
+//! carries the hosts' arrivals (`op=join`). One entry carries up to
+//! [`PER_ENTRY`] marks; the stream keeps about [`MARKS_MAXLEN`] entries (a
+//! host further behind reads the ZSET again).
 //! Nothing here reaches nft: a mark only makes a host send sooner.
 
 use std::time::Duration;
@@ -15,10 +17,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::addr::{parse_member, AddrText};
 use crate::limit::HotKey;
-use crate::store::{Conn, Keys, STREAM_MAXLEN};
+use crate::store::{Conn, Keys};
 
 /// Marks per stream entry at most.
 pub const PER_ENTRY: usize = 512;
+/// Entries `{fleetban}:marks` keeps, about (at most ~20 MB of marks).
+pub const MARKS_MAXLEN: u64 = 1000;
 
 /// The text of marks in a stream entry: one `RULE ADDR UNTIL_MS` per line.
 pub fn encode(marks: &[HotKey]) -> String {
@@ -147,10 +151,10 @@ async fn write(con: &mut Conn, keys: &Keys, host: &str, marks: &[HotKey]) -> red
         .ignore();
     for some in marks.chunks(PER_ENTRY) {
         pipe.cmd("XADD")
-            .arg(keys.events())
+            .arg(keys.marks())
             .arg("MAXLEN")
             .arg("~")
-            .arg(STREAM_MAXLEN)
+            .arg(MARKS_MAXLEN)
             .arg("*")
             .arg("op")
             .arg("hot")
@@ -167,10 +171,10 @@ async fn write(con: &mut Conn, keys: &Keys, host: &str, marks: &[HotKey]) -> red
 /// count it at once, not at their next reconcile.
 pub async fn announce_join(con: &mut Conn, keys: &Keys, host: &str) -> redis::RedisResult<()> {
     redis::cmd("XADD")
-        .arg(keys.events())
+        .arg(keys.marks())
         .arg("MAXLEN")
         .arg("~")
-        .arg(STREAM_MAXLEN)
+        .arg(MARKS_MAXLEN)
         .arg("*")
         .arg("op")
         .arg("join")

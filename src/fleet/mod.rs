@@ -4,9 +4,9 @@
 //! by any host reaches this one within one round trip. A periodic reconcile
 //! repairs whatever drifted (missed events, timeouts).
 //!
-//! The same stream carries the hosts' hot marks and arrivals (`hot.rs`),
-//! which go to the limiter as [`FleetNews`]; every snapshot also reads the
-//! live marks and the number of registered hosts.
+//! It follows, in the same XREAD, `{fleetban}:marks`: the hosts' hot marks
+//! and arrivals (`hot.rs`), which go to the limiter as [`FleetNews`]; every
+//! snapshot also reads the live marks and the number of registered hosts.
 //!
 //! Gaps are detected, not assumed away: after every read the stream's
 //! `XINFO STREAM` says whether entries after our last id were deleted
@@ -50,6 +50,8 @@ pub struct FleetSync {
     pub held: Held,
     /// To the limiter: hot marks, hosts, whether marks may have been missed.
     pub news: Option<UnboundedSender<FleetNews>>,
+    /// The last id applied of `{fleetban}:marks` (set by each snapshot).
+    pub marks_id: String,
 }
 
 impl FleetSync {
@@ -87,6 +89,15 @@ impl FleetSync {
             .query_async(&mut self.events)
             .await?;
         let id = last.into_iter().next().map_or_else(|| "0-0".to_owned(), |(id, _)| id);
+        let marks: Vec<(String, Vec<(String, String)>)> = redis::cmd("XREVRANGE")
+            .arg(self.keys.marks())
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(&mut self.events)
+            .await?;
+        self.marks_id = marks.into_iter().next().map_or_else(|| "0-0".to_owned(), |(id, _)| id);
         let entries = self.list.active(crate::now_ms()).await.map_err(redis_error)?;
         // Marks after `id` come as events on top, as bans do.
         let news = match hot::read_all(&mut self.events, &self.keys, crate::now_ms()).await {
@@ -139,28 +150,44 @@ impl FleetSync {
                 }
             }
             let opts = StreamReadOptions::default().block(BLOCK_MS).count(1000);
-            let stream = [self.keys.events()];
-            let from = [last_id.clone()];
+            let (events, marks) = (self.keys.events(), self.keys.marks());
+            let stream = [events.as_str(), marks.as_str()];
+            let from = [last_id.clone(), self.marks_id.clone()];
             let read = tokio::select! {
                 r = self.events.xread_options::<_, _, StreamReadReply>(&stream, &from, &opts) => r,
                 _ = shutdown.cancelled() => return,
             };
-            let before = last_id.clone();
+            let (before, marks_before) = (last_id.clone(), self.marks_id.clone());
             match read {
                 Ok(reply) => {
                     backoff = Duration::from_millis(100);
-                    let got = reply.keys.iter().map(|k| k.ids.len()).sum::<usize>();
+                    let mut got = 0;
                     for key in reply.keys {
+                        if key.key == marks {
+                            for entry in key.ids {
+                                if let Some(n) = news_of(&entry, &self.host) {
+                                    self.tell(n);
+                                }
+                                self.marks_id = entry.id;
+                            }
+                            continue;
+                        }
+                        got += key.ids.len();
                         for entry in key.ids {
-                            match event_of(&entry, &self.host) {
-                                Some(Event::Change(c)) => self.changes.send(c),
-                                Some(Event::News(n)) => self.tell(n),
-                                None => {}
+                            if let Some(c) = change_of(&entry) {
+                                self.changes.send(c);
                             }
                             last_id = entry.id;
                         }
                     }
-                    match self.gap_after(&before).await {
+                    // Marks trimmed unread: some may be missed until the
+                    // next snapshot reads them all.
+                    if !matches!(self.gap_after(&marks, &marks_before).await, Ok(false)) {
+                        self.tell(FleetNews::Lost);
+                        tracing::warn!("Hot-client marks after our last id were trimmed; reading them all again.");
+                        next_reconcile = tokio::time::Instant::now();
+                    }
+                    match self.gap_after(&events, &before).await {
                         Ok(false) => {}
                         Ok(true) => {
                             self.gaps += 1;
@@ -200,13 +227,13 @@ impl FleetSync {
     /// were generated. XDEL shows in `max-deleted-entry-id` (Redis 7); a
     /// stream whose newest id is older than `last` was recreated. A false
     /// alarm (a host ~100k events behind) costs one reconcile.
-    async fn gap_after(&mut self, last: &str) -> Result<bool, redis::RedisError> {
+    async fn gap_after(&mut self, stream: &str, last: &str) -> Result<bool, redis::RedisError> {
         let Some(last) = StreamId::parse(last) else {
             return Ok(true);
         };
         let info: redis::RedisResult<redis::Value> = redis::cmd("XINFO")
             .arg("STREAM")
-            .arg(self.keys.events())
+            .arg(stream)
             .query_async(&mut self.events)
             .await;
         let info = match info {
@@ -282,29 +309,23 @@ async fn sleep_or_stop(d: Duration, shutdown: &CancellationToken) -> bool {
     }
 }
 
-/// What one stream entry says.
-enum Event {
-    Change(Change),
-    News(FleetNews),
-}
-
-/// One stream entry as a change of the list, or news for the limiter from
-/// another host than `own`; entries whose address does not parse are
-/// dropped with a warning (nothing unparsed reaches nft).
-fn event_of(entry: &redis::streams::StreamId, own: &str) -> Option<Event> {
+/// One entry of `{fleetban}:marks` as news for the limiter, unless it is
+/// this host's (`own`) or not understood.
+fn news_of(entry: &redis::streams::StreamId, own: &str) -> Option<FleetNews> {
     let field = |k: &str| entry.get::<String>(k);
-    let op = field("op")?;
-    match op.as_str() {
-        "hot" | "join" if field("host").as_deref() == Some(own) => None,
+    if field("host").as_deref() == Some(own) {
+        return None;
+    }
+    match field("op")?.as_str() {
         "hot" => {
             let (marks, bad) = hot::decode(&field("marks")?);
             if bad > 0 {
-                tracing::warn!(bad, "Hot-client event with lines that do not parse; those skipped.");
+                tracing::warn!(bad, "Hot-client marks with lines that do not parse; those skipped.");
             }
-            Some(Event::News(FleetNews::Hot(marks)))
+            Some(FleetNews::Hot(marks))
         }
-        "join" => Some(Event::News(FleetNews::Joined)),
-        _ => change_of(entry).map(Event::Change),
+        "join" => Some(FleetNews::Joined),
+        _ => None,
     }
 }
 

@@ -83,6 +83,13 @@ impl Keys {
         format!("{{{}}}:hot", self.prefix)
     }
 
+    /// `{fleetban}:marks`: STREAM of the hot marks and host arrivals
+    /// (`fleet::hot`), apart from the ban events so that neither crowds the
+    /// other out.
+    pub fn marks(&self) -> String {
+        format!("{{{}}}:marks", self.prefix)
+    }
+
     /// Every key holding state of `addr` under `rules` (name, window ms):
     /// each algorithm's, in the fleet's scope and in each of `hosts`'s,
     /// fixed-window counters for the window of `now_ms` and the one before
