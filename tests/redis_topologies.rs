@@ -381,6 +381,10 @@ fn the_daemon_bans_through_a_three_master_cluster() {
     for i in 0..5 {
         text += &combined_line("203.0.113.9", now + i, "/f", 200);
     }
+    // At 2 of 3, hot: a mark for the fleet.
+    for i in 0..2 {
+        text += &combined_line("203.0.113.10", now + i, "/f", 200);
+    }
     append(&r.log, &text);
     wait_until(Duration::from_secs(20), "every ban applied", || {
         d.status()["bans_active"].as_u64() == Some(13)
@@ -397,6 +401,21 @@ fn the_daemon_bans_through_a_three_master_cluster() {
         Some(serde_json::json!("f")),
         "the fixed window banned it:\n{}",
         d.log_text()
+    );
+    // The fleet's keys ({fleetban}: one slot) work as on one server: the
+    // host registered and counted, its hot marks published.
+    let status = d.status();
+    assert_eq!(status["redis"]["fleet_hosts"], 1, "{}", d.log_text());
+    assert_eq!(status["redis"]["hot_clients"], 1, "{}", d.log_text());
+    wait_until(Duration::from_secs(10), "the marks in the cluster", || {
+        nodes
+            .iter()
+            .any(|n| poll(n, &["ZCARD", "{fleetban}:hot"]).parse::<u64>().unwrap_or(0) > 0)
+    });
+    let log = d.log_text();
+    assert!(
+        !log.contains("Publishing hot clients failed") && !log.contains("Registering this host refused"),
+        "{log}"
     );
     let mut l = listed(&r.cfg);
     l.sort();
