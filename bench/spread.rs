@@ -208,23 +208,33 @@ fn once(bin: &Path, attackers: usize, limit: usize, redis_options: &str, clock: 
         });
         monitors.push(mon);
     }
-    // Each monitor is listening once it reports an element of a table of
-    // our own added after it started.
-    let mut ready = vec![false; fleet.hosts.len()];
+    // A monitor is listening once it reports an element added to a table
+    // of our own: a new element every 50 ms until each one has (it may
+    // subscribe after the first), for 5 s at most.
     for host in &fleet.hosts {
         host.ns.run(&["nft", "add", "table", "inet", "fbbench"]);
         host.ns
             .run(&["nft", "add", "set", "inet", "fbbench", "ready", "{ type ipv4_addr; }"]);
-        host.ns
-            .run(&["nft", "add", "element", "inet", "fbbench", "ready", "{ 10.213.0.1 }"]);
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !ready.iter().all(|r| *r) {
-        let (h, _, line) = rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .expect("nft monitor ready within 5 s");
-        ready[h] |= line.contains("fbbench");
+    let mut ready = vec![false; fleet.hosts.len()];
+    for n in 1..=100u8 {
+        for (host, _) in fleet.hosts.iter().zip(&ready).filter(|(_, r)| !**r) {
+            let element = format!("{{ 10.213.0.{n} }}");
+            host.ns
+                .run(&["nft", "add", "element", "inet", "fbbench", "ready", &element]);
+        }
+        let until = Instant::now() + Duration::from_millis(50);
+        while let Ok((h, _, line)) = rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+            ready[h] |= line.contains("fbbench");
+        }
+        if ready.iter().all(|r| *r) {
+            break;
+        }
     }
+    assert!(
+        ready.iter().all(|r| *r),
+        "nft monitor not listening within 5 s: {ready:?}"
+    );
 
     let sent = fleet.each_client(attackers, move |i, hosts| {
         spread_requests(Fleet::client(i), hosts, limit + 1, Duration::from_secs(5))
