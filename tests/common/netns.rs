@@ -202,13 +202,12 @@ pub fn http_get_headers(
 pub fn get_from(from: Ipv4Addr, to: SocketAddrV4, path: &str, timeout: Duration) -> Result<(Instant, u16), String> {
     let deadline = Instant::now() + timeout;
     let fail = |what: &str, e: std::io::Error| format!("GET http://{to}{path} from {from}: {what}: {e}");
-    let stream = connect_from(from, to, timeout).map_err(|e| fail("connect", e))?;
+    let mut stream = connect_from(from, to, timeout).map_err(|e| fail("connect", e))?;
     let left = deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_millis(1));
     stream.set_read_timeout(Some(left)).map_err(|e| fail("timeout", e))?;
     stream.set_write_timeout(Some(left)).map_err(|e| fail("timeout", e))?;
-    let mut stream = stream;
     let sent = Instant::now();
     stream
         .write_all(format!("GET {path} HTTP/1.0\r\nHost: fleetban-test\r\n\r\n").as_bytes())
