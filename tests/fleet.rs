@@ -3,8 +3,10 @@
 //! one Redis over its unix socket. A client with one address and a link to
 //! every host spreads its requests over them: under the limit on each host,
 //! over it in total, so the fleet-wide window bans it and every host drops
-//! it. `fleetban unban` on one host lets it back in everywhere. The events
-//! stream is trimmed past a host's last id: the host notices and reconciles.
+//! it. `fleetban unban` on one host lets it back in everywhere. Twenty such
+//! clients at once, each a request over the limit, are all dropped by every
+//! host, and a client at the limit by none. The events stream is trimmed
+//! past a host's last id: the host notices and reconciles.
 
 mod common;
 
@@ -12,9 +14,10 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
+use common::fleet::{spread_requests, Fleet, PAGE};
 use common::{
-    append, cli, combined_lines, http_get_with, nft_bans, now_ms, veth_pair, wait_until, ConfigDir, Daemon, NetNs,
-    Nginx, Redis, Rule, ACL_PASSWORD,
+    append, cli, combined_lines, fleetban_bin, get_from, http_get_with, nft_bans, now_ms, veth_pair, wait_until,
+    ConfigDir, Daemon, NetNs, Nginx, Redis, Rule, ACL_PASSWORD,
 };
 
 /// The client's one address, on its loopback, reached by every host through
@@ -175,6 +178,117 @@ fn a_client_spread_over_three_hosts_is_banned_by_all_and_unbanned_everywhere() {
             "{} after unban",
             h.addr
         );
+    }
+}
+
+/// Polls `f` every 20 ms for at most `timeout`; panics naming `what`, with
+/// the fleet's daemon logs, if it never holds.
+fn wait_fleet(fleet: &Fleet, timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    for _ in 0..timeout.as_millis() / 20 + 2 {
+        if f() {
+            return;
+        }
+        if start.elapsed() >= timeout {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("timed out after {timeout:?} waiting for {what}\n{}", fleet.logs());
+}
+
+/// Issue 13's spread case, with the daemons' default `redis:` settings:
+/// 20 attackers each send 21 requests round-robin over three hosts (7 per
+/// host, limit 20 a minute for the fleet), all at once, while a control
+/// client sends 17. Every attacker ends in every host's set and cannot
+/// reach any host; the control client, at 20 requests in all, is never
+/// banned. How fast the bans arrive is `bench/spread.sh`'s business; here
+/// the waits are only bounded.
+#[test]
+fn twenty_clients_spread_over_three_hosts_are_dropped_by_every_host_and_one_at_the_limit_by_none() {
+    const ATTACKERS: usize = 20;
+    const LIMIT: usize = 20;
+    let fleet = Fleet::start(
+        3,
+        &format!("{{ hits: {LIMIT}, window: 60s, scope: fleet }}"),
+        "",
+        &fleetban_bin(),
+    );
+    let control = Fleet::client(ATTACKERS);
+    // The control's last three requests come after the bans, one per host.
+    let control_first = LIMIT - fleet.hosts.len();
+    let sent = fleet.each_client(ATTACKERS + 1, move |i, hosts| {
+        let requests = if i == ATTACKERS { control_first } else { LIMIT + 1 };
+        spread_requests(Fleet::client(i), hosts, requests, Duration::from_secs(5))
+    });
+    // Nothing is dropped before its line is read: every request was served.
+    for (i, r) in sent.iter().enumerate() {
+        if let Err(e) = r {
+            panic!("client {i} ({}): {e}\n{}", Fleet::client(i), fleet.logs());
+        }
+    }
+
+    let attackers: Vec<String> = (0..ATTACKERS).map(|i| Fleet::client(i).to_string()).collect();
+    wait_fleet(
+        &fleet,
+        Duration::from_secs(10),
+        "every attacker in every host's set",
+        || fleet.sets().iter().all(|set| attackers.iter().all(|a| set.contains(a))),
+    );
+    // Each ban decided once, by the host that saw the 21st hit in Redis.
+    assert_eq!(fleet.redis.cli(&["ZCARD", "{fleetban}:bans"]), ATTACKERS.to_string());
+    let bans: u64 = fleet
+        .hosts
+        .iter()
+        .map(|h| h.daemon.status()["rules"][0]["bans"].as_u64().unwrap())
+        .sum();
+    assert_eq!(bans, ATTACKERS as u64);
+    for a in &attackers {
+        let rec: serde_json::Value = serde_json::from_str(&fleet.redis.cli(&["HGET", "{fleetban}:banrec", a])).unwrap();
+        assert_eq!(rec["hits"], LIMIT + 1, "{a}: {rec}");
+    }
+    // Every attacker to every host, all at once: each one unanswered.
+    let hosts = fleet.hosts.len();
+    let probes = fleet.each_client(ATTACKERS * hosts, move |i, to| {
+        get_from(Fleet::client(i / hosts), to[i % hosts], PAGE, Duration::from_secs(1))
+    });
+    for (i, p) in probes.iter().enumerate() {
+        assert!(
+            p.is_err(),
+            "host {} still serves {}: {p:?}",
+            i % hosts,
+            Fleet::client(i / hosts)
+        );
+    }
+
+    // Every line read and every hit decided on every host (seen twice, 100 ms
+    // apart, so no host is between reading a chunk and counting its hits).
+    let lines = |j: usize, requests: usize| (requests / hosts + usize::from(j < requests % hosts)) as u64;
+    let settled = || {
+        fleet.hosts.iter().enumerate().all(|(j, h)| {
+            let st = h.daemon.status();
+            st["lines"].as_u64() == Some(ATTACKERS as u64 * lines(j, LIMIT + 1) + lines(j, control_first))
+                && st["redis"]["held_hits"] == 0
+                && st["redis"]["inflight_hits"] == 0
+        })
+    };
+    wait_fleet(&fleet, Duration::from_secs(10), "every hit decided", || {
+        settled() && {
+            std::thread::sleep(Duration::from_millis(100));
+            settled()
+        }
+    });
+    let control_text = control.to_string();
+    assert_eq!(fleet.redis.cli(&["ZSCORE", "{fleetban}:bans", &control_text]), "");
+    for (j, set) in fleet.sets().iter().enumerate() {
+        assert!(!set.contains(&control_text), "host {j} drops the control client");
+    }
+    // Its 18th to 20th requests, one per host: at the limit, still served.
+    let last = fleet.each_client(hosts, move |j, to| {
+        get_from(control, to[j], PAGE, Duration::from_secs(5))
+    });
+    for (j, r) in last.iter().enumerate() {
+        assert!(matches!(r, Ok((_, 200))), "host {j} to the control client: {r:?}");
     }
 }
 

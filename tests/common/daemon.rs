@@ -24,15 +24,27 @@ impl Daemon {
 
     /// [`Daemon::start`] with extra environment variables (NOTIFY_SOCKET, ...).
     pub fn start_with_env(ns: Option<&NetNs>, config: &Path, control: &Path, env: &[(&str, &str)]) -> Daemon {
+        Daemon::start_program(&fleetban_bin(), ns, config, control, env)
+    }
+
+    /// As [`Daemon::start_with_env`], running the fleetban binary at
+    /// `program` instead of this build's (benchmarks comparing two builds).
+    pub fn start_program(
+        program: &Path,
+        ns: Option<&NetNs>,
+        config: &Path,
+        control: &Path,
+        env: &[(&str, &str)],
+    ) -> Daemon {
         let log = config.with_extension("log");
         let err = std::fs::File::create(&log).unwrap();
         let mut cmd = match ns {
             Some(ns) => {
                 let mut c = Command::new(require("ip"));
-                c.args(["netns", "exec", &ns.name]).arg(fleetban_bin());
+                c.args(["netns", "exec", &ns.name]).arg(program);
                 c
             }
-            None => Command::new(fleetban_bin()),
+            None => Command::new(program),
         };
         cmd.args(["run", "-c"])
             .arg(config)

@@ -6,9 +6,11 @@
 //! fleet hosts ([`NetNs`], [`veth_pair`]), an nginx writing a real access log
 //! inside one of them ([`Nginx`], [`web_and_client`]), curl as the client
 //! ([`http_get`]), nft read back as JSON ([`nft_bans`]) and the real daemon
-//! ([`Daemon`]). Each guard cleans up on Drop, also when the test panics. A
-//! missing binary is a loud failure ([`require`]), never a silent skip:
-//! `scripts/ensure-deps.sh` installs them.
+//! ([`Daemon`]); [`fleet::Fleet`] puts them together as hosts sharing one
+//! Redis, with a client namespace holding many addresses. Each guard cleans
+//! up on Drop, also when the test panics. A missing binary is a loud failure
+//! ([`require`]), never a silent skip: `scripts/ensure-deps.sh` installs
+//! them.
 //!
 //! What the daemon is given comes from here too: its config files
 //! ([`ConfigDir`], [`MainConfig`], [`Rule`]), its log lines
@@ -25,6 +27,7 @@ mod access_log;
 mod cli;
 mod config;
 mod daemon;
+pub mod fleet;
 mod http;
 pub mod model;
 mod netns;
@@ -37,7 +40,7 @@ pub use config::{rules_yaml, ConfigDir, MainConfig, Rule};
 pub use daemon::Daemon;
 pub use http::{Answer, Checker};
 
-pub use netns::{http_get, http_get_headers, http_get_with, veth_pair, NetNs, Reply};
+pub use netns::{get_from, http_get, http_get_headers, http_get_with, veth_pair, NetNs, Reply};
 pub use nft::{nft_bans, nft_bans_detailed, nft_set_elements, nft_set_elements_detailed, parse_set_json, NftElem};
 pub use nginx::{web_and_client, Nginx, Site};
 pub use redis::{connect, runtime, Redis, ACL_PASSWORD};

@@ -1,9 +1,13 @@
 //! Network namespaces as stand-in hosts, veth links between them, and curl as
-//! the client. Names are `fbt-<tag>-<pid>-<n>`, so a leftover from a test run
+//! the client; for tests that send hundreds of requests, [`get_from`] on a
+//! thread inside a namespace ([`NetNs::spawn`]) instead. Names are `fbt-<tag>-<pid>-<n>`, so a leftover from a test run
 //! that was killed outright can be recognised (its pid is gone) and removed.
 
 use super::{require, require_root, run_ok, signal};
 use std::ffi::OsStr;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Once;
@@ -61,6 +65,20 @@ impl NetNs {
     /// Pids of the processes inside the namespace.
     pub fn pids(&self) -> Vec<u32> {
         ns_pids(&self.name)
+    }
+
+    /// Runs `f` on a new thread inside the namespace: setns(2) moves only
+    /// the calling thread, so the rest of the process stays where it is,
+    /// and every socket `f` opens is the namespace's.
+    pub fn spawn<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> thread::JoinHandle<T> {
+        let path = format!("/run/netns/{}", self.name);
+        thread::spawn(move || {
+            let ns = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+            // SAFETY: setns takes a descriptor we own and a constant.
+            let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+            f()
+        })
     }
 }
 
@@ -174,6 +192,87 @@ pub fn http_get_headers(
         ));
     }
     Ok(Reply { status, headers })
+}
+
+/// `GET path` over HTTP/1.0 from `from` to `to`, sent by this process (no
+/// curl, no fork): the instant the request was written and the status, or
+/// Err when connecting or the answer fails or takes longer than `timeout`
+/// (e.g. dropped by nft). Call it on a thread inside the namespace owning
+/// `from` ([`NetNs::spawn`]).
+pub fn get_from(from: Ipv4Addr, to: SocketAddrV4, path: &str, timeout: Duration) -> Result<(Instant, u16), String> {
+    let deadline = Instant::now() + timeout;
+    let fail = |what: &str, e: std::io::Error| format!("GET http://{to}{path} from {from}: {what}: {e}");
+    let mut stream = connect_from(from, to, timeout).map_err(|e| fail("connect", e))?;
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    stream.set_read_timeout(Some(left)).map_err(|e| fail("timeout", e))?;
+    stream.set_write_timeout(Some(left)).map_err(|e| fail("timeout", e))?;
+    let sent = Instant::now();
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: fleetban-test\r\n\r\n").as_bytes())
+        .map_err(|e| fail("send", e))?;
+    // HTTP/1.0: the server closes after the answer; a small page.
+    let mut answer = Vec::new();
+    (&mut stream)
+        .take(64 * 1024)
+        .read_to_end(&mut answer)
+        .map_err(|e| fail("read", e))?;
+    let head = String::from_utf8_lossy(&answer[..answer.len().min(64)]).into_owned();
+    let status = head
+        .strip_prefix("HTTP/1.")
+        .and_then(|r| r.get(2..5))
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("GET http://{to}{path} from {from}: not an HTTP answer: {head:?}"))?;
+    Ok((sent, status))
+}
+
+/// A TCP connection from `from` (bound before connecting, which std's
+/// `TcpStream` cannot do) to `to`, given up after `timeout`.
+fn connect_from(from: Ipv4Addr, to: SocketAddrV4, timeout: Duration) -> std::io::Result<TcpStream> {
+    let sockaddr = |a: SocketAddrV4| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: a.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*a.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: socket(2) takes constants; the descriptor is owned at once.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let check = |rc: libc::c_int| {
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    let src = sockaddr(SocketAddrV4::new(from, 0));
+    // SAFETY: `src` is a valid sockaddr_in of `len` bytes.
+    check(unsafe { libc::bind(fd, (&raw const src).cast(), len) })?;
+    // Linux bounds a blocking connect by SO_SNDTIMEO (EINPROGRESS past it).
+    let tv = libc::timeval {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_usec: libc::suseconds_t::from(timeout.subsec_micros()),
+    };
+    let tv_len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
+    // SAFETY: `tv` is a valid timeval of `tv_len` bytes.
+    check(unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDTIMEO, (&raw const tv).cast(), tv_len) })?;
+    let dst = sockaddr(to);
+    // SAFETY: `dst` is a valid sockaddr_in of `len` bytes.
+    match check(unsafe { libc::connect(fd, (&raw const dst).cast(), len) }) {
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer within {timeout:?}"),
+        )),
+        r => r.map(|()| TcpStream::from(sock)),
+    }
 }
 
 /// Runs `ip ARGS`, panicking with its stderr on failure.
