@@ -83,7 +83,7 @@ pub struct RedisStatus {
     pub used: bool,
     pub errors: u64,
     pub round_trips: u64,
-    /// Hits waiting in the daemon to share a script call (`redis.hold`).
+    /// Hits of cold clients kept in the daemon to share a script call.
     pub held_hits: u64,
     /// Hits of the limiter round trip in flight.
     pub inflight_hits: u64,
@@ -91,10 +91,13 @@ pub struct RedisStatus {
     pub local_decisions: u64,
     /// Hosts this one counts as sharing the fleet's windows (registered,
     /// at least `redis.fleet_size`): each keeps at most its share of a
-    /// cold client's hits unsent.
+    /// cold client's hits unsent. (Absent from an older daemon's status,
+    /// as a CLI upgraded before its daemon restarts sees it.)
+    #[serde(default)]
     pub fleet_hosts: u64,
     /// Clients marked hot here (at half a rule's limit or more, by this
     /// host's round trips or the fleet's marks): their hits are sent at once.
+    #[serde(default)]
     pub hot_clients: u64,
     /// Bans decided while Redis was down, waiting to be written.
     pub queued_bans: u64,
