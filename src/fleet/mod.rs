@@ -61,6 +61,18 @@ impl FleetSync {
     /// windows); a registration refused (an ACL without SADD) is a warning,
     /// not a failed reconcile.
     pub async fn snapshot(&mut self) -> Result<(String, Vec<Element>), redis::RedisError> {
+        // The marks stream's position before the hosts are counted: a host
+        // that registers after the count announces itself after this id
+        // (SADD, then XADD), so it is read as an arrival, never missed.
+        let marks: Vec<(String, Vec<(String, String)>)> = redis::cmd("XREVRANGE")
+            .arg(self.keys.marks())
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(&mut self.events)
+            .await?;
+        self.marks_id = marks.into_iter().next().map_or_else(|| "0-0".to_owned(), |(id, _)| id);
         let hosts = match self.list.register_host(&self.host).await {
             Ok((new, hosts)) => {
                 if new {
@@ -89,15 +101,6 @@ impl FleetSync {
             .query_async(&mut self.events)
             .await?;
         let id = last.into_iter().next().map_or_else(|| "0-0".to_owned(), |(id, _)| id);
-        let marks: Vec<(String, Vec<(String, String)>)> = redis::cmd("XREVRANGE")
-            .arg(self.keys.marks())
-            .arg("+")
-            .arg("-")
-            .arg("COUNT")
-            .arg(1)
-            .query_async(&mut self.events)
-            .await?;
-        self.marks_id = marks.into_iter().next().map_or_else(|| "0-0".to_owned(), |(id, _)| id);
         let entries = self.list.active(crate::now_ms()).await.map_err(redis_error)?;
         // Marks after `id` come as events on top, as bans do.
         let news = match hot::read_all(&mut self.events, &self.keys, crate::now_ms()).await {
