@@ -337,6 +337,18 @@ impl Pending {
                 self.fresh.push((rule, key, until));
             }
         }
+        // Hits read while this round trip was out go at once too.
+        self.hurry(rule, key);
+    }
+
+    /// The batch of (rule, key) held here, if any, goes with the next flush.
+    fn hurry(&mut self, rule: usize, key: IpNet) {
+        if let Some(h) = self.held.get_mut(&(rule, key)) {
+            if !h.urgent {
+                h.urgent = true;
+                self.urgent.push((rule, key, h.generation));
+            }
+        }
     }
 
     /// Another host found (rule, key) hot until `until_ms` (this clock): its
@@ -345,12 +357,7 @@ impl Pending {
     pub fn mark_hot(&mut self, rule: usize, key: IpNet, until_ms: i64) {
         let mark = self.hot.entry((rule, key)).or_insert(i64::MIN);
         *mark = (*mark).max(until_ms);
-        if let Some(h) = self.held.get_mut(&(rule, key)) {
-            if !h.urgent {
-                h.urgent = true;
-                self.urgent.push((rule, key, h.generation));
-            }
-        }
+        self.hurry(rule, key);
     }
 
     /// The hot marks made here since the last call, for the fleet.
@@ -453,6 +460,13 @@ mod tests {
         assert_eq!(p.take_ready_now(20).len(), 1, "a hot client's first hit goes at once");
         p.learn(0, a, Some(6), 30);
         assert!(p.take_fresh().is_empty(), "a fresh mark is not published again");
+        // Hits read while the round trip that finds the client hot is out.
+        let b: IpNet = "192.0.2.2/32".parse().unwrap();
+        p.push(0, b, hit(0), 1, 40);
+        assert!(p.take_ready_now(40).is_empty());
+        p.learn(0, b, Some(5), 41);
+        assert_eq!(p.take_ready_now(41).len(), 1, "b's kept hit goes once b is found hot");
+        p.take_fresh();
         p.learn(0, a, Some(6), 60_011);
         assert_eq!(
             p.take_fresh(),
