@@ -26,7 +26,9 @@
 # the two alternating within each repetition on the same generated lines,
 # and printed for both, followed by the change new / old; 2, 3 and 6 do not
 # depend on the build and run once. Part 5 then runs the harness once per
-# start: START_REPS rounds of one start per build.
+# start: START_REPS rounds of one start per build. OLD_FLAGS: extra `run`
+# flags for the "old" build's end-to-end runs (e.g. BIN_OLD=<this build>
+# OLD_FLAGS=--bench-one-flight: one round trip in flight against two).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LINES=${1:-1000000}
@@ -44,6 +46,7 @@ GEN=$(bench/exe.sh loggen)
 # The builds measured, by name.
 builds=(new)
 declare -A bins=([new]=${BIN_NEW:-$PWD/target/release/fleetban})
+declare -A flags=([new]="" [old]="${OLD_FLAGS:-}")
 if [ -n "${BIN_OLD:-}" ]; then
   builds+=(old)
   bins[old]=$BIN_OLD
@@ -187,7 +190,7 @@ print(s["lines"], f"{secs:.2f}", f"{s['lines'] / secs:.0f}", f"{1000 * rt / max(
 PY
 }
 for i in $(seq "$REPS"); do
-  for b in "${builds[@]}"; do run_once "${bins[$b]}" "$RUN_LINES" "" "p$b$i" >> "$work/run.$b.res"; done
+  for b in "${builds[@]}"; do run_once "${bins[$b]}" "$RUN_LINES" "${flags[$b]}" "p$b$i" >> "$work/run.$b.res"; done
 done
 for i in $(seq "$REPS"); do
   for b in "${builds[@]}"; do run_once "${bins[$b]}" "$BASE_LINES" "--bench-one-call-per-hit" "b$b$i" >> "$work/base.$b.res"; done

@@ -34,6 +34,10 @@ enum Command {
         /// per hit, each awaited, no pipeline. Not a user feature.
         #[arg(long, hide = true)]
         bench_one_call_per_hit: bool,
+        /// Benchmark comparison only (bench/compare.sh): at most one
+        /// limiter round trip in flight. Not a user feature.
+        #[arg(long, hide = true)]
+        bench_one_flight: bool,
     },
     /// Validate the configuration and the rules; exit 0, or 2 with every error.
     Check {
@@ -118,7 +122,8 @@ fn execute(command: Command) -> commands::Outcome {
             config,
             dry_run,
             bench_one_call_per_hit,
-        } => run::run(&config, dry_run, bench_one_call_per_hit),
+            bench_one_flight,
+        } => run::run(&config, dry_run, bench_one_call_per_hit, bench_one_flight),
         Command::Check { config } => check::check(&config),
         Command::Test {
             config,

@@ -6,7 +6,7 @@ use fleetban::daemon;
 
 use super::{failed, load, runtime, Outcome};
 
-pub fn run(path: &Path, dry_run: bool, bench_one_call_per_hit: bool) -> Outcome {
+pub fn run(path: &Path, dry_run: bool, bench_one_call_per_hit: bool, bench_one_flight: bool) -> Outcome {
     daemon::prepare_process();
     let config = load(path)?;
     for warning in config.warnings() {
@@ -16,6 +16,7 @@ pub fn run(path: &Path, dry_run: bool, bench_one_call_per_hit: bool) -> Outcome 
         dry_run,
         config_path: path.to_path_buf(),
         bench_one_call_per_hit,
+        bench_one_flight,
     };
     runtime()
         .block_on(daemon::run(config, options, daemon::signals()))

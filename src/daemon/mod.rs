@@ -50,6 +50,9 @@ pub struct Options {
     /// Benchmark baseline only (hidden `run --bench-one-call-per-hit`): the
     /// Redis limiter sends one EVALSHA per hit, unpipelined.
     pub bench_one_call_per_hit: bool,
+    /// Benchmark comparison only (hidden `run --bench-one-flight`): one
+    /// limiter round trip in flight at most, as before two were allowed.
+    pub bench_one_flight: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -281,7 +284,10 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         marks,
     };
     let rules = reload::rule_infos(&config, &stats);
-    let pipeline = Pipeline::new(rules, scanner, limiter, bans, inputs, offsets.clone(), stats.clone());
+    let mut pipeline = Pipeline::new(rules, scanner, limiter, bans, inputs, offsets.clone(), stats.clone());
+    if opts.bench_one_flight {
+        pipeline.set_max_in_flight(1);
+    }
     tracker.spawn(pipeline.run(chunk_rx, token.clone()));
     if let Some(interval) = notify::watchdog_interval() {
         tracker.spawn(notify::watchdog(stats.clone(), interval, token.clone()));

@@ -104,6 +104,8 @@ pub struct Pipeline {
     inflight: VecDeque<InFlight>,
     /// At most one warning a minute about unparsed lines.
     unparsed_warn: Every,
+    /// [`MAX_IN_FLIGHT`], or 1 for the benchmark's comparison.
+    max_in_flight: usize,
 }
 
 /// A round trip in flight.
@@ -160,7 +162,13 @@ impl Pipeline {
             seq: 0,
             inflight: VecDeque::new(),
             unparsed_warn: Every::default(),
+            max_in_flight: MAX_IN_FLIGHT,
         }
+    }
+
+    /// Round trips in flight at most (the benchmark's one-flight baseline).
+    pub fn set_max_in_flight(&mut self, n: usize) {
+        self.max_in_flight = n.max(1);
     }
 
     pub async fn run(mut self, mut chunks: Receiver<Chunk>, shutdown: CancellationToken) {
@@ -240,7 +248,7 @@ impl Pipeline {
                 if !self.launch_or_flush(&shutdown).await {
                     break;
                 }
-            } else if self.inflight.len() < MAX_IN_FLIGHT
+            } else if self.inflight.len() < self.max_in_flight
                 && self.limiter.ready_hits(SECOND_FLIGHT_HITS) >= SECOND_FLIGHT_HITS
             {
                 self.launch();
