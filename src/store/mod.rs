@@ -15,7 +15,7 @@ mod scripts;
 
 pub use conn::Conn;
 pub use health::Health;
-pub use keys::{Keys, STREAM_MAXLEN};
+pub use keys::{slot, Keys, ADDRESS_BUCKETS, STREAM_MAXLEN};
 pub use scripts::{
     is_noscript, value_is_noscript, LuaScript, BAN, FIXED_WINDOW, SLIDING_COUNTER, SLIDING_WINDOW, TOKEN_BUCKET, UNBAN,
 };
@@ -52,4 +52,44 @@ pub async fn listpack_threshold(con: &mut Conn) -> Option<u64> {
         }
     }
     None
+}
+
+/// Logs one warning if the first keys a bounded SCAN sees include a
+/// per-address key of the layout before buckets (`fleetban:win:{ADDR}:RULE`,
+/// docs/design.md §3). Those keys are ignored: windows start afresh under
+/// the new names, and the old ones expire with their windows. At most 10
+/// SCAN steps of 100 (on a Cluster, of one node): a sample, enough for a
+/// layout in use; nothing is deleted.
+pub async fn warn_old_layout(con: &mut Conn, keys: &Keys) {
+    let pattern = keys.per_addr_pattern();
+    let mut cursor: u64 = 0;
+    for _ in 0..10 {
+        let reply: redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(100)
+            .query_async(con)
+            .await;
+        match reply {
+            Ok((next, found)) => {
+                if let Some(old) = found.iter().find(|k| keys.is_old_layout(k)) {
+                    tracing::warn!(
+                        key = %old,
+                        "Per-address keys of the layout before buckets found: they are ignored (windows start afresh) and expire with their windows."
+                    );
+                    return;
+                }
+                if next == 0 {
+                    return;
+                }
+                cursor = next;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "SCAN for old-layout keys refused.");
+                return;
+            }
+        }
+    }
 }
