@@ -40,6 +40,11 @@ fn script(a: Algorithm) -> &'static LuaScript {
 pub const MAX_CALLS_PER_TRIP: usize = 1024;
 /// Hits per round trip at most (a call with more still goes alone).
 pub const MAX_HITS_PER_TRIP: usize = 8192;
+/// On a Cluster a round trip carries this many times the bounds above:
+/// they bound what one node is asked per round trip, and a cluster has at
+/// least three masters (`redis-cli --cluster create` refuses fewer), each
+/// with about a third of the buckets.
+pub const CLUSTER_MASTERS_AT_LEAST: usize = 3;
 /// Batches (addresses) of one rule per script call at most (on a Cluster,
 /// of one address bucket): the per-call cost (~3.7 µs of Redis CPU for an
 /// empty EVALSHA) is paid once for all of them.
@@ -147,18 +152,26 @@ impl RedisLimiter {
 
     /// Appends one verdict per batch to `out`, in order, one pipelined
     /// round trip per slice of at most [`MAX_CALLS_PER_TRIP`] calls /
-    /// [`MAX_HITS_PER_TRIP`] hits (a bounded request never outlives the
+    /// [`MAX_HITS_PER_TRIP`] hits (x [`CLUSTER_MASTERS_AT_LEAST`] on a
+    /// Cluster; a bounded request never outlives the
     /// timeout however large the backlog). On error `out` holds the verdicts
     /// of the slices that completed; the caller retries from there.
     pub async fn check(&mut self, batches: &[Batch], out: &mut Vec<Verdict>) -> Result<(), LimitError> {
         if self.one_call_per_hit {
             return self.one_by_one(batches, out).await;
         }
+        let scale = if self.con.is_cluster() {
+            CLUSTER_MASTERS_AT_LEAST
+        } else {
+            1
+        };
         let mut rest = batches;
         while !rest.is_empty() {
             let mut n = 0;
             let mut hits = 0;
-            while n < rest.len() && n < MAX_CALLS_PER_TRIP && (n == 0 || hits + rest[n].hits.len() <= MAX_HITS_PER_TRIP)
+            while n < rest.len()
+                && n < MAX_CALLS_PER_TRIP * scale
+                && (n == 0 || hits + rest[n].hits.len() <= MAX_HITS_PER_TRIP * scale)
             {
                 hits += rest[n].hits.len();
                 n += 1;
