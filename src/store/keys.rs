@@ -21,12 +21,14 @@ use crate::addr::AddrText;
 pub const STREAM_MAXLEN: u64 = 100_000;
 
 /// Buckets the addresses are spread over, each one hash slot. Few enough
-/// that a round trip of 1,024 batches still puts ~16 addresses of one rule
-/// in a script call (the ~3.7 µs a call costs Redis is shared by them;
-/// BENCHMARKS.md, "Redis Cluster"); enough that slots move between masters
-/// in 1/64ths: with the tags spread evenly over the slot space, a cluster of
-/// N masters with equal slot ranges holds 64/N buckets each (3 masters:
-/// 22/21/21). Changing it changes every per-address key name.
+/// that a full Cluster round trip (3,072 batches, `limit::redis`) puts ~48
+/// addresses of one rule in a script call: the ~3.7 µs an EVALSHA costs
+/// Redis is shared by them (0.08 µs a hit; 0.3 µs with 256 buckets, of
+/// ~8 µs a hit in all; BENCHMARKS.md, "Redis Cluster"). Enough that slots
+/// move between masters in 64ths: with the tags spread evenly over the slot
+/// space, N masters with equal slot ranges hold 64/N buckets each (3
+/// masters: 22/21/21; 16 buckets would give 6/5/5, one master 1.13x the
+/// others' load). Changing it renames every per-address key.
 pub const ADDRESS_BUCKETS: u16 = 64;
 
 /// Redis Cluster's hash slots.
