@@ -312,7 +312,7 @@ fn held_hits_wait_urgent_ones_do_not_and_none_is_lost_or_doubled() {
 /// its fixed-window counters (the `c` field of each window's HASH) plus the
 /// members of its sliding window.
 fn counted(redis: &Redis, addr: &str, rule: &str) -> u64 {
-    let keys = redis.cli(&["--scan", "--pattern", &format!("fleetban:*{{{addr}}}:{rule}*")]);
+    let keys = redis.cli(&["--scan", "--pattern", &format!("fleetban:*}}:{addr}:{rule}*")]);
     keys.lines()
         .map(|k| {
             let n = match redis.cli(&["TYPE", k]).as_str() {
