@@ -23,12 +23,13 @@ pub const STREAM_MAXLEN: u64 = 100_000;
 /// Buckets the addresses are spread over, each one hash slot. Few enough
 /// that a full Cluster round trip (3,072 batches, `limit::redis`) puts ~48
 /// addresses of one rule in a script call: the ~3.7 µs an EVALSHA costs
-/// Redis is shared by them (0.08 µs a hit; 0.3 µs with 256 buckets, of
-/// ~8 µs a hit in all; BENCHMARKS.md, "Redis Cluster"). Enough that slots
-/// move between masters in 64ths: with the tags spread evenly over the slot
-/// space, N masters with equal slot ranges hold 64/N buckets each (3
-/// masters: 22/21/21; 16 buckets would give 6/5/5, one master 1.13x the
-/// others' load). Changing it renames every per-address key.
+/// Redis is shared by them. Enough that slots move between masters in
+/// 64ths: with the tags spread evenly over the slot space, N masters with
+/// equal slot ranges hold 64/N buckets each (3 masters: 22/21/21).
+/// Measured on three masters (BENCHMARKS.md, "Redis Cluster"): 7.8 µs of
+/// Redis CPU per hit, within 3% of 16 buckets (which split 6/5/5, one
+/// master 10% busier), 10% less than 256 (~12 addresses per call).
+/// Changing it renames every per-address key.
 pub const ADDRESS_BUCKETS: u16 = 64;
 
 /// Redis Cluster's hash slots.
