@@ -199,11 +199,11 @@ impl RedisLimiter {
         for &i in todo {
             let rule = batches[i].rule;
             let bucket = if cluster { Keys::bucket_of(&batches[i].key) } else { 0 };
-            let slot = rule * buckets + usize::from(bucket);
-            match open[slot] {
+            let at = rule * buckets + usize::from(bucket);
+            match open[at] {
                 Some(c) if calls[c].group.len() < MAX_GROUPS_PER_CALL => calls[c].group.push(i),
                 _ => {
-                    open[slot] = Some(calls.len());
+                    open[at] = Some(calls.len());
                     calls.push(Call {
                         rule,
                         bucket,
