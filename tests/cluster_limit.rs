@@ -1,9 +1,10 @@
-//! The limiter on a real three-master Redis Cluster, against the brute-force
-//! model (`common/model.rs`): every algorithm, thousands of addresses (many
-//! per address bucket, so script calls carry several), with a
+//! The bucket-tagged key layout on real servers. The limiter on a
+//! three-master Redis Cluster, against the brute-force model
+//! (`common/model.rs`): every algorithm, thousands of addresses (many per
+//! address bucket, so script calls carry several), with a
 //! `redis-cli --cluster reshard` moving the slots of buckets in use in the
 //! middle of the run. Nothing lost, nothing doubled: the bans equal the
-//! model's, hit for hit.
+//! model's, hit for hit. And a key of the layout before buckets is found.
 
 mod common;
 
@@ -335,5 +336,33 @@ fn cluster_limiter_agrees_with_model_through_a_reshard() {
         bans == want,
         "first difference: {:?}",
         bans.iter().zip(&want).find(|(a, b)| a != b)
+    );
+}
+
+#[test]
+fn a_key_of_the_layout_before_buckets_is_found_and_new_ones_are_not() {
+    let redis = Redis::start();
+    let rt = runtime();
+    let mut con = connect(
+        &rt,
+        &redis.config("fleetban", Duration::from_secs(2)),
+        Duration::from_secs(5),
+    );
+    let keys = Keys::new("fleetban");
+    // 500 keys of the new layout and the ban list: nothing old.
+    for i in 0..500 {
+        let key = keys.window(&address(i), "scraper", None);
+        assert_eq!(redis.cli(&["ZADD", &key, "1", "1"]), "1");
+    }
+    assert_eq!(redis.cli(&["ZADD", &keys.bans(), "1", "203.0.113.7"]), "1");
+    assert_eq!(rt.block_on(store::old_layout_key(&mut con, &keys)), None);
+    // One window of the old layout among them.
+    assert_eq!(
+        redis.cli(&["ZADD", "fleetban:win:{203.0.113.7}:scraper", "1", "1"]),
+        "1"
+    );
+    assert_eq!(
+        rt.block_on(store::old_layout_key(&mut con, &keys)).as_deref(),
+        Some("fleetban:win:{203.0.113.7}:scraper")
     );
 }

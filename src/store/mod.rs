@@ -54,13 +54,23 @@ pub async fn listpack_threshold(con: &mut Conn) -> Option<u64> {
     None
 }
 
-/// Logs one warning if the first keys a bounded SCAN sees include a
-/// per-address key of the layout before buckets (`fleetban:win:{ADDR}:RULE`,
-/// docs/design.md §3). Those keys are ignored: windows start afresh under
-/// the new names, and the old ones expire with their windows. At most 10
-/// SCAN steps of 100 (on a Cluster, of one node): a sample, enough for a
-/// layout in use; nothing is deleted.
+/// Logs one warning if [`old_layout_key`] finds a key of the layout before
+/// buckets (docs/design.md §3). Those keys are ignored: windows start afresh
+/// under the new names, and the old ones expire with their windows.
 pub async fn warn_old_layout(con: &mut Conn, keys: &Keys) {
+    if let Some(old) = old_layout_key(con, keys).await {
+        tracing::warn!(
+            key = %old,
+            "Per-address keys of the layout before buckets found: they are ignored (windows start afresh) and expire with their windows."
+        );
+    }
+}
+
+/// A per-address key of the layout before buckets (`fleetban:win:{ADDR}:RULE`)
+/// among the first keys a bounded SCAN sees: at most 10 steps of 100 (on a
+/// Cluster, of one node), a sample, enough for a layout in use. None also
+/// when SCAN is refused (the shipped ACL user may not SCAN).
+pub async fn old_layout_key(con: &mut Conn, keys: &Keys) -> Option<String> {
     let pattern = keys.per_addr_pattern();
     let mut cursor: u64 = 0;
     for _ in 0..10 {
@@ -74,22 +84,19 @@ pub async fn warn_old_layout(con: &mut Conn, keys: &Keys) {
             .await;
         match reply {
             Ok((next, found)) => {
-                if let Some(old) = found.iter().find(|k| keys.is_old_layout(k)) {
-                    tracing::warn!(
-                        key = %old,
-                        "Per-address keys of the layout before buckets found: they are ignored (windows start afresh) and expire with their windows."
-                    );
-                    return;
+                if let Some(old) = found.into_iter().find(|k| keys.is_old_layout(k)) {
+                    return Some(old);
                 }
                 if next == 0 {
-                    return;
+                    return None;
                 }
                 cursor = next;
             }
             Err(e) => {
                 tracing::debug!(error = %e, "SCAN for old-layout keys refused.");
-                return;
+                return None;
             }
         }
     }
+    None
 }
