@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The limiter's throughput on one Redis server vs a three-master Redis
 # Cluster (README, "TLS, Sentinel, Cluster"): private servers on loopback
-# TCP, one run; see bench/cluster.rs.
-# Usage: bench/cluster.sh [ADDRESSES]   (default 10000)
+# TCP, runs alternated, medians; see bench/cluster.rs.
+# Usage: bench/cluster.sh [ADDRESSES] [REPS]   (default 10000 5)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ADDRESSES=${1:-10000}
+REPS=${2:-5}
 cargo bench --no-run --bench cluster
 work=$(mktemp -d)
 pids=()
@@ -32,4 +33,5 @@ for _ in $(seq 200); do
   redis-cli -p "${nodes[0]#*:}" cluster info | grep -q cluster_state:ok && break; sleep 0.05
 done
 echo "machine: $(nproc) cores, $(redis-server --version | cut -d' ' -f3), $ADDRESSES addresses"
-cargo bench -q --bench cluster -- "redis://127.0.0.1:$single" "redis://${nodes[0]}" "$ADDRESSES"
+urls=$(printf 'redis://%s,' "${nodes[@]}")
+cargo bench -q --bench cluster -- "redis://127.0.0.1:$single" "${urls%,}" "$ADDRESSES" "$REPS"

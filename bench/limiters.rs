@@ -114,16 +114,18 @@ async fn main() {
             }
             let after = info(&mut con, "memory", "used_memory").await;
             let per_addr = (after - before) / f64::from(addresses);
+            let (keys, one) = (Keys::new("fleetban"), addr(1, 0x0a00_0000));
+            let fixed = format!("{}:{}", keys.fixed(&one, "bench", None), T0 / WINDOW_MS);
             let sample_key = match name {
-                "fixed_window" => format!("fleetban:fixed:{{10.0.0.1}}:bench:{}", T0 / WINDOW_MS),
-                "token_bucket" => "fleetban:tb:{10.0.0.1}:bench".into(),
-                "sliding_counter" => "fleetban:sc:{10.0.0.1}:bench".into(),
-                _ => "fleetban:win:{10.0.0.1}:bench".into(),
+                "fixed_window" => fixed.clone(),
+                "token_bucket" => keys.bucket(&one, "bench", None),
+                "sliding_counter" => keys.counter(&one, "bench", None),
+                _ => keys.window(&one, "bench", None),
             };
             let mut usage = 0i64;
             let mut keys_of_one = vec![sample_key.clone()];
             if name.contains("prefilter") {
-                keys_of_one.push(format!("fleetban:fixed:{{10.0.0.1}}:bench:{}", T0 / WINDOW_MS));
+                keys_of_one.push(fixed);
             }
             for k in &keys_of_one {
                 let u: Option<i64> = redis::cmd("MEMORY")
@@ -207,7 +209,7 @@ async fn main() {
         let after = info(&mut con, "memory", "used_memory").await;
         let usage: Option<i64> = redis::cmd("MEMORY")
             .arg("USAGE")
-            .arg("fleetban:win:{10.0.0.1}:bench")
+            .arg(keys.window(&addr(1, 0x0a00_0000), "bench", None))
             .arg("SAMPLES")
             .arg(0)
             .query_async(&mut con)

@@ -1,10 +1,10 @@
 -- Fixed window for several (rule, address) groups of one rule in one call
--- (one per address on a Redis Cluster), each group's hits in order as if
+-- (of one bucket on a Redis Cluster), each group's hits in order as if
 -- alone, each line counted once (docs/design.md §2). Window number
 -- N = floor(now / window); a hit is over the limit when its window already
 -- counted `limit` hits.
--- KEYS[g]  group g's base ({prefix}:fixed:{ADDR}:RULE); window N is the HASH
---          KEYS[g]..':'..N (same hash slot: the address is the hash tag):
+-- KEYS[g]  group g's base (prefix:fixed:{BUCKET}:ADDR:RULE); window N is the HASH
+--          KEYS[g]..':'..N (same hash slot: the bucket is the hash tag):
 --          c = hits counted, and per origin (host and file) the byte offset
 --          of the last line counted from it; PEXPIRE window + 1000 ms when
 --          created, so no counter is left without its expiry.

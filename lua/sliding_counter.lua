@@ -1,10 +1,10 @@
 -- Sliding counter for several (rule, address) groups of one rule in one
--- call (one per address on a Redis Cluster), each group's hits in order as
+-- call (of one bucket on a Redis Cluster), each group's hits in order as
 -- if alone: two fixed windows weighted by overlap, O(1) state whatever the
 -- limit. One HASH per address: n = current window number, c = hits counted
 -- in window n, p = hits counted in window n - 1, m = member of the last hit
 -- counted.
--- KEYS[g]  group g's {prefix}:sc:{ADDR}:RULE
+-- KEYS[g]  group g's prefix:sc:{BUCKET}:ADDR:RULE
 -- ARGV[1]  window in ms
 -- ARGV[2]  limit
 -- ARGV[3]  1 = `now` from the server's TIME, 0 = from the hits

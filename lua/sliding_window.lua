@@ -1,9 +1,9 @@
 -- Sliding window (DESIGN §2) for several (rule, address) groups of one rule
 -- in one call, each group's hits processed in order as if alone: one
 -- EVALSHA per rule and flush slice instead of one per address (outside a
--- Redis Cluster; on a Cluster a call carries one group, one hash slot).
--- KEYS[2g-1]  group g's window ZSET ({prefix}:win:{ADDR}:RULE)
--- KEYS[2g]    group g's prefilter counters' base ({prefix}:fixed:{ADDR}:RULE);
+-- Redis Cluster; on a Cluster a call's groups share a bucket, one hash slot).
+-- KEYS[2g-1]  group g's window ZSET (prefix:win:{BUCKET}:ADDR:RULE)
+-- KEYS[2g]    group g's prefilter counters' base (prefix:fixed:{BUCKET}:ADDR:RULE);
 --             window N is the HASH KEYS[2g]..':'..N, as in fixed_window.lua
 -- ARGV[1]  window in ms
 -- ARGV[2]  limit: hits allowed within one window

@@ -1,9 +1,9 @@
 -- Token bucket as GCRA (the form redis-cell uses) for several (rule,
--- address) groups of one rule in one call (one per address on a Redis
+-- address) groups of one rule in one call (of one bucket on a Redis
 -- Cluster), each group's hits in order as if alone. State per address in
 -- one HASH: t = the theoretical arrival time in microseconds (when the
 -- bucket is full again), m = the member of the last hit counted.
--- KEYS[g]  group g's {prefix}:tb:{ADDR}:RULE
+-- KEYS[g]  group g's prefix:tb:{BUCKET}:ADDR:RULE
 -- ARGV[1]  interval in microseconds between two tokens (1 / rate)
 -- ARGV[2]  burst: the bucket's capacity
 -- ARGV[3]  1 = `now` from the server's TIME, 0 = from the hits

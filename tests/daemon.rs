@@ -156,7 +156,11 @@ fn the_daemon_runs_a_token_bucket_and_reads_the_listpack_threshold() {
     append(&r.log, &lines);
     d.wait_lines(3);
     assert!(!set_has(&ns, "203.0.113.7"), "banned within its burst");
-    let state = redis.cli(&["HGET", "fleetban:tb:{203.0.113.7}:scraper", "t"]);
+    let state = redis.cli(&[
+        "HGET",
+        &fleetban::store::Keys::new("fleetban").bucket(&"203.0.113.7/32".parse().unwrap(), "scraper", None),
+        "t",
+    ]);
     assert!(state.parse::<i64>().is_ok(), "bucket state: {state:?}");
     append(&r.log, &combined_line("203.0.113.7", now + 10, "/page", 200));
     wait_until(Duration::from_secs(10), "ban of 203.0.113.7 in nft", || {
@@ -256,7 +260,10 @@ fn held_hits_wait_urgent_ones_do_not_and_none_is_lost_or_doubled() {
     append(&r.log, &lines);
     let window = |addr: &str| {
         redis
-            .cli(&["ZCARD", &format!("fleetban:win:{{{addr}}}:scraper")])
+            .cli(&[
+                "ZCARD",
+                &fleetban::store::Keys::new("fleetban").window(&format!("{addr}/32").parse().unwrap(), "scraper", None),
+            ])
             .parse::<u64>()
             .unwrap()
     };
@@ -305,7 +312,7 @@ fn held_hits_wait_urgent_ones_do_not_and_none_is_lost_or_doubled() {
 /// its fixed-window counters (the `c` field of each window's HASH) plus the
 /// members of its sliding window.
 fn counted(redis: &Redis, addr: &str, rule: &str) -> u64 {
-    let keys = redis.cli(&["--scan", "--pattern", &format!("fleetban:*{{{addr}}}:{rule}*")]);
+    let keys = redis.cli(&["--scan", "--pattern", &format!("fleetban:*}}:{addr}:{rule}*")]);
     keys.lines()
         .map(|k| {
             let n = match redis.cli(&["TYPE", k]).as_str() {

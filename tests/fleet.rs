@@ -697,7 +697,16 @@ fn unban_forgets_the_host_scoped_windows_of_every_host() {
             (files, daemon)
         })
         .collect();
-    let window = |id: &str| redis.cli(&["ZCARD", &format!("fleetban:win:{{{addr}}}:per-host:{id}")]);
+    let window = |id: &str| {
+        redis.cli(&[
+            "ZCARD",
+            &fleetban::store::Keys::new("fleetban").window(
+                &format!("{addr}/32").parse().unwrap(),
+                "per-host",
+                Some(id),
+            ),
+        ])
+    };
     for ((files, _), id) in hosts.iter().zip(["web-a", "web-b"]) {
         append(&files.log, &lines(addr, 3));
         wait_until(Duration::from_secs(10), "the host's window full", || window(id) == "3");

@@ -403,7 +403,7 @@ fn redis_window_is_the_seeds_zset_with_pexpire() {
         check(&rt, &mut lim, std::slice::from_ref(&b)),
         vec![Verdict::Under { count: 3 }]
     );
-    let zkey = "fleetban:win:{203.0.113.7}:r0";
+    let zkey = &Keys::new("fleetban").window(&"203.0.113.7/32".parse().unwrap(), "r0", None);
     assert_eq!(redis.cli(&["ZCARD", zkey]), "3");
     let ttl: i64 = redis.cli(&["PTTL", zkey]).parse().unwrap();
     assert!(ttl > 59_000 && ttl <= 61_000, "PEXPIRE window+1000, got {ttl}");
@@ -564,18 +564,10 @@ fn fixed_window_allows_twice_the_limit_across_a_boundary_and_sliding_window_refu
     }
     // The fixed window's counters: one per window number, with their expiry.
     let n = boundary / 60_000;
-    assert_eq!(
-        redis.cli(&["HGET", &format!("fixed_window:fixed:{{192.0.2.1}}:r0:{}", n - 1), "c"]),
-        "100"
-    );
-    assert_eq!(
-        redis.cli(&["HGET", &format!("fixed_window:fixed:{{192.0.2.1}}:r0:{n}"), "c"]),
-        "100"
-    );
-    let ttl: i64 = redis
-        .cli(&["PTTL", &format!("fixed_window:fixed:{{192.0.2.1}}:r0:{n}")])
-        .parse()
-        .unwrap();
+    let fixed = Keys::new("fixed_window").fixed(&"192.0.2.1/32".parse().unwrap(), "r0", None);
+    assert_eq!(redis.cli(&["HGET", &format!("{fixed}:{}", n - 1), "c"]), "100");
+    assert_eq!(redis.cli(&["HGET", &format!("{fixed}:{n}"), "c"]), "100");
+    let ttl: i64 = redis.cli(&["PTTL", &format!("{fixed}:{n}")]).parse().unwrap();
     assert!(ttl > 59_000 && ttl <= 61_000, "{ttl}");
 }
 
@@ -703,7 +695,11 @@ fn fixed_window_marks_are_per_origin() {
         both(vec![hit(9, 40, 2), hit(7, 5100, 1), hit(9, 90, 3), hit(7, 5000, 0)]),
         Verdict::Under { count: 4 }
     );
-    let base = format!("origins:fixed:{{192.0.2.1}}:r0:{}", t / 60_000);
+    let base = format!(
+        "{}:{}",
+        Keys::new("origins").fixed(&"192.0.2.1/32".parse().unwrap(), "r0", None),
+        t / 60_000
+    );
     assert_eq!(redis.cli(&["HGET", &base, "c"]), "4");
     assert_eq!(redis.cli(&["HGET", &base, "7"]), "5100");
     assert_eq!(redis.cli(&["HGET", &base, "9"]), "90");

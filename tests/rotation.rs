@@ -321,7 +321,7 @@ end
 return keys .. ' ' .. members .. ' ' .. bad .. ' ' .. table.concat(report, ' ')"#;
 
 fn window_pattern() -> String {
-    format!("fleetban:win:{{198.18.*}}:{RULE}")
+    format!("fleetban:win:{{*}}:198.18.*:{RULE}")
 }
 
 fn total(redis: &Redis) -> u64 {
@@ -332,7 +332,7 @@ fn total(redis: &Redis) -> u64 {
 /// Writes warm-up lines until one is in Redis: from then on the daemon reads
 /// the log from where it is (a file first seen at startup starts at its end).
 fn warm_up(rig: &Rig, redis: &Redis) {
-    let key = format!("fleetban:win:{{{WARMUP_ADDR}}}:{RULE}");
+    let key = fleetban::store::Keys::new("fleetban").window(&format!("{WARMUP_ADDR}/32").parse().unwrap(), RULE, None);
     for _ in 0..100 {
         let l = combined_line(WARMUP_ADDR, now_ms(), "/warmup", 200);
         open_append(&rig.files.log).write_all(l.as_bytes()).unwrap();
@@ -508,7 +508,7 @@ fn nginx_reopen_after_rename_loses_no_request() {
         &[Rule::new(RULE, &log, "{ hits: 1000, window: 1h }")],
     );
     let daemon = Daemon::start(None, &files.cfg, &files.control);
-    let key = format!("fleetban:win:{{10.213.31.2}}:{RULE}");
+    let key = fleetban::store::Keys::new("fleetban").window(&"10.213.31.2/32".parse().unwrap(), RULE, None);
     let zcard = || redis.cli(&["ZCARD", &key]).parse::<u64>().unwrap();
     let get = |n: usize, what: &str| {
         for i in 0..n {

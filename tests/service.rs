@@ -460,7 +460,10 @@ fn sighup_with_redis_keeps_the_fleet_windows() {
     append(&r.log, &hits("203.0.113.14", 4, "/page", 200));
     d.wait_lines(4);
     wait_until(Duration::from_secs(10), "window in Redis", || {
-        redis.cli(&["ZCARD", "fleetban:win:{203.0.113.14}:scraper"]) == "4"
+        redis.cli(&[
+            "ZCARD",
+            &fleetban::store::Keys::new("fleetban").window(&"203.0.113.14/32".parse().unwrap(), "scraper", None),
+        ]) == "4"
     });
 
     r.write_rules(&[scraper_rule(&r.log, 5)]);

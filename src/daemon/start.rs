@@ -91,6 +91,7 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
         }
     };
     warn_listpack(config, store::listpack_threshold(&mut con.clone()).await);
+    store::warn_old_layout(&mut con.clone(), &keys).await;
     let mut redis = RedisLimiter::new(con, keys, &config.host_id, rules);
     redis.one_call_per_hit = opts.bench_one_call_per_hit;
     // The benchmark baseline is the textbook form: nothing waits.

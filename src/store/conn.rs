@@ -15,7 +15,12 @@
 //!   per command, like a single server down).
 //!
 //! Pipelines must stay within one slot on a Cluster (`limit/redis.rs` splits
-//! them); every script's keys share a hash tag.
+//! them); every script's keys share a hash tag. The cluster client resends
+//! a whole pipeline when one of its replies is a redirect, and follows ASK
+//! with ASKING; the limiter wants neither (it resends only what did not run,
+//! and waits out a slot's migration: the scripts derive keys the importing
+//! node may not hold yet), so its pipelines go through a second cluster
+//! connection that retries nothing ([`Conn::query_once`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,13 +48,22 @@ struct Followed {
     /// The connection in use and its generation (so a failure drops only the
     /// connection it happened on, not a newer one).
     current: tokio::sync::Mutex<(u64, Option<Current>)>,
+    /// On a Cluster, the connection of [`Conn::query_once`], made on first use.
+    once: tokio::sync::Mutex<Option<ClusterConnection>>,
     connect_timeout: Duration,
     response_timeout: Option<Duration>,
 }
 
 enum Target {
-    Sentinel { sentinel: Sentinel, tls: Option<TlsFiles> },
-    Cluster(Box<ClusterClient>),
+    Sentinel {
+        sentinel: Sentinel,
+        tls: Option<TlsFiles>,
+    },
+    Cluster {
+        client: Box<ClusterClient>,
+        /// The same nodes with no retry: a redirect comes back as the error.
+        once: Box<ClusterClient>,
+    },
 }
 
 #[derive(Clone)]
@@ -61,7 +75,33 @@ enum Current {
 impl Conn {
     /// True for a Redis Cluster: pipelines must not span slots.
     pub fn is_cluster(&self) -> bool {
-        matches!(&self.0, Inner::Followed(f) if matches!(f.target, Target::Cluster(_)))
+        matches!(&self.0, Inner::Followed(f) if matches!(f.target, Target::Cluster { .. }))
+    }
+
+    /// Runs `pipe` (ignoring errors: one reply per command). On a Cluster the
+    /// commands must share a slot, and the pipeline goes through the
+    /// connection without retries: MOVED, ASK, TRYAGAIN or CLUSTERDOWN in any
+    /// reply is this call's error (the client still learns the new slot map
+    /// from a MOVED), never a resend of the whole pipeline or an ASKING.
+    pub async fn query_once(&self, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
+        let Inner::Followed(f) = &self.0 else {
+            return pipe.query_async(&mut self.clone()).await;
+        };
+        let Target::Cluster { once, .. } = &f.target else {
+            return pipe.query_async(&mut self.clone()).await;
+        };
+        let mut con = {
+            let mut cur = f.once.lock().await;
+            match &*cur {
+                Some(c) => c.clone(),
+                None => {
+                    let c = f.cluster(once).await?;
+                    *cur = Some(c.clone());
+                    c
+                }
+            }
+        };
+        pipe.query_async(&mut con).await
     }
 
     /// Builds the connection without connecting. Fails only on a
@@ -76,16 +116,22 @@ impl Conn {
                 return Ok(Conn(Inner::Single(m)));
             }
             Servers::Cluster(nodes) => {
-                let mut b = ClusterClient::builder(nodes.iter().map(String::as_str))
-                    .connection_timeout(connect_timeout)
-                    .retries(2);
-                if let Some(t) = response_timeout {
-                    b = b.response_timeout(t);
+                let build = |retries: u32| {
+                    let mut b = ClusterClient::builder(nodes.iter().map(String::as_str))
+                        .connection_timeout(connect_timeout)
+                        .retries(retries);
+                    if let Some(t) = response_timeout {
+                        b = b.response_timeout(t);
+                    }
+                    if let Some(t) = &cfg.tls {
+                        b = b.certs(certificates(t));
+                    }
+                    b.build()
+                };
+                Target::Cluster {
+                    client: Box::new(build(2)?),
+                    once: Box::new(build(0)?),
                 }
-                if let Some(t) = &cfg.tls {
-                    b = b.certs(certificates(t));
-                }
-                Target::Cluster(Box::new(b.build()?))
             }
             Servers::Sentinel(sentinel) => {
                 for n in &sentinel.nodes {
@@ -100,6 +146,7 @@ impl Conn {
         Ok(Conn(Inner::Followed(Arc::new(Followed {
             target,
             current: tokio::sync::Mutex::new((0, None)),
+            once: tokio::sync::Mutex::new(None),
             connect_timeout,
             response_timeout,
         }))))
@@ -149,17 +196,18 @@ impl Followed {
             return Ok((cur.0, c.clone()));
         }
         let c = match &self.target {
-            Target::Cluster(client) => {
-                let con = tokio::time::timeout(self.connect_timeout * 2, client.get_async_connection())
-                    .await
-                    .map_err(|_| timeout_error("connecting to the cluster"))??;
-                Current::Cluster(con)
-            }
+            Target::Cluster { client, .. } => Current::Cluster(self.cluster(client).await?),
             Target::Sentinel { .. } => Current::Master(self.resolve().await?),
         };
         cur.0 += 1;
         cur.1 = Some(c.clone());
         Ok((cur.0, c))
+    }
+
+    async fn cluster(&self, client: &ClusterClient) -> RedisResult<ClusterConnection> {
+        tokio::time::timeout(self.connect_timeout * 2, client.get_async_connection())
+            .await
+            .map_err(|_| timeout_error("connecting to the cluster"))?
     }
 
     /// Asks each sentinel in turn for the master of the service and connects to it.
@@ -330,7 +378,7 @@ impl ConnectionLike for Conn {
             Inner::Single(m) => m.get_db(),
             Inner::Followed(f) => match &f.target {
                 Target::Sentinel { sentinel, .. } => sentinel.db,
-                Target::Cluster(_) => 0,
+                Target::Cluster { .. } => 0,
             },
         }
     }

@@ -1,8 +1,17 @@
 //! The names of our keys (docs/design.md §3, with the changes ARCHITECTURE.md
-//! records). Every key that belongs to one address carries the address as a
-//! hash tag (`{203.0.113.7}`), every fleet-wide key the prefix
-//! (`{fleetban}:bans`), so that each script touches a single Cluster slot.
-//! No other module writes a key name.
+//! records). Every key that belongs to one address carries its address's
+//! *bucket* as hash tag (`fleetban:win:{fleetban:b7.31}:203.0.113.7:RULE`),
+//! every fleet-wide key the prefix (`{fleetban}:bans`), so that each script
+//! touches a single Cluster slot and one script call can carry many
+//! addresses of one bucket. No other module writes a key name.
+//!
+//! The bucket of an address is FNV-1a of its bytes modulo
+//! [`ADDRESS_BUCKETS`]; bucket `i`'s tag is `{PREFIX:bI.J}`, `J` the first
+//! number that puts the tag's slot in the `i`-th of [`ADDRESS_BUCKETS`]
+//! equal ranges of the 16,384 slots. Both are part of the layout: every host
+//! of a fleet must compute the same names.
+
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -11,51 +20,130 @@ use crate::addr::AddrText;
 /// The stream keeps about this many events; a host further behind reconciles.
 pub const STREAM_MAXLEN: u64 = 100_000;
 
+/// Buckets the addresses are spread over, each one hash slot. Few enough
+/// that a full Cluster round trip (3,072 batches, `limit::redis`) puts ~48
+/// addresses of one rule in a script call: the ~3.7 µs an EVALSHA costs
+/// Redis is shared by them. Enough that slots move between masters in
+/// 64ths: with the tags spread evenly over the slot space, N masters with
+/// equal slot ranges hold 64/N buckets each (3 masters: 22/21/21).
+/// Measured on three masters (BENCHMARKS.md, "Redis Cluster"): 7.8 µs of
+/// Redis CPU per hit, within 3% of 16 buckets (which split 6/5/5, one
+/// master 10% busier), 10% less than 256 (~12 addresses per call).
+/// Changing it renames every per-address key.
+pub const ADDRESS_BUCKETS: u16 = 64;
+
+/// Redis Cluster's hash slots.
+const SLOTS: u16 = 16_384;
+
 /// Key names under one prefix.
 #[derive(Clone, Debug)]
 pub struct Keys {
     prefix: String,
+    /// The hash tag of each bucket, braces included (`{fleetban:b7.31}`),
+    /// and its slot; shared by clones.
+    tags: Arc<[(String, u16)]>,
 }
 
 impl Keys {
     pub fn new(prefix: &str) -> Keys {
+        let tags = (0..ADDRESS_BUCKETS)
+            .map(|i| {
+                let range = u32::from(SLOTS) / u32::from(ADDRESS_BUCKETS);
+                let low = u32::from(i) * range;
+                // About ADDRESS_BUCKETS tries per bucket: the slot of the
+                // j-th candidate is uniform, the range 1/ADDRESS_BUCKETS wide.
+                (0u32..)
+                    .map(|j| format!("{{{prefix}:b{i}.{j}}}"))
+                    .map(|t| {
+                        let s = slot(t.as_bytes());
+                        (t, s)
+                    })
+                    .find(|(_, s)| (low..low + range).contains(&u32::from(*s)))
+                    .unwrap_or_default()
+            })
+            .collect();
         Keys {
             prefix: prefix.to_owned(),
+            tags,
         }
     }
 
-    /// `fleetban:win:{ADDR}:RULE`, with `:HOST` for `scope: host`.
+    /// The bucket of `addr`: FNV-1a of its family, octets and prefix length,
+    /// modulo [`ADDRESS_BUCKETS`]. Stable across hosts, runs and versions.
+    pub fn bucket_of(addr: &IpNet) -> u16 {
+        let mut h: u32 = 0x811c_9dc5;
+        let mut eat = |b: u8| h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
+        match addr {
+            IpNet::V4(n) => {
+                eat(4);
+                n.addr().octets().into_iter().for_each(&mut eat);
+            }
+            IpNet::V6(n) => {
+                eat(6);
+                n.addr().octets().into_iter().for_each(&mut eat);
+            }
+        }
+        eat(addr.prefix_len());
+        (h % u32::from(ADDRESS_BUCKETS)) as u16
+    }
+
+    /// Bucket `b`'s hash tag, braces included: a key of its slot.
+    pub fn bucket_tag(&self, b: u16) -> &str {
+        &self.tags[usize::from(b)].0
+    }
+
+    /// The Cluster slot of bucket `b`'s keys.
+    pub fn slot_of_bucket(&self, b: u16) -> u16 {
+        self.tags[usize::from(b)].1
+    }
+
+    /// `fleetban:win:{TAG}:ADDR:RULE`, with `:HOST` for `scope: host`.
     pub fn window(&self, addr: &IpNet, rule: &str, host: Option<&str>) -> String {
-        match host {
-            None => format!("{}:win:{{{}}}:{}", self.prefix, AddrText(addr), rule),
-            Some(h) => format!("{}:win:{{{}}}:{}:{}", self.prefix, AddrText(addr), rule, h),
-        }
+        self.per_addr("win", addr, rule, host)
     }
 
-    /// `fleetban:fixed:{ADDR}:RULE` (`:HOST` for `scope: host`): the base
-    /// of the fixed-window counters (HASHes: the count and the last offset
-    /// counted per origin); the script appends `:N`, the window number.
-    /// Before exactly-once counting they were STRINGs named `fw:`: a new
-    /// name, so that the two never meet under one key.
+    /// `fleetban:fixed:{TAG}:ADDR:RULE` (`:HOST` for `scope: host`): the
+    /// base of the fixed-window counters (HASHes: the count and the last
+    /// offset counted per origin); the script appends `:N`, the window
+    /// number (same slot: same tag).
     pub fn fixed(&self, addr: &IpNet, rule: &str, host: Option<&str>) -> String {
         self.per_addr("fixed", addr, rule, host)
     }
 
-    /// `fleetban:tb:{ADDR}:RULE`: token bucket state (HASH).
+    /// `fleetban:tb:{TAG}:ADDR:RULE`: token bucket state (HASH).
     pub fn bucket(&self, addr: &IpNet, rule: &str, host: Option<&str>) -> String {
         self.per_addr("tb", addr, rule, host)
     }
 
-    /// `fleetban:sc:{ADDR}:RULE`: sliding counter state (HASH).
+    /// `fleetban:sc:{TAG}:ADDR:RULE`: sliding counter state (HASH).
     pub fn counter(&self, addr: &IpNet, rule: &str, host: Option<&str>) -> String {
         self.per_addr("sc", addr, rule, host)
     }
 
     fn per_addr(&self, kind: &str, addr: &IpNet, rule: &str, host: Option<&str>) -> String {
+        let tag = &self.tags[usize::from(Keys::bucket_of(addr))].0;
         match host {
-            None => format!("{}:{kind}:{{{}}}:{}", self.prefix, AddrText(addr), rule),
-            Some(h) => format!("{}:{kind}:{{{}}}:{}:{}", self.prefix, AddrText(addr), rule, h),
+            None => format!("{}:{kind}:{tag}:{}:{}", self.prefix, AddrText(addr), rule),
+            Some(h) => format!("{}:{kind}:{tag}:{}:{}:{}", self.prefix, AddrText(addr), rule, h),
         }
+    }
+
+    /// A SCAN pattern for every per-address key, old layout or new.
+    pub(crate) fn per_addr_pattern(&self) -> String {
+        format!("{}:*:{{*", glob_escape(&self.prefix))
+    }
+
+    /// True for a per-address key of the layout before buckets
+    /// (`fleetban:win:{ADDR}:RULE`): its hash tag is not one of ours.
+    pub(crate) fn is_old_layout(&self, key: &str) -> bool {
+        let Some(rest) = key.strip_prefix(self.prefix.as_str()).and_then(|r| r.strip_prefix(':')) else {
+            return false;
+        };
+        let Some((kind, tagged)) = rest.split_once(':') else {
+            return false;
+        };
+        let ours = format!("{{{}:b", self.prefix);
+        matches!(kind, "win" | "fixed" | "tb" | "sc") && tagged.starts_with('{') && !tagged.starts_with(&ours)
     }
 
     pub fn bans(&self) -> String {
@@ -94,7 +182,8 @@ impl Keys {
     /// each algorithm's, in the fleet's scope and in each of `hosts`'s,
     /// fixed-window counters for the window of `now_ms` and the one before
     /// (older ones have expired). What `fleetban unban` deletes, so the
-    /// address starts fresh windows on every host. All in `{ADDR}`'s slot.
+    /// address starts fresh windows on every host. All in the slot of the
+    /// address's bucket.
     pub fn of_address<'a>(
         &self,
         addr: &IpNet,
@@ -129,36 +218,171 @@ impl Keys {
     }
 }
 
+/// The Cluster hash slot of `key` (CRC16/XMODEM of its hash tag, or of the
+/// whole key without one, modulo 16,384), as the server computes it.
+pub fn slot(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let inner = &key[open + 1..];
+            inner.iter().position(|&b| b == b'}').map(|close| &inner[..close])
+        })
+        .filter(|t| !t.is_empty())
+        .unwrap_or(key);
+    let mut crc: u16 = 0;
+    for &b in tagged {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % SLOTS
+}
+
+/// `s` with SCAN's glob characters escaped.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+
     #[test]
-    fn every_key_of_an_address_shares_its_hash_tag() {
+    fn every_key_of_an_address_shares_its_bucket_tag() {
         let keys = Keys::new("fb");
-        let addr: IpNet = "192.0.2.7/32".parse().unwrap();
+        let addr = net("192.0.2.7/32");
+        let b = Keys::bucket_of(&addr);
+        let tag = keys.tags[usize::from(b)].0.clone();
         let all = keys.of_address(&addr, [("scraper", 60_000)], &["web-1"], 120_000);
-        assert_eq!(
-            all,
-            [
-                "fb:win:{192.0.2.7}:scraper",
-                "fb:tb:{192.0.2.7}:scraper",
-                "fb:sc:{192.0.2.7}:scraper",
-                "fb:fixed:{192.0.2.7}:scraper:2",
-                "fb:fixed:{192.0.2.7}:scraper:1",
-                "fb:win:{192.0.2.7}:scraper:web-1",
-                "fb:tb:{192.0.2.7}:scraper:web-1",
-                "fb:sc:{192.0.2.7}:scraper:web-1",
-                "fb:fixed:{192.0.2.7}:scraper:web-1:2",
-                "fb:fixed:{192.0.2.7}:scraper:web-1:1",
-            ]
-        );
+        let expect: Vec<String> = [
+            "win:T:192.0.2.7:scraper",
+            "tb:T:192.0.2.7:scraper",
+            "sc:T:192.0.2.7:scraper",
+            "fixed:T:192.0.2.7:scraper:2",
+            "fixed:T:192.0.2.7:scraper:1",
+            "win:T:192.0.2.7:scraper:web-1",
+            "tb:T:192.0.2.7:scraper:web-1",
+            "sc:T:192.0.2.7:scraper:web-1",
+            "fixed:T:192.0.2.7:scraper:web-1:2",
+            "fixed:T:192.0.2.7:scraper:web-1:1",
+        ]
+        .iter()
+        .map(|k| format!("fb:{}", k.replace('T', &tag)))
+        .collect();
+        assert_eq!(all, expect);
+        assert!(tag.starts_with(&format!("{{fb:b{b}.")), "{tag}");
         let two = keys.of_address(&addr, [("scraper", 60_000)], &["web-1", "web-2"], 120_000);
         assert_eq!(two.len(), 15);
-        assert!(two.contains(&"fb:win:{192.0.2.7}:scraper:web-2".to_owned()), "{two:?}");
-        assert!(two.iter().all(|k| k.contains("{192.0.2.7}")));
+        assert!(
+            two.contains(&format!("fb:win:{tag}:192.0.2.7:scraper:web-2")),
+            "{two:?}"
+        );
+        let s = keys.slot_of_bucket(b);
+        assert!(two.iter().all(|k| slot(k.as_bytes()) == s), "{two:?}");
+        assert_eq!(
+            keys.fixed(&addr, "scraper", Some("web-1")),
+            format!("fb:fixed:{tag}:192.0.2.7:scraper:web-1")
+        );
         assert_eq!(keys.bans(), "{fb}:bans");
         assert_eq!(keys.hosts(), "{fb}:hosts");
         assert_eq!(keys.offences(&addr), "{fb}:off:192.0.2.7");
+    }
+
+    #[test]
+    fn buckets_are_stable_per_address_and_spread() {
+        // Pinned: a change renames every per-address key of a running fleet.
+        assert_eq!(
+            Keys::bucket_of(&net("203.0.113.7/32")),
+            Keys::bucket_of(&net("203.0.113.7/32"))
+        );
+        let pinned: Vec<u16> = [
+            "203.0.113.7/32",
+            "192.0.2.1/32",
+            "2001:db8::/64",
+            "2001:db8:0:1::/64",
+            "10.0.0.0/8",
+        ]
+        .iter()
+        .map(|a| Keys::bucket_of(&net(a)))
+        .collect();
+        assert_eq!(pinned, [PINNED[0], PINNED[1], PINNED[2], PINNED[3], PINNED[4]]);
+        // The prefix length is part of the address: a /64 and a /128 differ.
+        let v6: Vec<u16> = (0..64u16)
+            .map(|i| Keys::bucket_of(&net(&format!("2001:db8::{i:x}/128"))))
+            .collect();
+        assert!(v6.iter().any(|b| *b != v6[0]));
+        // 6,400 consecutive IPv4 addresses: every bucket used, none more than
+        // twice its share.
+        let mut count = [0u32; ADDRESS_BUCKETS as usize];
+        for i in 0..6400u32 {
+            let a = IpNet::from(std::net::IpAddr::from((0x0a00_0000 + i).to_be_bytes()));
+            count[usize::from(Keys::bucket_of(&a))] += 1;
+        }
+        assert!(count.iter().all(|&c| (50..=200).contains(&c)), "{count:?}");
+    }
+
+    const PINNED: [u16; 5] = [12, 26, 57, 48, 51];
+
+    #[test]
+    fn bucket_tags_cover_the_slot_space_evenly() {
+        let keys = Keys::new("fleetban");
+        // Pinned (independently computed): part of the layout.
+        assert_eq!(keys.tags[0], ("{fleetban:b0.51}".to_owned(), 90));
+        assert_eq!(keys.tags[12], ("{fleetban:b12.53}".to_owned(), 3114));
+        assert_eq!(keys.tags[63], ("{fleetban:b63.108}".to_owned(), 16272));
+        let range = SLOTS / ADDRESS_BUCKETS;
+        for b in 0..ADDRESS_BUCKETS {
+            let (tag, s) = &keys.tags[usize::from(b)];
+            assert_eq!(slot(tag.as_bytes()), *s);
+            assert_eq!(s / range, b, "{tag} in slot {s}");
+        }
+        // Masters with equal ranges (redis-cli --cluster create) get equal shares.
+        let third = |s: u16| usize::from(s) * 3 / usize::from(SLOTS);
+        let mut per = [0; 3];
+        (0..ADDRESS_BUCKETS).for_each(|b| per[third(keys.slot_of_bucket(b))] += 1);
+        assert!(per.iter().all(|&n| (21..=22).contains(&n)), "{per:?}");
+    }
+
+    #[test]
+    fn slot_is_redis_clusters() {
+        // CLUSTER KEYSLOT's answers.
+        assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"123456789"), 12739);
+        assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
+        assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
+        assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
+        assert_eq!(slot(b"{fleetban}:bans"), slot(b"fleetban"));
+    }
+
+    #[test]
+    fn old_layout_keys_are_told_apart() {
+        let keys = Keys::new("fleetban");
+        let addr = net("2001:db8::/64");
+        assert!(!keys.is_old_layout(&keys.window(&addr, "r", None)));
+        assert!(!keys.is_old_layout(&format!("{}:3", keys.fixed(&addr, "r", Some("h")))));
+        assert!(keys.is_old_layout("fleetban:win:{203.0.113.7}:scraper"));
+        assert!(keys.is_old_layout("fleetban:fixed:{2001:db8::/64}:scraper:123"));
+        assert!(keys.is_old_layout("fleetban:tb:{fe80::1}:r"));
+        assert!(!keys.is_old_layout("{fleetban}:bans"));
+        assert!(!keys.is_old_layout("other:win:{203.0.113.7}:scraper"));
+        assert_eq!(keys.per_addr_pattern(), "fleetban:*:{*");
+        assert_eq!(Keys::new("a*b").per_addr_pattern(), "a\\*b:*:{*");
     }
 }

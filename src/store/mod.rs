@@ -15,7 +15,7 @@ mod scripts;
 
 pub use conn::Conn;
 pub use health::Health;
-pub use keys::{Keys, STREAM_MAXLEN};
+pub use keys::{slot, Keys, ADDRESS_BUCKETS, STREAM_MAXLEN};
 pub use scripts::{
     is_noscript, value_is_noscript, LuaScript, BAN, FIXED_WINDOW, SLIDING_COUNTER, SLIDING_WINDOW, TOKEN_BUCKET, UNBAN,
 };
@@ -47,6 +47,53 @@ pub async fn listpack_threshold(con: &mut Conn) -> Option<u64> {
             }
             Err(e) => {
                 tracing::debug!(error = %e, "CONFIG GET refused.");
+                return None;
+            }
+        }
+    }
+    None
+}
+
+/// Logs one warning if [`old_layout_key`] finds a key of the layout before
+/// buckets (docs/design.md §3). Those keys are ignored: windows start afresh
+/// under the new names, and the old ones expire with their windows.
+pub async fn warn_old_layout(con: &mut Conn, keys: &Keys) {
+    if let Some(old) = old_layout_key(con, keys).await {
+        tracing::warn!(
+            key = %old,
+            "Per-address keys of the layout before buckets found: they are ignored (windows start afresh) and expire with their windows."
+        );
+    }
+}
+
+/// A per-address key of the layout before buckets (`fleetban:win:{ADDR}:RULE`)
+/// among the first keys a bounded SCAN sees: at most 10 steps of 100 (on a
+/// Cluster, of one node), a sample, enough for a layout in use. None also
+/// when SCAN is refused (the shipped ACL user may not SCAN).
+pub async fn old_layout_key(con: &mut Conn, keys: &Keys) -> Option<String> {
+    let pattern = keys.per_addr_pattern();
+    let mut cursor: u64 = 0;
+    for _ in 0..10 {
+        let reply: redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(100)
+            .query_async(con)
+            .await;
+        match reply {
+            Ok((next, found)) => {
+                if let Some(old) = found.into_iter().find(|k| keys.is_old_layout(k)) {
+                    return Some(old);
+                }
+                if next == 0 {
+                    return None;
+                }
+                cursor = next;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "SCAN for old-layout keys refused.");
                 return None;
             }
         }
