@@ -41,6 +41,9 @@ const MAX_IN_FLIGHT: usize = 2;
 /// A second round trip starts while one is in flight only with this many
 /// hits ready: below it, the next one carries them (fewer, fuller calls).
 const SECOND_FLIGHT_HITS: usize = 2048;
+/// No chunk for this long: the load is gone and nothing is gained by
+/// keeping cold hits, which all go then (batching comes from load).
+const IDLE: Duration = Duration::from_millis(20);
 
 /// What the pipeline needs of one rule besides its filter and limit.
 pub struct RuleInfo {
@@ -106,6 +109,10 @@ pub struct Pipeline {
     unparsed_warn: Every,
     /// [`MAX_IN_FLIGHT`], or 1 for the benchmark's comparison.
     max_in_flight: usize,
+    /// When the input counts as idle if no chunk comes first ([`IDLE`]).
+    idle_at: Option<tokio::time::Instant>,
+    /// The input went idle: everything kept goes with the next round trip.
+    drain: bool,
 }
 
 /// A round trip in flight.
@@ -163,6 +170,8 @@ impl Pipeline {
             inflight: VecDeque::new(),
             unparsed_warn: Every::default(),
             max_in_flight: MAX_IN_FLIGHT,
+            idle_at: None,
+            drain: false,
         }
     }
 
@@ -193,6 +202,10 @@ impl Pipeline {
                 }
                 _ = sleep_until_opt(retry) => {}
                 _ = sleep_until_opt(held) => {}
+                _ = sleep_until_opt(self.idle_at) => {
+                    self.idle_at = None;
+                    self.drain = true;
+                }
                 u = self.inputs.updates.recv(), if updates_open => match u {
                     Some(u) => self.update(u),
                     None => updates_open = false,
@@ -216,6 +229,7 @@ impl Pipeline {
                 },
                 c = chunks.recv(), if accepting => match c {
                     Some(c) => {
+                        self.idle_at = Some(tokio::time::Instant::now() + IDLE);
                         self.ingest(&c);
                         while self.limiter.pending_hits() < MAX_PENDING_HITS {
                             match chunks.try_recv() {
@@ -413,7 +427,8 @@ impl Pipeline {
     /// ([`Pipeline::land`] takes the answer). Otherwise a plain flush.
     async fn launch_or_flush(&mut self, shutdown: &CancellationToken) -> bool {
         if self.limiter.flight().is_none() {
-            return self.flush(shutdown, false).await;
+            let all = std::mem::take(&mut self.drain);
+            return self.flush(shutdown, all).await;
         }
         if !self.launch() {
             self.commit();
@@ -428,9 +443,12 @@ impl Pipeline {
             return false;
         };
         let oldest_seq = self.limiter.oldest_seq().unwrap_or(u64::MAX);
-        let Some(batches) = self.ready(false) else {
+        let all = std::mem::take(&mut self.drain);
+        let Some(batches) = self.ready(all) else {
             return false;
         };
+        // Keys of a round trip still out stayed: they go with the next one.
+        self.drain = all && self.limiter.pending_hits() > 0;
         let hits: usize = batches.iter().map(|b| b.hits.len()).sum();
         let keys = batches.iter().map(|b| b.key).collect();
         self.inflight.push_back(InFlight {
