@@ -232,6 +232,8 @@ fn without_redis_the_embedded_store_bans_and_keeps_bans_across_restart() {
 /// to share one script call, an address at half its limit is judged at
 /// once, and held hits are never lost: SIGKILL leaves their lines
 /// uncommitted (read again at restart, counted once), SIGTERM sends them.
+/// (A quiet log would drain them after 20 ms: `FLEETBAN_IDLE_MS` keeps
+/// them for the test.)
 #[test]
 fn held_hits_wait_urgent_ones_do_not_and_none_is_lost_or_doubled() {
     let redis = Redis::start();
@@ -242,7 +244,8 @@ fn held_hits_wait_urgent_ones_do_not_and_none_is_lost_or_doubled() {
         "reconcile_every: 2s, hold: 60s",
     );
     let offsets = r.state.join("offsets.json");
-    let mut d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    let keep = [("FLEETBAN_IDLE_MS", "600000")];
+    let mut d = Daemon::start_with_env(Some(&ns), &r.cfg, &r.control, &keep);
     // The log is registered (read from here on after a restart) before any line.
     wait_until(Duration::from_secs(10), "offsets saved", || {
         std::fs::read_to_string(&offsets).is_ok_and(|o| o.contains("access.log"))
@@ -291,7 +294,7 @@ fn held_hits_wait_urgent_ones_do_not_and_none_is_lost_or_doubled() {
 
     // Restarted: the lines are read again; the banned client is not counted
     // again, the slow one is held again, and sent on SIGTERM.
-    let mut d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    let mut d = Daemon::start_with_env(Some(&ns), &r.cfg, &r.control, &keep);
     d.wait_lines(15);
     wait_until(Duration::from_secs(10), "the slow client held again", || {
         d.status()["redis"]["held_hits"] == 3
@@ -306,6 +309,27 @@ fn held_hits_wait_urgent_ones_do_not_and_none_is_lost_or_doubled() {
         saved.contains(&size.to_string()),
         "offset {size} saved at stop: {saved}"
     );
+}
+
+/// A cold client's hits on a log that goes quiet reach Redis although the
+/// hold is an hour: with no more chunks coming there is nothing to batch
+/// them with, and they are drained (committed, none kept).
+#[test]
+fn kept_hits_go_when_the_log_goes_quiet_whatever_the_hold() {
+    let redis = Redis::start();
+    let ns = NetNs::new("quiet");
+    let r = rig_with(Some(&redis), "{ hits: 10, window: 60s }", "hold: 1h");
+    let d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    let now = now_ms();
+    let lines: String = (0..3)
+        .map(|i| combined_line("203.0.113.30", now + i, "/page", 200))
+        .collect();
+    append(&r.log, &lines);
+    d.wait_lines(3);
+    wait_until(Duration::from_secs(10), "the 3 hits in Redis", || {
+        counted(&redis, "203.0.113.30", "scraper") == 3
+    });
+    assert_eq!(d.status()["redis"]["held_hits"], 0);
 }
 
 /// What Redis holds of `addr` under rule `rule` (whose name is no key kind):

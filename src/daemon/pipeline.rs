@@ -42,8 +42,16 @@ const MAX_IN_FLIGHT: usize = 2;
 /// hits ready: below it, the next one carries them (fewer, fuller calls).
 const SECOND_FLIGHT_HITS: usize = 2048;
 /// No chunk for this long: the load is gone and nothing is gained by
-/// keeping cold hits, which all go then (batching comes from load).
+/// keeping cold hits, which all go then (batching comes from load). The
+/// tests that need hits kept on a quiet log set `FLEETBAN_IDLE_MS` (hidden).
 const IDLE: Duration = Duration::from_millis(20);
+
+fn idle() -> Duration {
+    std::env::var("FLEETBAN_IDLE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(IDLE, Duration::from_millis)
+}
 
 /// What the pipeline needs of one rule besides its filter and limit.
 pub struct RuleInfo {
@@ -109,7 +117,9 @@ pub struct Pipeline {
     unparsed_warn: Every,
     /// [`MAX_IN_FLIGHT`], or 1 for the benchmark's comparison.
     max_in_flight: usize,
-    /// When the input counts as idle if no chunk comes first ([`IDLE`]).
+    /// How long without a chunk counts as idle ([`IDLE`]).
+    idle: Duration,
+    /// When the input counts as idle if no chunk comes first.
     idle_at: Option<tokio::time::Instant>,
     /// The input went idle: everything kept goes with the next round trip.
     drain: bool,
@@ -170,6 +180,7 @@ impl Pipeline {
             inflight: VecDeque::new(),
             unparsed_warn: Every::default(),
             max_in_flight: MAX_IN_FLIGHT,
+            idle: idle(),
             idle_at: None,
             drain: false,
         }
@@ -229,7 +240,7 @@ impl Pipeline {
                 },
                 c = chunks.recv(), if accepting => match c {
                     Some(c) => {
-                        self.idle_at = Some(tokio::time::Instant::now() + IDLE);
+                        self.idle_at = Some(tokio::time::Instant::now() + self.idle);
                         self.ingest(&c);
                         while self.limiter.pending_hits() < MAX_PENDING_HITS {
                             match chunks.try_recv() {
