@@ -85,7 +85,7 @@ pub struct RedisStatus {
     pub round_trips: u64,
     /// Hits of cold clients kept in the daemon to share a script call.
     pub held_hits: u64,
-    /// Hits of the limiter round trip in flight.
+    /// Hits of the limiter round trips in flight (or being decided).
     pub inflight_hits: u64,
     /// Batches decided by the local fallback while Redis was down.
     pub local_decisions: u64,

@@ -214,8 +214,13 @@ impl Pipeline {
                 _ = sleep_until_opt(retry) => {}
                 _ = sleep_until_opt(held) => {}
                 _ = sleep_until_opt(self.idle_at) => {
-                    self.idle_at = None;
-                    self.drain = true;
+                    // Chunks waiting (backpressure) are load, not idleness.
+                    if chunks.is_empty() {
+                        self.idle_at = None;
+                        self.drain = true;
+                    } else {
+                        self.idle_at = Some(tokio::time::Instant::now() + self.idle);
+                    }
                 }
                 u = self.inputs.updates.recv(), if updates_open => match u {
                     Some(u) => self.update(u),
@@ -426,7 +431,12 @@ impl Pipeline {
             self.commit();
             return true;
         };
-        let Some(verdicts) = self.limiter.decide(&batches, shutdown).await else {
+        // Being decided: neither kept nor in flight, but not decided yet.
+        let hits: usize = batches.iter().map(|b| b.hits.len()).sum();
+        self.stats.inflight_hits.store(hits as u64, Relaxed);
+        let decided = self.limiter.decide(&batches, shutdown).await;
+        self.publish_inflight();
+        let Some(verdicts) = decided else {
             return false;
         };
         self.apply(&batches, verdicts).await;
