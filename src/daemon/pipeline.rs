@@ -206,7 +206,6 @@ impl Pipeline {
                 _ = shutdown.cancelled() => break,
                 landed = join_front(&mut self.inflight) => {
                     self.inflight.pop_front();
-                    self.publish_inflight();
                     if !self.land(landed, &shutdown).await {
                         break;
                     }
@@ -498,7 +497,13 @@ impl Pipeline {
                 return true;
             }
         };
-        let Some((batches, verdicts)) = self.limiter.land(landed, shutdown).await else {
+        // What the answer left undecided may be decided now, at length:
+        // still counted as in flight until then.
+        let out: usize = self.inflight.iter().map(|f| f.hits).sum();
+        self.stats.inflight_hits.store((out + landed.hits()) as u64, Relaxed);
+        let decided = self.limiter.land(landed, shutdown).await;
+        self.publish_inflight();
+        let Some((batches, verdicts)) = decided else {
             return false;
         };
         self.apply(&batches, verdicts).await;
@@ -508,7 +513,6 @@ impl Pipeline {
     /// Waits for the round trips in flight, if any, and applies their answers.
     async fn land_inflight(&mut self, shutdown: &CancellationToken) -> bool {
         while let Some(f) = self.inflight.pop_front() {
-            self.publish_inflight();
             let landed = f.handle.await;
             if !self.land(landed, shutdown).await {
                 return false;

@@ -117,6 +117,13 @@ pub struct Landed {
     elapsed: Duration,
 }
 
+impl Landed {
+    /// Hits it carried.
+    pub fn hits(&self) -> usize {
+        self.batches.iter().map(|b| b.hits.len()).sum()
+    }
+}
+
 impl Flight {
     pub async fn run(mut self, batches: Vec<Batch>) -> Landed {
         let started = std::time::Instant::now();
