@@ -13,47 +13,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::model::{model, Algo, ModelHit, ModelRule};
-use common::{connect, require, run_ok, runtime, wait_until, Redis};
+use common::{connect, require, runtime, Redis};
 use fleetban::config::{Algorithm, RedisConfig, Servers};
 use fleetban::detect::Hit;
 use fleetban::limit::{Batch, RedisLimiter, RuleLimit, Verdict};
 use fleetban::store::{self, Keys};
 use ipnet::IpNet;
-
-/// Three masters joined by `redis-cli --cluster create`, state ok.
-fn cluster() -> Vec<Redis> {
-    let nodes: Vec<Redis> = (0..3)
-        .map(|_| {
-            // The bus port explicitly: the default (port + 10000) may not exist.
-            let bus = common::free_port().to_string();
-            Redis::start_tcp(&[
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-node-timeout",
-                "2000",
-                "--cluster-port",
-                &bus,
-            ])
-        })
-        .collect();
-    let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
-    run_ok(
-        Command::new(require("redis-cli"))
-            .args(["--cluster", "create"])
-            .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .stdin(Stdio::null()),
-    );
-    wait_until(Duration::from_secs(20), "cluster state ok on every node", || {
-        nodes.iter().all(|n| {
-            n.try_cli(&["CLUSTER", "INFO"])
-                .is_some_and(|i| i.contains("cluster_state:ok"))
-        })
-    });
-    nodes
-}
 
 /// One rule per algorithm (the sliding window twice, with and without its
 /// prefilter), limits low enough that bans come and go during the run.
@@ -161,7 +126,7 @@ fn check_retrying(
 
 #[test]
 fn cluster_limiter_agrees_with_model_through_a_reshard() {
-    let nodes = cluster();
+    let nodes = Redis::start_cluster();
     let rt = runtime();
     let urls: Vec<String> = nodes
         .iter()

@@ -323,35 +323,8 @@ fn a_switchover_demoting_the_master_is_followed() {
 
 #[test]
 fn the_daemon_bans_through_a_three_master_cluster() {
-    let nodes: Vec<Redis> = (0..3)
-        .map(|_| {
-            // The bus port explicitly: the default (port + 10000) may not exist.
-            let bus = common::free_port().to_string();
-            Redis::start_tcp(&[
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-node-timeout",
-                "2000",
-                "--cluster-port",
-                &bus,
-            ])
-        })
-        .collect();
+    let nodes = Redis::start_cluster();
     let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
-    run_ok(
-        Command::new(require("redis-cli"))
-            .args(["--cluster", "create"])
-            .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .stdin(Stdio::null()),
-    );
-    wait_until(Duration::from_secs(20), "cluster state ok on every node", || {
-        nodes
-            .iter()
-            .all(|n| poll(n, &["CLUSTER", "INFO"]).contains("cluster_state:ok"))
-    });
     // Two rules: the sliding window with its prefilter tier and the fixed
     // window, whose scripts derive counter keys from KEYS[1] (same slot).
     for n in &nodes {

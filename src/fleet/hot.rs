@@ -150,39 +150,32 @@ async fn write(con: &mut Conn, keys: &Keys, host: &str, marks: &[HotKey]) -> red
         .arg(crate::now_ms())
         .ignore();
     for some in marks.chunks(PER_ENTRY) {
-        pipe.cmd("XADD")
-            .arg(keys.marks())
-            .arg("MAXLEN")
-            .arg("~")
-            .arg(MARKS_MAXLEN)
-            .arg("*")
-            .arg("op")
-            .arg("hot")
-            .arg("host")
-            .arg(host)
-            .arg("marks")
-            .arg(encode(some))
+        pipe.add_command(entry(keys, "hot", host).arg("marks").arg(encode(some)).to_owned())
             .ignore();
     }
     pipe.query_async(con).await
 }
 
-/// Announces a host registered for the first time (`op=join`): the others
-/// count it at once, not at their next reconcile.
-pub async fn announce_join(con: &mut Conn, keys: &Keys, host: &str) -> redis::RedisResult<()> {
-    redis::cmd("XADD")
-        .arg(keys.marks())
+/// An XADD to `{fleetban}:marks` of an `op` entry from `host`, more fields
+/// to follow.
+fn entry(keys: &Keys, op: &str, host: &str) -> redis::Cmd {
+    let mut c = redis::cmd("XADD");
+    c.arg(keys.marks())
         .arg("MAXLEN")
         .arg("~")
         .arg(MARKS_MAXLEN)
         .arg("*")
         .arg("op")
-        .arg("join")
+        .arg(op)
         .arg("host")
-        .arg(host)
-        .query_async::<String>(con)
-        .await
-        .map(|_| ())
+        .arg(host);
+    c
+}
+
+/// Announces a host registered for the first time (`op=join`): the others
+/// count it at once, not at their next reconcile.
+pub async fn announce_join(con: &mut Conn, keys: &Keys, host: &str) -> redis::RedisResult<()> {
+    entry(keys, "join", host).query_async::<String>(con).await.map(|_| ())
 }
 
 #[cfg(test)]

@@ -64,15 +64,7 @@ impl FleetSync {
         // The marks stream's position before the hosts are counted: a host
         // that registers after the count announces itself after this id
         // (SADD, then XADD), so it is read as an arrival, never missed.
-        let marks: Vec<(String, Vec<(String, String)>)> = redis::cmd("XREVRANGE")
-            .arg(self.keys.marks())
-            .arg("+")
-            .arg("-")
-            .arg("COUNT")
-            .arg(1)
-            .query_async(&mut self.events)
-            .await?;
-        self.marks_id = marks.into_iter().next().map_or_else(|| "0-0".to_owned(), |(id, _)| id);
+        self.marks_id = self.newest_id(&self.keys.marks()).await?;
         let hosts = match self.list.register_host(&self.host).await {
             Ok((new, hosts)) => {
                 if new {
@@ -92,15 +84,7 @@ impl FleetSync {
                 0
             }
         };
-        let last: Vec<(String, Vec<(String, String)>)> = redis::cmd("XREVRANGE")
-            .arg(self.keys.events())
-            .arg("+")
-            .arg("-")
-            .arg("COUNT")
-            .arg(1)
-            .query_async(&mut self.events)
-            .await?;
-        let id = last.into_iter().next().map_or_else(|| "0-0".to_owned(), |(id, _)| id);
+        let id = self.newest_id(&self.keys.events()).await?;
         let entries = self.list.active(crate::now_ms()).await.map_err(redis_error)?;
         // Marks after `id` come as events on top, as bans do.
         let news = match hot::read_all(&mut self.events, &self.keys, crate::now_ms()).await {
@@ -115,6 +99,19 @@ impl FleetSync {
             id,
             entries.into_iter().map(|(net, until)| Element { net, until }).collect(),
         ))
+    }
+
+    /// The id of the newest entry of `stream` (`0-0` if it has none).
+    async fn newest_id(&mut self, stream: &str) -> Result<String, redis::RedisError> {
+        let last: Vec<(String, Vec<(String, String)>)> = redis::cmd("XREVRANGE")
+            .arg(stream)
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(&mut self.events)
+            .await?;
+        Ok(last.into_iter().next().map_or_else(|| "0-0".to_owned(), |(id, _)| id))
     }
 
     fn tell(&self, news: FleetNews) {

@@ -61,6 +61,42 @@ impl Redis {
 
     /// A `redis-sentinel` on 127.0.0.1 at a free port, its config file
     /// holding `conf` (the sentinel rewrites it).
+    /// Three masters joined by `redis-cli --cluster create`, state ok on
+    /// each (private servers on loopback TCP, free ports).
+    pub fn start_cluster() -> Vec<Redis> {
+        let nodes: Vec<Redis> = (0..3)
+            .map(|_| {
+                // The bus port explicitly: the default (port + 10000) may not exist.
+                let bus = super::free_port().to_string();
+                Redis::start_tcp(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                    "--cluster-port",
+                    &bus,
+                ])
+            })
+            .collect();
+        let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
+        run_ok(
+            Command::new(require("redis-cli"))
+                .args(["--cluster", "create"])
+                .args(&addrs)
+                .args(["--cluster-replicas", "0", "--cluster-yes"])
+                .stdin(Stdio::null()),
+        );
+        super::wait_until(Duration::from_secs(20), "cluster state ok on every node", || {
+            nodes.iter().all(|n| {
+                n.try_cli(&["CLUSTER", "INFO"])
+                    .is_some_and(|i| i.contains("cluster_state:ok"))
+            })
+        });
+        nodes
+    }
+
     pub fn start_sentinel(conf: &str) -> Redis {
         let dir = temp_dir();
         let file = dir.path().join("sentinel.conf");
