@@ -431,3 +431,51 @@ fn counters_count_each_line_once_across_a_sigkill() {
         "sliding window with prefilter"
     );
 }
+
+/// The embedded list's file damaged between two runs: one bad record among
+/// good ones is skipped and counted, the good ones enforced, the file set
+/// aside; a file that is no list at all lifts nothing (the kernel keeps its
+/// set), loudly, and is set aside too.
+#[test]
+fn a_damaged_embedded_ban_list_keeps_what_it_can_and_lifts_nothing_silently() {
+    let ns = NetNs::new("banjson");
+    let r = rig(None);
+    let mut d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    for a in ["203.0.113.61", "203.0.113.62"] {
+        let out = cli(&r.cfg, &["ban", a, "--for", "1h"]);
+        assert_eq!(out.code, 0, "{}", out.text());
+    }
+    wait_until(Duration::from_secs(5), "both bans in nft", || {
+        set_has(&ns, "203.0.113.61") && set_has(&ns, "203.0.113.62")
+    });
+    d.stop(Duration::from_secs(10));
+    let file = r.state.join("bans.json");
+    let aside = r.state.join("bans.json.corrupt");
+
+    // One record replaced by garbage.
+    let mut recs: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(recs.len(), 2);
+    let bad = recs.iter().position(|r| r["addr"] == "203.0.113.62").unwrap();
+    recs[bad] = serde_json::json!({"addr": "not an address", "since": "yesterday"});
+    std::fs::write(&file, serde_json::to_vec(&recs).unwrap()).unwrap();
+    let mut d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    assert_eq!(d.status()["bans_active"], 1);
+    assert!(set_has(&ns, "203.0.113.61"), "the good record enforced");
+    let log = d.log_text();
+    assert!(
+        log.contains("Ban records that do not parse") && log.contains("bad=1"),
+        "{log}"
+    );
+    assert!(aside.exists(), "the damaged file set aside");
+    let kept: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(kept.len(), 1, "the readable record written back");
+    d.stop(Duration::from_secs(10));
+
+    // Not a list at all: nothing read, nothing lifted.
+    std::fs::remove_file(&aside).unwrap();
+    std::fs::write(&file, b"\x00garbage{").unwrap();
+    let d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    assert!(d.log_text().contains("Ban list file is not a list"), "{}", d.log_text());
+    assert!(set_has(&ns, "203.0.113.61"), "the kernel's set kept");
+    assert!(aside.exists());
+}

@@ -47,6 +47,12 @@ impl BanList {
         BanList::Memory(MemoryBans::load(file))
     }
 
+    /// The embedded list's file could not be read as a list at start: the
+    /// kernel's set must not be replaced by the (empty) list.
+    pub fn lost_at_start(&self) -> bool {
+        matches!(self, BanList::Memory(m) if m.lost)
+    }
+
     /// Writes a ban (or finds the one already active) at `now_ms`.
     pub async fn ban(&mut self, req: &BanRequest, now_ms: i64) -> Result<Outcome, BanListError> {
         match self {
@@ -364,23 +370,65 @@ pub struct MemoryBans {
     /// Offence count and its expiry per address (escalation).
     offences: HashMap<IpNet, (u32, i64)>,
     file: Option<PathBuf>,
+    /// The file could not be read as a list at start.
+    lost: bool,
 }
 
 impl MemoryBans {
+    /// The list `file` holds. Records that do not parse are counted and
+    /// skipped, the others kept and written back; a file that is not a list
+    /// at all keeps none (`lost`: the kernel's set is then left as it is at
+    /// start, its elements enforced until their own timeouts). Either way
+    /// the file is set aside as `bans.json.corrupt`, loudly.
     fn load(file: Option<PathBuf>) -> MemoryBans {
-        let bans = file
-            .as_ref()
-            .and_then(|f| std::fs::read(f).ok())
-            .and_then(|b| serde_json::from_slice::<Vec<BanRecord>>(&b).ok())
-            .unwrap_or_default()
-            .into_iter()
-            .map(|r| (r.addr, r))
-            .collect();
-        MemoryBans {
-            bans,
-            offences: HashMap::new(),
+        let mut m = MemoryBans {
             file,
+            ..MemoryBans::default()
+        };
+        let Some(path) = m.file.clone() else { return m };
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return m,
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e,
+                    "Ban list file unreadable; starting with none, the kernel's set kept as it is.");
+                m.lost = true;
+                return m;
+            }
+        };
+        let (records, bad) = match serde_json::from_slice::<Vec<serde_json::Value>>(&bytes) {
+            Ok(values) => {
+                let n = values.len();
+                let good: Vec<BanRecord> = values
+                    .into_iter()
+                    .filter_map(|v| serde_json::from_value::<BanRecord>(v).ok())
+                    .collect();
+                let bad = n - good.len();
+                (good, bad)
+            }
+            Err(e) => {
+                m.lost = true;
+                tracing::warn!(file = %path.display(), error = %e,
+                    "Ban list file is not a list; no ban could be read from it, the kernel's set kept as it is.");
+                (Vec::new(), 0)
+            }
+        };
+        m.bans = records.into_iter().map(|r| (r.addr, r)).collect();
+        if bad > 0 || m.lost {
+            let aside = path.with_extension("json.corrupt");
+            if bad > 0 {
+                tracing::warn!(file = %path.display(), bad, kept = m.bans.len(), aside = %aside.display(),
+                    "Ban records that do not parse; skipped, the others kept, the file set aside.");
+            }
+            if let Err(e) = std::fs::rename(&path, &aside) {
+                tracing::warn!(error = %e, aside = %aside.display(), "Setting the ban list file aside failed.");
+            } else if bad > 0 {
+                if let Err(e) = m.save() {
+                    tracing::warn!(error = %e, "Writing back the readable bans failed.");
+                }
+            }
         }
+        m
     }
 
     fn save(&self) -> std::io::Result<()> {

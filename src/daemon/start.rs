@@ -38,20 +38,22 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
     let rules = RuleLimit::of(&config.rules);
     let Some(r) = &config.redis else {
         let mut list = BanList::memory(Some(config.state_dir.join("bans.json")));
-        let initial = list
-            .active(crate::now_ms())
-            .await
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(net, until)| Element { net, until })
-            .collect();
+        // A file that is no list lifts nothing: the kernel keeps its set.
+        let initial = (!list.lost_at_start()).then_some(
+            list.active(crate::now_ms())
+                .await
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(net, until)| Element { net, until })
+                .collect(),
+        );
         return Store {
             limiter: Limiter::memory(rules),
             bans: Bans::new(list, &config.host_id, to_enforcer).with_valve(config.max_bans_per_minute),
             health: None,
             fleet: None,
             hot: None,
-            initial: Some(initial),
+            initial,
         };
     };
     let (con, events) = connect_until_up(r).await;
