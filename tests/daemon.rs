@@ -479,3 +479,28 @@ fn a_damaged_embedded_ban_list_keeps_what_it_can_and_lifts_nothing_silently() {
     assert!(set_has(&ns, "203.0.113.61"), "the kernel's set kept");
     assert!(aside.exists());
 }
+
+/// The control socket refuses what `fleetban ban` refuses (one check for
+/// every way in): a ban covering loopback (`0.0.0.0/0`) or the allow list
+/// never reaches the list, from a client that skips the CLI.
+#[test]
+fn the_control_socket_refuses_bans_of_allowed_networks_as_the_cli_does() {
+    let ns = NetNs::new("ctlban");
+    let r = rig(None);
+    let d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    let client = fleetban::control::Client::new(&r.control);
+    for net in ["0.0.0.0/0", "::/0", "192.0.2.5/32", "127.0.0.0/8"] {
+        let e = client
+            .ban(net.parse().unwrap(), Some(3_600_000), false, "")
+            .expect_err(net);
+        assert!(e.to_string().contains("allow list"), "{net}: {e}");
+    }
+    assert_eq!(d.status()["bans_active"], 0);
+    assert!(client.bans().unwrap().is_empty());
+    client
+        .ban("203.0.113.70/32".parse().unwrap(), Some(3_600_000), false, "")
+        .unwrap();
+    wait_until(Duration::from_secs(5), "the allowed ban", || {
+        set_has(&ns, "203.0.113.70")
+    });
+}

@@ -12,12 +12,14 @@ mod apply;
 mod cache;
 pub mod list;
 mod queue;
+mod refuse;
 mod valve;
 
 pub use apply::{Applied, BanCounters, Bans};
 pub use cache::BanCache;
 pub use list::{BanList, BanListError};
 pub use queue::{with_held, Held, QUEUE_CAP};
+pub use refuse::Unbannable;
 pub use valve::SafetyValve;
 
 use ipnet::IpNet;

@@ -9,10 +9,10 @@ use anyhow::Context;
 use ipnet::IpNet;
 
 use fleetban::addr::AddrText;
+use fleetban::bans::Unbannable;
 use fleetban::bans::{Applied, BanList, BanRecord, BanRequest, Bans, Mode, MANUAL_MIN_MS};
 use fleetban::config::{Config, Dur, RedisConfig};
 use fleetban::control::Client;
-use fleetban::detect::AllowList;
 use fleetban::enforce::Changes;
 
 use super::{failed, load, runtime, Failure, Outcome};
@@ -82,18 +82,8 @@ pub fn bans(path: &Path, json: bool) -> Outcome {
 pub fn ban(path: &Path, args: &BanArgs) -> Outcome {
     let config = load(path)?;
     let net = target(&args.target)?;
-    if let Some(proxy) = config.proxies.iter().find(|p| p.contains(&net) || net.contains(*p)) {
-        return Err(Failure::Usage(format!(
-            "{} overlaps the trusted proxy network {proxy} (`proxies:`): never banned, since every client \
-             behind it would be cut off",
-            AddrText(&net)
-        )));
-    }
-    if AllowList::fleet(&config.allow).overlaps(&net) {
-        return Err(Failure::Usage(format!(
-            "{} overlaps the allow list (loopback or `allow:`): not banned",
-            AddrText(&net)
-        )));
+    if let Some(why) = Unbannable::of(&config).refusal(&net) {
+        return Err(Failure::Usage(why));
     }
     let for_ms = match (&args.duration, args.permanent) {
         (Some(d), false) => match d.parse::<Dur>() {

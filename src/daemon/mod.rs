@@ -285,6 +285,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     };
     let rules = reload::rule_infos(&config, &stats);
     let mut pipeline = Pipeline::new(rules, scanner, limiter, bans, inputs, offsets.clone(), stats.clone());
+    pipeline.set_unbannable(crate::bans::Unbannable::of(&config));
     if opts.bench_one_flight {
         pipeline.set_max_in_flight(1);
     }

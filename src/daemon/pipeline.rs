@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use super::ratelog::Every;
 use super::sleep_until_opt;
 use super::stats::{RuleCounters, Stats};
-use crate::bans::{Applied, BanRequest, Bans, Mode};
+use crate::bans::{Applied, BanRequest, Bans, Mode, Unbannable};
 use crate::config::BanPolicy;
 use crate::control::{Request, Response};
 use crate::detect::{self, Hit, Plan, Scanner, Sink};
@@ -69,6 +69,8 @@ pub struct Reload {
     pub rules: Vec<RuleInfo>,
     pub plan: Plan,
     pub limits: Vec<RuleLimit>,
+    /// What the new configuration lets no one ban.
+    pub unbannable: Unbannable,
     pub done: oneshot::Sender<()>,
 }
 
@@ -117,6 +119,8 @@ pub struct Pipeline {
     unparsed_warn: Every,
     /// [`MAX_IN_FLIGHT`], or 1 for the benchmark's comparison.
     max_in_flight: usize,
+    /// What no ban command may cover (None: unchecked, as in unit tests).
+    unbannable: Option<Unbannable>,
     /// How long without a chunk counts as idle ([`IDLE`]).
     idle: Duration,
     /// When the input counts as idle if no chunk comes first.
@@ -180,10 +184,16 @@ impl Pipeline {
             inflight: VecDeque::new(),
             unparsed_warn: Every::default(),
             max_in_flight: MAX_IN_FLIGHT,
+            unbannable: None,
             idle: idle(),
             idle_at: None,
             drain: false,
         }
+    }
+
+    /// What no ban command may cover (`bans::Unbannable`).
+    pub fn set_unbannable(&mut self, u: Unbannable) {
+        self.unbannable = Some(u);
     }
 
     /// Round trips in flight at most (the benchmark's one-flight baseline).
@@ -316,6 +326,7 @@ impl Pipeline {
         self.rules = r.rules;
         self.scanner.set_plan(r.plan);
         self.limiter.set_rules(r.limits);
+        self.unbannable = Some(r.unbannable);
         let _ = r.done.send(());
         true
     }
@@ -339,6 +350,13 @@ impl Pipeline {
 
     /// A ban command from the control socket.
     async fn command(&mut self, c: Command) {
+        // Refused here as `fleetban ban` refuses it: one check for every way in.
+        if let Request::Ban { addr, .. } = &c.request {
+            if let Some(why) = self.unbannable.as_ref().and_then(|u| u.refusal(addr)) {
+                let _ = c.reply.send(Response::error(why));
+                return;
+            }
+        }
         let now = crate::now_ms();
         let answer = match c.request {
             Request::Bans => match self.bans.records(now).await {

@@ -143,6 +143,7 @@ pub async fn reload(
         rules: rule_infos(&new, stats),
         plan,
         limits: RuleLimit::of(&new.rules),
+        unbannable: crate::bans::Unbannable::of(&new),
         done: done_tx,
     };
     if reload_tx.send(msg).is_err() || done_rx.await.is_err() {
