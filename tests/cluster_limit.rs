@@ -12,9 +12,9 @@ use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::model::{model, Algo, ModelHit, ModelRule};
-use common::{connect, require, runtime, Redis};
-use fleetban::config::{Algorithm, RedisConfig, Servers};
+use common::model::{model, rule_limits, Algo, ModelHit, ModelRule};
+use common::{connect, require, runtime, Redis, Rng};
+use fleetban::config::{RedisConfig, Servers};
 use fleetban::detect::Hit;
 use fleetban::limit::{Batch, RedisLimiter, RuleLimit, Verdict};
 use fleetban::store::{self, Keys};
@@ -58,35 +58,8 @@ fn rules() -> (Vec<ModelRule>, Vec<RuleLimit>) {
             algo: Algo::Counter,
         },
     ];
-    let limits = model
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            let name = format!("r{i}");
-            match r.algo {
-                Algo::Sliding { prefilter } => RuleLimit {
-                    prefilter: prefilter as u32,
-                    ..RuleLimit::new(&name, Algorithm::SlidingWindow, r.limit as u32, r.window)
-                },
-                Algo::Fixed => RuleLimit::new(&name, Algorithm::FixedWindow, r.limit as u32, r.window),
-                Algo::Bucket { interval_us } => RuleLimit::bucket(&name, r.limit as u32, interval_us),
-                Algo::Counter => RuleLimit::new(&name, Algorithm::SlidingCounter, r.limit as u32, r.window),
-            }
-        })
-        .collect();
+    let limits = rule_limits(&model);
     (model, limits)
-}
-
-/// A small deterministic generator (xorshift), so a failure replays.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
 }
 
 /// Address `a`: IPv4 for three in four, an IPv6 /64 for the rest.

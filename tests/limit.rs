@@ -9,7 +9,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::model::{model, Algo, ModelHit, ModelRule};
+use common::model::{model, rule_limits, Algo, ModelHit, ModelRule};
 use common::{connect, now_ms, runtime, Redis};
 use fleetban::config::Algorithm;
 use fleetban::detect::Hit;
@@ -18,25 +18,6 @@ use fleetban::limit::{MemoryLimiter, RedisLimiter, RuleLimit, Verdict};
 use fleetban::store::{self, Keys};
 use ipnet::IpNet;
 use proptest::prelude::*;
-
-fn rule_limits(rules: &[ModelRule]) -> Vec<RuleLimit> {
-    rules
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            let name = format!("r{i}");
-            match r.algo {
-                Algo::Sliding { prefilter } => RuleLimit {
-                    prefilter: prefilter as u32,
-                    ..RuleLimit::new(&name, Algorithm::SlidingWindow, r.limit as u32, r.window)
-                },
-                Algo::Fixed => RuleLimit::new(&name, Algorithm::FixedWindow, r.limit as u32, r.window),
-                Algo::Bucket { interval_us } => RuleLimit::bucket(&name, r.limit as u32, interval_us),
-                Algo::Counter => RuleLimit::new(&name, Algorithm::SlidingCounter, r.limit as u32, r.window),
-            }
-        })
-        .collect()
-}
 
 fn check(rt: &tokio::runtime::Runtime, lim: &mut RedisLimiter, batches: &[Batch]) -> Vec<Verdict> {
     let mut out = Vec::new();

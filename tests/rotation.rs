@@ -42,7 +42,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{
-    combined_line, http_get, now_ms, require, run_ok, wait_until, web_and_client, ConfigDir, Daemon, Redis, Rule,
+    combined_line, http_get, now_ms, require, run_ok, wait_until, web_and_client, ConfigDir, Daemon, Redis, Rng, Rule,
 };
 
 const LINES: u64 = 1_000_000;
@@ -345,17 +345,6 @@ fn warm_up(rig: &Rig, redis: &Redis) {
         }
     }
     panic!("the daemon never counted a warm-up line");
-}
-
-/// A tiny deterministic generator for the kill moments.
-struct Rng(u64);
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
 }
 
 fn torture(kills: usize) {

@@ -189,3 +189,15 @@ pub(crate) fn read_lossy(p: &Path) -> String {
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .unwrap_or_else(|e| format!("<cannot read {}: {e}>", p.display()))
 }
+
+/// A small deterministic generator (xorshift), so a failure replays.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}

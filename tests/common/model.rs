@@ -10,6 +10,9 @@
 
 use std::collections::HashMap;
 
+use fleetban::config::Algorithm;
+use fleetban::limit::RuleLimit;
+
 #[derive(Clone, Debug)]
 pub struct ModelHit {
     pub rule: usize,
@@ -178,4 +181,25 @@ pub fn model(hits: &[ModelHit], rules: &[ModelRule]) -> Vec<ModelBan> {
         }
     }
     out
+}
+
+/// The limiter rules of `rules`, named `r0`, `r1`, ... (the differential
+/// tests run the real limiters under these).
+pub fn rule_limits(rules: &[ModelRule]) -> Vec<RuleLimit> {
+    rules
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let name = format!("r{i}");
+            match r.algo {
+                Algo::Sliding { prefilter } => RuleLimit {
+                    prefilter: prefilter as u32,
+                    ..RuleLimit::new(&name, Algorithm::SlidingWindow, r.limit as u32, r.window)
+                },
+                Algo::Fixed => RuleLimit::new(&name, Algorithm::FixedWindow, r.limit as u32, r.window),
+                Algo::Bucket { interval_us } => RuleLimit::bucket(&name, r.limit as u32, interval_us),
+                Algo::Counter => RuleLimit::new(&name, Algorithm::SlidingCounter, r.limit as u32, r.window),
+            }
+        })
+        .collect()
 }
