@@ -48,7 +48,9 @@ local function one(key, first, last)
     local member = ARGV[a + 1]
     if member ~= mark then
       local n = math.floor(now / window)
-      if cur == nil then
+      -- A hit two windows or more before the counter's: the clock went
+      -- back; the counter starts afresh.
+      if cur == nil or n < cur - 1 then
         cur, c, p = n, 0, 0
       elseif n > cur then
         if n == cur + 1 then p = c else p = 0 end

@@ -16,6 +16,11 @@
 -- Returns {i1, n1, i2, n2, ...}, per group: i = 1-based index of the first
 -- hit over the limit (0: none), n = the count it was judged on (over) or the
 -- members in the ZSET (under).
+-- A hit is judged on the members dated at or before it: those dated after
+-- it (a log whose clock went back, lines out of order) are not counted
+-- against it, and those dated more than a window after it leave the window
+-- (the clock went back: they belong to another timeline; DESIGN §2, "Time
+-- out of order").
 -- Hits after the first one over the limit are not counted: the address is
 -- being banned. A member already present is a line read again after a
 -- crash: it is neither counted again nor judged again.
@@ -61,6 +66,7 @@ local function all_fit(key, first, last)
   -- per-hit steps would then count a repeated member again).
   if tn - t1 >= window then return nil end
   redis.call('ZREMRANGEBYSCORE', key, '-inf', t1 - window)
+  redis.call('ZREMRANGEBYSCORE', key, '(' .. string.format('%d', t1 + window), '+inf')
   local count = redis.call('ZCARD', key)
   if count + n > limit then return nil end
   -- A member the later hits' sweeps would remove could come back in the
@@ -85,6 +91,8 @@ local function one(key, fw, first, last)
   local fit = all_fit(key, first, last)
   if fit then return 0, fit end
   local swept = nil
+  -- The earliest hit the members more than a window after it were removed for.
+  local low = nil
   local added = false
   -- The ZSET's cardinality, kept in step with what this call removes and adds
   -- (ZREMRANGEBYSCORE and ZADD NX return how many): one ZCARD per group, and
@@ -102,22 +110,38 @@ local function one(key, fw, first, last)
     end
     if not screened then
       -- Members at or before now - window leave the window; a later hit can
-      -- only remove more, so the sweep is skipped when time has not advanced.
+      -- only remove more, so the sweep is skipped when time has not advanced
+      -- (and no member dated before the last sweep was added since).
       if swept == nil or now > swept then
         local removed = redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
         swept = now
         if count then count = count - removed end
       end
+      if low == nil or now < low then
+        local removed = redis.call('ZREMRANGEBYSCORE', key, '(' .. string.format('%d', now + window), '+inf')
+        low = now
+        if count then count = count - removed end
+      end
       if count == nil then count = redis.call('ZCARD', key) end
+      -- Full: members dated after this hit (the clock went back, lines
+      -- out of order) are not counted against it.
+      local within = count
       if count + prefilter >= limit then
+        within = count - redis.call('ZCOUNT', key, '(' .. string.format('%d', now), '+inf')
+      end
+      if within + prefilter >= limit then
         if not redis.call('ZSCORE', key, member) then
           if added then redis.call('PEXPIRE', key, window + 1000) end
           tier_save()
-          return i, count + prefilter
+          return i, within + prefilter
         end
       elseif redis.call('ZADD', key, 'NX', now, member) == 1 then
         count = count + 1
         added = true
+        -- A member dated before the last sweep, or more than a window
+        -- after the earliest hit: a later hit's sweep may have to remove it.
+        if now < swept then swept = nil end
+        if now > low + window then low = nil end
       end
     end
   end

@@ -54,7 +54,9 @@ local function one(key, first, last)
     local member = ARGV[a + 1]
     if member ~= mark then
       local t = tat
-      if t == nil or t < now then t = now end
+      -- The bucket more than twice its fill time ahead of the hit: the
+      -- clock went back; the bucket starts afresh.
+      if t == nil or t < now or t - now > 2 * burst * interval then t = now end
       if t + interval - now > burst * interval then
         result_i, result_n = i, in_use(t, now)
         break

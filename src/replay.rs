@@ -70,9 +70,18 @@ pub fn replay(
     let plan = Plan::new(rules, proxies).map_err(|e| std::io::Error::other(e.to_string()))?;
     let mut scanner = Scanner::new(detect::Mode::Replay, plan, allow.clone(), ipv6_prefix);
     let wall = crate::now_ms();
+    // Every rule takes its hits' log time: `clock: redis` has no server to
+    // ask in a replay (docs/design.md §2, "Time out of order").
+    let limits = RuleLimit::of(rules)
+        .into_iter()
+        .map(|l| RuleLimit {
+            clock: crate::config::Clock::Log,
+            ..l
+        })
+        .collect();
     let mut r = Replay {
         rules,
-        limiter: MemoryLimiter::new(RuleLimit::of(rules)),
+        limiter: MemoryLimiter::new(limits),
         bans: Bans::new(BanList::memory(None), "replay", Changes::default()),
         wall,
         peaks: (0..rules.len()).map(|_| Default::default()).collect(),
@@ -124,6 +133,8 @@ struct Replay<'a> {
     rules: &'a [Rule],
     limiter: MemoryLimiter,
     bans: Bans,
+    /// The limiter's wall clock (key expiry): the replay's start, so no key
+    /// expires during a replay.
     wall: i64,
     /// Per rule: each client's fullest window and whether it was banned.
     peaks: Vec<foldhash::HashMap<IpNet, (u32, bool)>>,

@@ -504,3 +504,59 @@ fn the_control_socket_refuses_bans_of_allowed_networks_as_the_cli_does() {
         set_has(&ns, "203.0.113.70")
     });
 }
+
+/// Time out of order in `run` (docs/design.md §2): lines dated an hour
+/// ahead are counted at the time they are read (`future`, warned), so they
+/// leave the window as it moves on: the client's next request, after the
+/// window, is not banned (it was, its three future members never leaving
+/// the window). A line dated an hour back is stale: counted, warned, in no
+/// window.
+#[test]
+fn lines_from_the_future_count_when_read_and_old_ones_are_stale() {
+    let redis = Redis::start();
+    let r = ConfigDir::new();
+    let main = r
+        .main_config()
+        .host_id("clock-host")
+        .log_firewall()
+        .redis(&redis.url(), "hold: 10ms");
+    r.write(
+        &main,
+        &[Rule::new("scraper", &r.log, "{ hits: 3, window: 5s }").ban("1h")],
+    );
+    let mut d = Daemon::start(None, &r.cfg, &r.control);
+    let (client, old, scraper) = ("203.0.113.40", "203.0.113.41", "203.0.113.42");
+    let now = now_ms();
+    let ahead: String = (0..3)
+        .map(|i| combined_line(client, now + 3_600_000 + i, "/", 200))
+        .collect();
+    append(&r.log, &ahead);
+    d.wait_lines(3);
+    wait_until(Duration::from_secs(10), "the three lines in the window", || {
+        counted(&redis, client, "scraper") == 3
+    });
+    // The window (5 s) has passed for lines counted when read.
+    std::thread::sleep(Duration::from_millis(6_000));
+    let now = now_ms();
+    let mut later = combined_line(client, now, "/", 200) + &combined_line(old, now - 3_600_000, "/", 200);
+    // A scraper after them: once it is banned, the lines before it were judged.
+    later += &(0..4)
+        .map(|i| combined_line(scraper, now + i, "/", 200))
+        .collect::<String>();
+    append(&r.log, &later);
+    wait_until(Duration::from_secs(10), "the scraper banned", || {
+        cli(&r.cfg, &["bans"]).stdout.contains(scraper)
+    });
+    let bans = cli(&r.cfg, &["bans"]).stdout;
+    assert!(!bans.contains(client), "{bans}");
+    let status = d.status();
+    assert_eq!(status["future"], 3, "{status}");
+    assert_eq!(status["stale"], 1, "{status}");
+    let log = d.log_text();
+    assert!(
+        log.contains("Lines dated more than 5 s after this host's clock"),
+        "{log}"
+    );
+    assert!(log.contains("Hits older than their rule's window when read"), "{log}");
+    d.stop(Duration::from_secs(10));
+}

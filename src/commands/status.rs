@@ -22,7 +22,7 @@ fn render(s: &Status) -> String {
     let opt = |v: Option<i64>| v.map_or("null".to_owned(), |v| v.to_string());
     let mut out = String::new();
     out += &format!(
-        "redis: {}   bans active: {}   lag: {} ms   lines: {}   unparsed: {}   stale: {}\n",
+        "redis: {}   bans active: {}   lag: {} ms   lines: {}   unparsed: {}   stale: {}   future: {}\n",
         if s.redis.connected {
             "connected"
         } else {
@@ -32,7 +32,8 @@ fn render(s: &Status) -> String {
         s.lag_ms,
         s.lines,
         s.unparsed,
-        s.stale
+        s.stale,
+        s.future
     );
     out += &format!(
         "safety valve: {} ({} refused, limit {}/min)   reloads: {} ({} refused)\n",

@@ -12,6 +12,10 @@ pub struct Status {
     pub skipped_long: u64,
     /// Hits older than their window at arrival: not counted.
     pub stale: u64,
+    /// Hits dated more than a few seconds after the wall clock: counted at
+    /// the wall clock. Absent from an older daemon's status.
+    #[serde(default)]
+    pub future: u64,
     pub bans: u64,
     pub safety_refused: u64,
     pub safety: SafetyStatus,

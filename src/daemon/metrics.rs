@@ -7,7 +7,7 @@
 //! `fleetban_bans_total{rule}`, `fleetban_redis_errors_total`,
 //! `fleetban_redis_roundtrip_seconds`, `fleetban_nft_apply_seconds`,
 //! `fleetban_sync_lag_seconds` (wall clock minus the log time of the last hit
-//! read), plus `fleetban_unparsed_total`, `fleetban_stale_total`,
+//! read), plus `fleetban_unparsed_total`, `fleetban_stale_total`, `fleetban_future_total`,
 //! `fleetban_safety_refused_total`, `fleetban_bans_active`,
 //! `fleetban_redis_connected`; with `http:`, `fleetban_http_checks_total`,
 //! `fleetban_http_denials_total`, `fleetban_http_malformed_total` and
@@ -59,6 +59,12 @@ impl prometheus_client::collector::Collector for StatsCollector {
             "fleetban_stale",
             "Hits older than their window at arrival.",
             s.stale.load(Relaxed),
+        )?;
+        counter(
+            &mut e,
+            "fleetban_future",
+            "Hits dated more than 5 s after the wall clock, counted at the wall clock.",
+            s.future.load(Relaxed),
         )?;
         counter(
             &mut e,

@@ -117,6 +117,8 @@ pub struct Pipeline {
     inflight: VecDeque<InFlight>,
     /// At most one warning a minute about unparsed lines.
     unparsed_warn: Every,
+    stale_warn: Every,
+    future_warn: Every,
     /// [`MAX_IN_FLIGHT`], or 1 for the benchmark's comparison.
     max_in_flight: usize,
     /// What no ban command may cover (None: unchecked, as in unit tests).
@@ -183,6 +185,8 @@ impl Pipeline {
             seq: 0,
             inflight: VecDeque::new(),
             unparsed_warn: Every::default(),
+            stale_warn: Every::default(),
+            future_warn: Every::default(),
             max_in_flight: MAX_IN_FLIGHT,
             unbannable: None,
             idle: idle(),
@@ -425,6 +429,19 @@ impl Pipeline {
             }
         }
         self.stats.stale.fetch_add(seen.stale, Relaxed);
+        self.stats.future.fetch_add(seen.future, Relaxed);
+        if seen.stale > 0 {
+            if let Some(n) = self.stale_warn.note(seen.stale, Duration::from_secs(60)) {
+                tracing::warn!(path = %chunk.path.display(), stale = n,
+                    "Hits older than their rule's window when read: not counted (a log read late, or its clock behind; at most one warning a minute).");
+            }
+        }
+        if seen.future > 0 {
+            if let Some(n) = self.future_warn.note(seen.future, Duration::from_secs(60)) {
+                tracing::warn!(path = %chunk.path.display(), future = n,
+                    "Lines dated more than 5 s after this host's clock: counted at the time they were read (at most one warning a minute).");
+            }
+        }
         self.stats.skipped_long.fetch_add(chunk.skipped_long, Relaxed);
         if let Some(t) = seen.last_time {
             self.stats.lag_ms.store((wall - t).max(0), Relaxed);

@@ -53,6 +53,9 @@ pub struct Stats {
     pub skipped_long: AtomicU64,
     /// Hits older than the window at arrival (docs/design.md §2): not counted.
     pub stale: AtomicU64,
+    /// Hits dated more than a few seconds after the wall clock, counted at
+    /// the wall clock (docs/design.md §2).
+    pub future: AtomicU64,
     /// Hits waiting in the daemon to share a script call (`redis.hold`).
     pub held_hits: AtomicU64,
     /// Hits of the limiter round trip in flight.
@@ -100,6 +103,7 @@ impl Stats {
             unparsed: AtomicU64::new(0),
             skipped_long: AtomicU64::new(0),
             stale: AtomicU64::new(0),
+            future: AtomicU64::new(0),
             held_hits: AtomicU64::new(0),
             inflight_hits: AtomicU64::new(0),
             lag_ms: AtomicI64::new(0),
@@ -240,6 +244,7 @@ impl Stats {
             unparsed: self.unparsed.load(Relaxed),
             skipped_long: self.skipped_long.load(Relaxed),
             stale: self.stale.load(Relaxed),
+            future: self.future.load(Relaxed),
             bans: self.bans.bans.load(Relaxed),
             safety_refused: refused,
             safety: SafetyStatus {

@@ -22,11 +22,20 @@ pub enum Mode {
     /// `fleetban run`: a file is read by the rules that name it; each rule
     /// takes its time from its `clock`; a hit older than its rule's window
     /// at arrival cannot end any current window: counted as stale, skipped.
+    /// A line dated more than [`FUTURE_SKEW_MS`] after the wall clock was
+    /// written at the latest when it was read: counted at the wall clock,
+    /// and as `future`.
     Live,
     /// `fleetban test`: every file is read by every rule, with log time
     /// (wall time for a line without one), and nothing is stale.
     Replay,
 }
+
+/// How far a line's time may be ahead of the wall clock in [`Mode::Live`]
+/// before it is taken for a wrong clock (docs/design.md §2, "Time out of
+/// order"): nginx writes `$time_local` in whole seconds, at the latest when
+/// the line is read.
+pub const FUTURE_SKEW_MS: i64 = 5_000;
 
 /// Where hits go.
 pub trait Sink {
@@ -45,6 +54,9 @@ pub struct Scanned {
     pub unparsed: u64,
     /// Hits older than their window at arrival ([`Mode::Live`]).
     pub stale: u64,
+    /// Hits dated more than [`FUTURE_SKEW_MS`] after the wall clock,
+    /// counted at the wall clock ([`Mode::Live`]).
+    pub future: u64,
     /// The time of the last request a rule accepted.
     pub last_time: Option<i64>,
 }
@@ -144,7 +156,12 @@ impl Scanner {
                     }
                     let (window_ms, clock) = plan.times[ri];
                     let time = match (req.time_ms, mode, clock) {
-                        (Some(t), Mode::Replay, _) | (Some(t), Mode::Live, Clock::Log) => t,
+                        (Some(t), Mode::Replay, _) => t,
+                        (Some(t), Mode::Live, Clock::Log) if t > wall + FUTURE_SKEW_MS => {
+                            out.future += 1;
+                            wall
+                        }
+                        (Some(t), Mode::Live, Clock::Log) => t,
                         _ => wall,
                     };
                     out.last_time = Some(time);

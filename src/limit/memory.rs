@@ -255,6 +255,7 @@ impl MemoryLimiter {
             return Verdict::Under { count: 0 }; // made a window just above
         };
         let mut swept: Option<i64> = None;
+        let mut low: Option<i64> = None;
         let mut added = false;
         let mut over = None;
         for (i, hit) in hits.iter().enumerate() {
@@ -275,11 +276,21 @@ impl MemoryLimiter {
                 members.retain(|&(score, _)| score > cutoff);
                 swept = Some(now);
             }
+            if low.is_none_or(|l| now < l) {
+                // More than a window after the hit: the clock went back.
+                let ahead = now + window_ms;
+                members.retain(|&(score, _)| score <= ahead);
+                low = Some(now);
+            }
             let member = super::zset_member(hit.member, rule.hits);
             if members.iter().any(|&(_, m)| m == member) {
                 continue;
             }
-            let count = members.len() + pre as usize;
+            let mut count = members.len() + pre as usize;
+            if count >= limit {
+                // Members dated after the hit are not counted against it.
+                count -= members.iter().filter(|&&(score, _)| score > now).count();
+            }
             if count >= limit {
                 over = Some(Verdict::Over {
                     index: i,
@@ -289,6 +300,14 @@ impl MemoryLimiter {
             }
             members.push((now, member));
             added = true;
+            // Dated before the last sweep, or more than a window after the
+            // earliest hit: a later hit's sweep may have to remove it.
+            if swept.is_some_and(|s| now < s) {
+                swept = None;
+            }
+            if low.is_some_and(|l| now > l + window_ms) {
+                low = None;
+            }
         }
         let count = members.len() as u32;
         if added {
@@ -320,7 +339,10 @@ impl MemoryLimiter {
                 continue;
             }
             let now = now_of(h) * 1000;
-            let t = tat.map_or(now, |t| t.max(now));
+            // More than twice the fill time ahead: the clock went back.
+            let t = tat
+                .filter(|&t| t - now <= 2 * burst * interval)
+                .map_or(now, |t| t.max(now));
             if t + interval - now > burst * interval {
                 result = Some(Verdict::Over {
                     index: i,
@@ -366,7 +388,8 @@ impl MemoryLimiter {
             }
             let now = now_of(h);
             let n = now.div_euclid(window);
-            let k = match cur {
+            let k = match cur.filter(|&k| n >= k - 1) {
+                // None, or two windows or more after the hit: the clock went back.
                 None => {
                     (c, p) = (0, 0);
                     n

@@ -1,7 +1,13 @@
 //! The brute-force model of DESIGN §2, written as plainly as the text: each
 //! hit in log order; a client banned at the hit's time is not counted;
 //! members at or before now - window leave; a member seen before is not
-//! counted twice; a window already holding `limit` members bans. A fixed
+//! counted twice; a window already holding `limit` members dated at or
+//! before the hit bans (members dated after it, the log's clock having
+//! gone back, are not counted against it) and those dated more than a
+//! window after it leave (another timeline). A token bucket whose
+//! theoretical arrival time is more than twice its fill time (burst x
+//! interval) ahead of a hit, or a sliding counter whose window is two or
+//! more after the hit's, starts afresh: the clock went back. A fixed
 //! window (and the prefilter's) counts a line once: not again at or before
 //! the last offset it counted from the line's origin.
 //! No batching, no expiry, no optimisation: the reference the real
@@ -112,11 +118,11 @@ pub fn model(hits: &[ModelHit], rules: &[ModelRule]) -> Vec<ModelBan> {
                     }
                 }
                 let w = windows.entry((h.rule, h.key.clone())).or_default();
-                w.retain(|&(score, _)| score > h.time - r.window);
+                w.retain(|&(score, _)| score > h.time - r.window && score <= h.time + r.window);
                 if w.iter().any(|&(_, m)| m == h.member) {
                     continue;
                 }
-                if w.len() + prefilter >= r.limit {
+                if w.iter().filter(|&&(score, _)| score <= h.time).count() + prefilter >= r.limit {
                     true
                 } else {
                     w.push((h.time, h.member));
@@ -139,7 +145,12 @@ pub fn model(hits: &[ModelHit], rules: &[ModelRule]) -> Vec<ModelBan> {
                     continue;
                 }
                 let now = h.time * 1000;
-                let t = o.tat.unwrap_or(now).max(now);
+                let fill = r.limit as i64 * interval_us;
+                let t = match o.tat {
+                    // More than the fill time behind the bucket: the clock went back.
+                    Some(t) if t - now > 2 * fill => now,
+                    tat => tat.unwrap_or(now).max(now),
+                };
                 if t + interval_us - now > r.limit as i64 * interval_us {
                     true
                 } else {
@@ -151,6 +162,11 @@ pub fn model(hits: &[ModelHit], rules: &[ModelRule]) -> Vec<ModelBan> {
             Algo::Counter => {
                 if o.mark == Some(h.member) {
                     continue;
+                }
+                // Two windows or more behind the counter: the clock went back.
+                if o.cur.is_some_and(|c| n < c - 1) {
+                    o.counted.clear();
+                    o.cur = None;
                 }
                 let cur = o.cur.unwrap_or(n).max(n);
                 o.cur = Some(cur);
