@@ -25,6 +25,23 @@ pub enum BanListError {
     Down,
 }
 
+impl BanListError {
+    /// Redis could not be used (`store::is_outage`), as opposed to Redis,
+    /// the reply or the embedded file failing this one call.
+    pub fn is_outage(&self) -> bool {
+        match self {
+            BanListError::Redis(e) => crate::store::is_outage(e),
+            BanListError::Down => true,
+            BanListError::Reply(_) | BanListError::Io(_) => false,
+        }
+    }
+
+    /// Redis refused the write for its `maxmemory`.
+    pub fn is_oom(&self) -> bool {
+        matches!(self, BanListError::Redis(e) if crate::store::is_oom(e))
+    }
+}
+
 pub enum BanList {
     Redis { con: crate::store::Conn, keys: Keys },
     Memory(MemoryBans),
