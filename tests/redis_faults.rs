@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{append, combined_line, now_ms, wait_until, ConfigDir, Daemon, Redis, Rule};
+use common::{append, cli, combined_line, nft_bans, now_ms, wait_until, ConfigDir, Daemon, NetNs, Redis, Rule};
 
 /// A daemon with the log firewall (no nft needed) on `redis`: rule
 /// `scraper`, at most 3 GETs a minute, bans of 1h; `redis_options` added.
@@ -144,4 +144,107 @@ fn redis_out_of_memory_is_reported_as_such_retried_with_backoff_and_recovered() 
         .count();
     assert_eq!(listed, addrs.len(), "queued bans not written:\n{}", d.log_text());
     assert!(d.log_text().contains("takes bans again"), "{}", d.log_text());
+}
+
+/// One of two hosts sharing `redis`, in its own namespace (its own nft
+/// table), reconciling every second.
+fn host(redis: &Redis, id: &str) -> (ConfigDir, NetNs, Daemon) {
+    let r = ConfigDir::new();
+    let main = r.main_config().host_id(id).redis(&redis.url(), "reconcile_every: 1s");
+    r.write(
+        &main,
+        &[Rule::new("scraper", &r.log, "{ hits: 3, window: 60s }").ban("1h")],
+    );
+    let ns = NetNs::new(&id.replace('-', ""));
+    let d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    (r, ns, d)
+}
+
+fn in_set(ns: &NetNs, elem: &str) -> bool {
+    nft_bans(ns, "fleetban", "v4").iter().any(|(e, _)| e == elem)
+}
+
+/// Redis coming back empty (FLUSHALL; a restart without persistence) is a
+/// lost list, not a fleet of unbans: the hosts write back the bans they
+/// enforce, with their ends and records, and say so; an unban after that
+/// still lifts a ban everywhere, and stays lifted.
+#[test]
+fn a_ban_list_redis_lost_is_written_back_and_a_real_unban_still_works() {
+    let mut redis = Redis::start();
+    let (ra, nsa, a) = host(&redis, "host-a");
+    let (rb, nsb, b) = host(&redis, "host-b");
+    // An operator's ban through host A's config, and a rule's ban on host B.
+    let out = cli(
+        &ra.cfg,
+        &["ban", "198.51.100.7", "--for", "2h", "--reason", "abuse report"],
+    );
+    assert_eq!(out.code, 0, "{}", out.text());
+    scrape(&rb, &["203.0.113.50".into()]);
+    let banned = ["198.51.100.7", "203.0.113.50"];
+    wait_until(Duration::from_secs(10), "both bans on both hosts", || {
+        banned.iter().all(|e| in_set(&nsa, e) && in_set(&nsb, e))
+    });
+    let ends: Vec<String> = banned
+        .iter()
+        .map(|e| redis.cli(&["ZSCORE", "{fleetban}:bans", e]))
+        .collect();
+    let recs: Vec<String> = banned
+        .iter()
+        .map(|e| redis.cli(&["HGET", "{fleetban}:banrec", e]))
+        .collect();
+    // Each host has taken the fleet's epoch and the records (one reconcile).
+    std::thread::sleep(Duration::from_millis(1500));
+
+    let restored = |redis: &Redis, what: &str| {
+        wait_until(Duration::from_secs(15), what, || {
+            banned
+                .iter()
+                .zip(&ends)
+                .all(|(e, end)| &redis.cli(&["ZSCORE", "{fleetban}:bans", e]) == end)
+        });
+        for (e, rec) in banned.iter().zip(&recs) {
+            assert_eq!(&redis.cli(&["HGET", "{fleetban}:banrec", e]), rec, "the record of {e}");
+        }
+        // Still enforced by both, across more reconciles.
+        std::thread::sleep(Duration::from_millis(2500));
+        for e in banned {
+            assert!(
+                in_set(&nsa, e) && in_set(&nsb, e),
+                "{e} lifted after {what}:\nA:\n{}\nB:\n{}",
+                a.log_text(),
+                b.log_text()
+            );
+        }
+        assert_eq!(a.status()["bans_active"], 2);
+        assert_eq!(b.status()["bans_active"], 2);
+    };
+    let warned = || {
+        format!("{}{}", a.log_text(), b.log_text())
+            .lines()
+            .filter(|l| l.contains("WARN") && l.contains("ban list was lost"))
+            .count()
+    };
+
+    redis.cli(&["FLUSHALL"]);
+    restored(&redis, "FLUSHALL");
+    let after_flush = warned();
+    assert!(
+        (1..=2).contains(&after_flush),
+        "one warning per host at most, got {after_flush}"
+    );
+
+    redis.restart();
+    restored(&redis, "a restart without persistence");
+    assert!(warned() > after_flush, "no warning after the restart");
+
+    // A real unban is not undone: gone from the list and both sets, and stays gone.
+    let out = cli(&ra.cfg, &["unban", "198.51.100.7"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    wait_until(Duration::from_secs(10), "the unban on both hosts", || {
+        !in_set(&nsa, "198.51.100.7") && !in_set(&nsb, "198.51.100.7")
+    });
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(redis.cli(&["ZSCORE", "{fleetban}:bans", "198.51.100.7"]), "");
+    assert!(!in_set(&nsa, "198.51.100.7") && !in_set(&nsb, "198.51.100.7"));
+    assert!(in_set(&nsa, "203.0.113.50") && in_set(&nsb, "203.0.113.50"));
 }

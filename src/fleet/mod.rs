@@ -15,6 +15,9 @@
 //! way the host reconciles at once.
 
 pub mod hot;
+mod lost;
+
+pub use lost::Remembered;
 
 use std::time::Duration;
 
@@ -52,6 +55,9 @@ pub struct FleetSync {
     pub news: Option<UnboundedSender<FleetNews>>,
     /// The last id applied of `{fleetban}:marks` (set by each snapshot).
     pub marks_id: String,
+    /// The list as this host knows it, with records, and the fleet's epoch:
+    /// what it writes back when Redis lost the list (`lost.rs`).
+    pub remembered: Remembered,
 }
 
 impl FleetSync {
@@ -86,6 +92,12 @@ impl FleetSync {
         };
         let id = self.newest_id(&self.keys.events()).await?;
         let entries = self.list.active(crate::now_ms()).await.map_err(redis_error)?;
+        let entries = entries.into_iter().map(|(net, until)| Element { net, until }).collect();
+        let entries = self
+            .remembered
+            .after_snapshot(&mut self.list, &self.host, entries)
+            .await
+            .map_err(redis_error)?;
         // Marks after `id` come as events on top, as bans do.
         let news = match hot::read_all(&mut self.events, &self.keys, crate::now_ms()).await {
             Ok(hot) => FleetNews::Snapshot { hosts, hot },
@@ -95,10 +107,7 @@ impl FleetSync {
             }
         };
         self.tell(news);
-        Ok((
-            id,
-            entries.into_iter().map(|(net, until)| Element { net, until }).collect(),
-        ))
+        Ok((id, entries))
     }
 
     /// The id of the newest entry of `stream` (`0-0` if it has none).
@@ -175,6 +184,7 @@ impl FleetSync {
                         got += key.ids.len();
                         for entry in key.ids {
                             if let Some(c) = change_of(&entry) {
+                                self.remembered.observe(&c);
                                 self.changes.send(c);
                             }
                             last_id = entry.id;
