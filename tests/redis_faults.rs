@@ -248,3 +248,70 @@ fn a_ban_list_redis_lost_is_written_back_and_a_real_unban_still_works() {
     assert!(!in_set(&nsa, "198.51.100.7") && !in_set(&nsb, "198.51.100.7"));
     assert!(in_set(&nsa, "203.0.113.50") && in_set(&nsb, "203.0.113.50"));
 }
+
+/// An outage's messages: the fleet sync's failures once (not every 2 s), a
+/// ban decided here while Redis is down logged as "Banned." like any
+/// other, without an error of ban.lua; written to the list when Redis is back.
+#[test]
+fn an_outage_is_warned_once_and_a_local_ban_logs_banned() {
+    let mut redis = Redis::start();
+    let r = rig(&redis, "reconcile_every: 1s");
+    let d = Daemon::start(None, &r.cfg, &r.control);
+    redis.kill();
+    let before = d.log_text().lines().count();
+    scrape(&r, &["203.0.113.60".into()]);
+    wait_until(Duration::from_secs(10), "the local ban queued", || {
+        d.status()["redis"]["queued_bans"] == 1
+    });
+    std::thread::sleep(Duration::from_secs(8));
+    let log = d.log_text();
+    let during: Vec<&str> = log.lines().skip(before).collect();
+    let count = |what: &str| during.iter().filter(|l| l.contains(what)).count();
+    assert!(count("Reconcile with the ban list failed") <= 1, "{log}");
+    assert!(count("Following ban events failed") <= 1, "{log}");
+    assert!(count("WARN") <= 4, "{} warnings in 8 s:\n{log}", count("WARN"));
+    let banned: Vec<&&str> = during
+        .iter()
+        .filter(|l| l.contains("Banned.") && l.contains("203.0.113.60"))
+        .collect();
+    assert_eq!(banned.len(), 1, "{log}");
+    assert!(
+        banned[0].contains("locally") && banned[0].contains("rule=scraper"),
+        "{}",
+        banned[0]
+    );
+    assert!(!log.contains("unexpected reply"), "{log}");
+
+    redis.restart();
+    wait_until(Duration::from_secs(15), "the queued ban written", || {
+        !redis.cli(&["ZSCORE", "{fleetban}:bans", "203.0.113.60"]).is_empty()
+    });
+}
+
+/// A megabyte of garbage as a list member and as an event's address is
+/// skipped with a warning that shows its first 64 bytes and its size, not
+/// the whole of it.
+#[test]
+fn a_poisoned_member_is_echoed_capped() {
+    let redis = Redis::start();
+    let r = rig(&redis, "reconcile_every: 1s");
+    let d = Daemon::start(None, &r.cfg, &r.control);
+    let big = vec![b'x'; 1 << 20];
+    redis.cli_last_from_stdin(&["ZADD", "{fleetban}:bans", "+inf"], &big);
+    redis.cli_last_from_stdin(
+        &["XADD", "{fleetban}:events", "*", "op", "ban", "until", "inf", "addr"],
+        &big,
+    );
+    wait_until(Duration::from_secs(10), "both warnings", || {
+        let log = d.log_text();
+        log.contains("Ban list entry is not an address")
+            && log.contains("Ban event for something that is not an address")
+    });
+    let log = d.log_text();
+    let longest = log.lines().map(str::len).max().unwrap_or(0);
+    assert!(longest < 1000, "a line of {longest} bytes");
+    assert!(
+        log.contains(&format!("{}… ({} bytes)", "x".repeat(64), 1 << 20)),
+        "no capped echo"
+    );
+}

@@ -423,7 +423,12 @@ fn validate(reply: &redis::Value) -> Vec<(IpNet, Until)> {
         _ => {
             bad += 1;
             if bad <= 3 {
-                tracing::warn!(member = ?m, "Ban list entry is not an address; skipped.");
+                let member = match m {
+                    redis::Value::BulkString(b) => String::from_utf8_lossy(b),
+                    redis::Value::SimpleString(s) => s.as_str().into(),
+                    other => format!("{other:?}").into(),
+                };
+                tracing::warn!(member = %crate::ratelog::cap(&member).escape_debug(), "Ban list entry is not an address; skipped.");
             }
         }
     };

@@ -35,6 +35,9 @@ use tokio::sync::mpsc::UnboundedSender;
 /// and reconcile deadlines).
 const BLOCK_MS: usize = 1000;
 
+/// While reading the fleet fails (an outage), one warning per this period.
+const FAILING_PERIOD: Duration = Duration::from_secs(60);
+
 pub struct FleetSync {
     /// Dedicated to blocking reads.
     pub events: crate::store::Conn,
@@ -132,6 +135,8 @@ impl FleetSync {
     pub async fn run(mut self, mut last_id: String, shutdown: CancellationToken) {
         let mut next_reconcile = tokio::time::Instant::now() + self.reconcile_every;
         let mut backoff = Duration::from_millis(100);
+        // One warning a minute while the reads fail, whichever fails.
+        let mut failing = crate::ratelog::Every::default();
         loop {
             if shutdown.is_cancelled() {
                 return;
@@ -142,6 +147,7 @@ impl FleetSync {
                         last_id = id;
                         if backoff > Duration::from_millis(100) {
                             tracing::info!("Ban list read again after an error; reconciled.");
+                            failing = crate::ratelog::Every::default();
                         }
                         backoff = Duration::from_millis(100);
                         self.changes
@@ -149,7 +155,10 @@ impl FleetSync {
                         next_reconcile = tokio::time::Instant::now() + self.reconcile_every;
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "Reconcile with the ban list failed; retrying.");
+                        if let Some(n) = failing.note(1, FAILING_PERIOD) {
+                            tracing::warn!(error = %crate::ratelog::cap(&e.to_string()), failures = n,
+                                "Reconcile with the ban list failed; retrying with backoff (one warning a minute meanwhile).");
+                        }
                         if sleep_or_stop(backoff, &shutdown).await {
                             return;
                         }
@@ -208,14 +217,20 @@ impl FleetSync {
                         }
                         Err(e) => {
                             self.tell(FleetNews::Lost);
-                            tracing::warn!(error = %e, "Checking the events stream failed; will reconcile.");
+                            if let Some(n) = failing.note(1, FAILING_PERIOD) {
+                                tracing::warn!(error = %crate::ratelog::cap(&e.to_string()), failures = n,
+                                    "Checking the events stream failed; will reconcile.");
+                            }
                             next_reconcile = tokio::time::Instant::now();
                         }
                     }
                 }
                 Err(e) => {
                     self.tell(FleetNews::Lost);
-                    tracing::warn!(error = %e, "Following ban events failed; will reconcile.");
+                    if let Some(n) = failing.note(1, FAILING_PERIOD) {
+                        tracing::warn!(error = %crate::ratelog::cap(&e.to_string()), failures = n,
+                            "Following ban events failed; will reconcile (one warning a minute while it fails).");
+                    }
                     // After any gap the whole list is read again.
                     next_reconcile = tokio::time::Instant::now();
                     if sleep_or_stop(backoff, &shutdown).await {
@@ -346,7 +361,7 @@ fn change_of(entry: &redis::streams::StreamId) -> Option<Change> {
     let op = field("op")?;
     let addr = field("addr")?;
     let Some(net) = crate::addr::parse_member(&addr) else {
-        tracing::warn!(member = %addr.escape_debug(), "Ban event for something that is not an address; ignored.");
+        tracing::warn!(member = %crate::ratelog::cap(&addr).escape_debug(), "Ban event for something that is not an address; ignored.");
         return None;
     };
     match op.as_str() {
