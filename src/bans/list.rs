@@ -233,6 +233,20 @@ impl BanList {
         Ok(n)
     }
 
+    /// With Sentinel: moves the list's connection (the limiter's and the
+    /// bans' too: they share it) to the master the sentinels name now, if
+    /// it is on another one (`Conn::follow_master`). True if it moved; a
+    /// sentinel that does not answer moves nothing.
+    pub async fn follow_master(&mut self) -> bool {
+        match self {
+            BanList::Redis { con, .. } => con.follow_master().await.unwrap_or_else(|e| {
+                tracing::debug!(error = %e, "Asking the sentinels for the master failed.");
+                false
+            }),
+            BanList::Memory(_) => false,
+        }
+    }
+
     /// Makes `host` one of the hosts whose `scope: host` windows an unban
     /// deletes (`Keys::hosts`); the fleet sync calls it at every reconcile,
     /// so a Redis that lost its data learns it again. Whether `host` was

@@ -35,6 +35,11 @@ use tokio::sync::mpsc::UnboundedSender;
 /// and reconcile deadlines).
 const BLOCK_MS: usize = 1000;
 
+/// With Sentinel, how often the sentinels are asked whether the master
+/// this host uses is still the one they name (a failover may leave the old
+/// one alive, answering: no error would move us).
+const MASTER_CHECK: Duration = Duration::from_secs(5);
+
 /// While reading the fleet fails (an outage), one warning per this period.
 const FAILING_PERIOD: Duration = Duration::from_secs(60);
 
@@ -137,9 +142,24 @@ impl FleetSync {
         let mut backoff = Duration::from_millis(100);
         // One warning a minute while the reads fail, whichever fails.
         let mut failing = crate::ratelog::Every::default();
+        let mut next_master_check = tokio::time::Instant::now() + MASTER_CHECK;
         loop {
             if shutdown.is_cancelled() {
                 return;
+            }
+            if tokio::time::Instant::now() >= next_master_check {
+                next_master_check = tokio::time::Instant::now() + MASTER_CHECK;
+                let events_moved = self
+                    .events
+                    .follow_master()
+                    .await
+                    .inspect_err(|e| tracing::debug!(error = %e, "Asking the sentinels for the master failed."))
+                    .unwrap_or(false);
+                if self.list.follow_master().await || events_moved {
+                    // What the new master holds, read whole.
+                    self.tell(FleetNews::Lost);
+                    next_reconcile = tokio::time::Instant::now();
+                }
             }
             if tokio::time::Instant::now() >= next_reconcile {
                 match self.snapshot().await {
