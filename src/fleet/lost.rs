@@ -132,3 +132,43 @@ impl Remembered {
         Ok(entries)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_list_is_remembered_with_the_records_of_unchanged_entries() {
+        let a: IpNet = "192.0.2.1/32".parse().unwrap();
+        let b: IpNet = "192.0.2.2/32".parse().unwrap();
+        let mut r = Remembered::default();
+        r.observe(&Change::Add(vec![
+            Element {
+                net: a,
+                until: Until::At(10),
+            },
+            Element {
+                net: b,
+                until: Until::Permanent,
+            },
+        ]));
+        for rec in r.bans.values_mut() {
+            rec.1 = Some("{}".into());
+        }
+        // A reconcile: `a` unchanged keeps its record, `b` banned anew loses it.
+        r.observe(&Change::Replace(vec![
+            Element {
+                net: a,
+                until: Until::At(10),
+            },
+            Element {
+                net: b,
+                until: Until::At(20),
+            },
+        ]));
+        assert_eq!(r.bans[&a], (Until::At(10), Some("{}".into())));
+        assert_eq!(r.bans[&b], (Until::At(20), None));
+        r.observe(&Change::Remove(vec![a]));
+        assert!(!r.bans.contains_key(&a) && r.bans.len() == 1);
+    }
+}
