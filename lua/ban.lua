@@ -8,7 +8,8 @@
 -- mode: 'auto'  a rule decided: no-op if a ban is already active; escalates
 --       'set'   an operator's ban: replaces any active ban, no escalation
 --       'perm'  an operator's permanent ban
--- Returns {1, until, count} for a new ban, {0, until, count} if one was active.
+-- Returns {1, until, count} for a new ban, {0, until, count} if one was active
+-- (with a damaged record, the ban is written anew: {1, ...}).
 local addr = ARGV[1]
 local now = tonumber(ARGV[2])
 local duration = tonumber(ARGV[3])
@@ -24,13 +25,20 @@ if #old > 0 then
   redis.call('HDEL', KEYS[2], unpack(old))
 end
 
+-- A record that is not a JSON object (damaged, written by hand) is no
+-- record: the ban being written replaces it, keeping the later end.
+local keep
 if mode == 'auto' then
   local cur = redis.call('ZSCORE', KEYS[1], addr)
   if cur then
     local rec = redis.call('HGET', KEYS[2], addr)
-    local count = 1
-    if rec then count = cjson.decode(rec)['count'] or 1 end
-    return {0, cur, count}
+    local ok, r = true, nil
+    if rec then ok, r = pcall(cjson.decode, rec) end
+    if not rec or (ok and type(r) == 'table') then
+      local count = (r and tonumber(r['count'])) or 1
+      return {0, cur, count}
+    end
+    keep = cur
   end
 end
 
@@ -46,6 +54,11 @@ elseif mode == 'perm' then
   untl = 'inf'
 else
   untl = now + duration
+end
+
+if keep then
+  if keep == 'inf' then untl = 'inf'
+  elseif untl ~= 'inf' and tonumber(keep) > untl then untl = tonumber(keep) end
 end
 
 local until_s = tostring(untl)

@@ -7,6 +7,7 @@
 //! - `source`: follows log files (tail -F), yields chunks of whole lines with offsets.
 //! - `parse`: one line to a [`parse::Request`] (nginx combined/common, log_format, regex).
 //! - `enforce`: nftables (or a log, for dry runs); the only module that runs nft.
+//! - `ratelog`: one warning per period for what repeats ([`ratelog::Every`]).
 //! - `config`: the YAML files, validated, with file:line:column errors.
 //! - `detect`: the per-line loop: which requests are hits, for which rule and client.
 //! - `store`: the Redis connection and its health, key names, the Lua scripts.
@@ -34,6 +35,7 @@ pub mod fleet;
 pub mod http;
 pub mod limit;
 pub mod parse;
+pub mod ratelog;
 pub mod replay;
 pub mod source;
 pub mod store;

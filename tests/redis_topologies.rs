@@ -318,7 +318,69 @@ fn a_switchover_demoting_the_master_is_followed() {
         !zscore(&replica, "198.51.100.8").is_empty()
     });
     wait_both_bans(&d, &r.cfg);
-    assert!(d.log_text().contains("asking the sentinels again"), "{}", d.log_text());
+    // Moved after an error from the demoted master, or before one, the
+    // sentinels having named the new master at the periodic check.
+    let log = d.log_text();
+    assert!(
+        log.contains("asking the sentinels again") || log.contains("name another Redis master"),
+        "{log}"
+    );
+}
+
+/// A failover that leaves the old master alive and a master (the sentinels
+/// could not reach it to demote it; here: told to watch another server):
+/// no error ever sends the daemon back to the sentinels, yet within a few
+/// seconds its connections, the events one too, move to the master they
+/// name, and the bans written there reach it.
+#[test]
+fn the_daemon_moves_to_the_master_the_sentinels_name_while_the_old_one_lives() {
+    let old = Redis::start_tcp(&[]);
+    let new = Redis::start_tcp(&[]);
+    old.add_acl_user(&["+role"]);
+    new.add_acl_user(&["+role"]);
+    let sentinel = Redis::start_sentinel(&format!(
+        "sentinel monitor mymaster 127.0.0.1 {} 1\nsentinel down-after-milliseconds mymaster 1000\n",
+        old.port()
+    ));
+    wait_until(Duration::from_secs(10), "the sentinel names the first master", || {
+        poll(&sentinel, &["SENTINEL", "get-master-addr-by-name", "mymaster"]).ends_with(&old.port().to_string())
+    });
+    let r = sentinel_rig(&sentinel);
+    let d = Daemon::start(None, &r.cfg, &r.control);
+    append(&r.log, &hits("198.51.100.7", 5));
+    wait_until(Duration::from_secs(10), "ban on the first master", || {
+        !zscore(&old, "198.51.100.7").is_empty()
+    });
+    let xread_on = |redis: &Redis| poll(redis, &["CLIENT", "LIST"]).contains("cmd=xread");
+    wait_until(
+        Duration::from_secs(5),
+        "the events connection on the first master",
+        || xread_on(&old),
+    );
+
+    // The sentinels name the other server; the old one answers as before.
+    assert_eq!(poll(&sentinel, &["SENTINEL", "REMOVE", "mymaster"]), "OK");
+    let port = new.port().to_string();
+    assert_eq!(
+        poll(&sentinel, &["SENTINEL", "MONITOR", "mymaster", "127.0.0.1", &port, "1"]),
+        "OK"
+    );
+    // An operator's ban goes to the new master (the CLI asks the sentinels).
+    assert!(cli(&r.cfg, &["ban", "198.51.100.9"]).success());
+    wait_until(
+        Duration::from_secs(20),
+        "the daemon's events read from the new master",
+        || xread_on(&new) && !xread_on(&old),
+    );
+    wait_until(Duration::from_secs(10), "the new master's ban applied", || {
+        d.status()["bans_active"].as_u64() == Some(2)
+    });
+    append(&r.log, &hits("198.51.100.8", 5));
+    wait_until(Duration::from_secs(10), "a rule's ban on the new master", || {
+        !zscore(&new, "198.51.100.8").is_empty()
+    });
+    assert!(zscore(&old, "198.51.100.8").is_empty(), "written to the old master");
+    assert!(d.log_text().contains("name another Redis master"), "{}", d.log_text());
 }
 
 #[test]

@@ -63,6 +63,8 @@ pub struct Bans {
     /// To the enforcer (nothing for `test` and the CLI).
     changes: Changes,
     counters: Arc<BanCounters>,
+    /// Rate limits the warnings of bans Redis refused.
+    refusals: Refusals,
 }
 
 impl Bans {
@@ -76,6 +78,7 @@ impl Bans {
             queue: None,
             changes,
             counters: Arc::default(),
+            refusals: Refusals::default(),
         }
     }
 
@@ -158,25 +161,51 @@ impl Bans {
                 Ok(Applied::Already(until))
             }
             Err(e) => {
-                // The list is unreachable: enforce here at once for the base
-                // duration; written to the list when Redis answers again.
+                // The list could not take it: enforce here at once for the
+                // base duration; written to the list when it can.
                 self.counters.bans.fetch_add(1, Relaxed);
-                tracing::warn!(rule = %req.rule, addr = %AddrText(&req.addr), error = %e,
-                    "Ban list unreachable; banning locally.");
                 let until = Until::At(now_ms + policy.duration_ms);
-                let net = req.addr;
+                let rec = BanRecord {
+                    addr: req.addr,
+                    rule: req.rule.clone(),
+                    reason: req.reason.clone(),
+                    host: req.host.clone(),
+                    since: now_ms,
+                    until: match until {
+                        Until::At(t) => Some(t),
+                        Until::Permanent => None,
+                    },
+                    count: 1,
+                    hits: req.hits,
+                };
+                let mut queued = false;
                 if let Some(q) = &mut self.queue {
-                    if !matches!(e, BanListError::Down) {
+                    if e.is_outage() {
+                        if !matches!(e, BanListError::Down) {
+                            q.health.count_error();
+                            q.health.failed();
+                        }
+                    } else {
+                        // Redis answered with an error: this ban's failure,
+                        // not an outage; the limiter keeps deciding with Redis.
                         q.health.count_error();
-                        q.health.failed();
+                        q.refused();
+                        self.refusals.refused(&e, q.len() + 1);
                     }
-                    if !q.push(req, now_ms, until) {
+                    queued = q.push(req, now_ms, until);
+                    if !queued {
                         self.counters.dropped.fetch_add(1, Relaxed);
                     }
                     self.counters.queued.store(q.len() as u64, Relaxed);
                 }
-                self.enforce(net, until);
-                Ok(Applied::Local(Element { net, until }))
+                let list = match (&e, queued) {
+                    (BanListError::Down, true) => "Redis down; queued".to_owned(),
+                    (_, true) => format!("queued: {}", crate::ratelog::cap(&e.to_string())),
+                    (_, false) => format!("not written: {}", crate::ratelog::cap(&e.to_string())),
+                };
+                self.log_banned(&rec, at_ms, now_ms, Some(&list));
+                self.enforce(rec.addr, until);
+                Ok(Applied::Local(Element { net: rec.addr, until }))
             }
         }
     }
@@ -215,14 +244,29 @@ impl Bans {
     /// A new ban in the list: logged, counted, enforced.
     fn banned(&mut self, rec: BanRecord, at_ms: i64, now_ms: i64) -> Applied {
         self.counters.bans.fetch_add(1, Relaxed);
+        self.log_banned(&rec, at_ms, now_ms, None);
+        self.enforce(rec.addr, rec.until());
+        Applied::New(rec)
+    }
+
+    /// The "Banned." line of every new ban; `local`: why the list does not
+    /// have it (yet).
+    fn log_banned(&self, rec: &BanRecord, at_ms: i64, now_ms: i64, local: Option<&str>) {
         let duration = rec.until.map_or("permanent".into(), |u| {
             humantime::format_duration(Duration::from_secs(((u - now_ms).max(0) / 1000) as u64)).to_string()
         });
-        tracing::info!(rule = %rec.rule, addr = %AddrText(&rec.addr), hits = rec.hits, duration = %duration,
-            at = %crate::rfc3339(at_ms), until = %rec.until.map_or("forever".into(), crate::rfc3339),
-            count = rec.count, reason = %rec.reason, "Banned.");
-        self.enforce(rec.addr, rec.until());
-        Applied::New(rec)
+        let until = rec.until.map_or("forever".into(), crate::rfc3339);
+        match local {
+            None => {
+                tracing::info!(rule = %rec.rule, addr = %AddrText(&rec.addr), hits = rec.hits, duration = %duration,
+                at = %crate::rfc3339(at_ms), until = %until, count = rec.count, reason = %rec.reason, "Banned.")
+            }
+            Some(list) => {
+                tracing::info!(rule = %rec.rule, addr = %AddrText(&rec.addr), hits = rec.hits, duration = %duration,
+                at = %crate::rfc3339(at_ms), until = %until, count = rec.count, reason = %rec.reason,
+                decided = "locally", list = %list, "Banned.")
+            }
+        }
     }
 
     /// This host's view and the firewall take `net` until `until`.
@@ -284,7 +328,7 @@ impl Bans {
     /// first, each with the time it was decided (its end does not move).
     pub async fn recover(&mut self) {
         let Some(q) = &mut self.queue else { return };
-        if !q.health.due() || (!q.health.is_down() && q.len() == 0) {
+        if !q.due() || (!q.health.is_down() && q.len() == 0) {
             return;
         }
         if q.health.is_down() {
@@ -313,17 +357,62 @@ impl Bans {
                     };
                     let net = req.addr;
                     q.pop();
+                    q.written();
+                    self.refusals.over(q.len());
                     self.cache.insert(net, until);
                     self.changes.send(Change::Add(vec![Element { net, until }]));
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, queued = q.len(), "Writing queued bans failed; retrying.");
+                Err(e) if e.is_outage() => {
+                    tracing::warn!(error = %e, queued = q.len(), "Writing queued bans failed; retrying when Redis answers.");
+                    q.health.count_error();
                     q.health.failed();
+                    break;
+                }
+                Err(e) => {
+                    q.health.count_error();
+                    q.refused();
+                    self.refusals.refused(&e, q.len());
                     break;
                 }
             }
         }
         self.counters.queued.store(q.len() as u64, Relaxed);
         self.publish_active();
+    }
+}
+
+/// The warnings of bans Redis refused (answered with an error): one per
+/// minute at most, with how many were refused meanwhile, and one line when
+/// a refused ban is written at last.
+#[derive(Default)]
+struct Refusals {
+    every: crate::ratelog::Every,
+    /// Refusals since the last write that went through.
+    open: u64,
+}
+
+impl Refusals {
+    const PERIOD: Duration = Duration::from_secs(60);
+
+    fn refused(&mut self, e: &BanListError, queued: usize) {
+        self.open += 1;
+        let Some(n) = self.every.note(1, Self::PERIOD) else {
+            return;
+        };
+        if e.is_oom() {
+            tracing::warn!(error = %crate::ratelog::cap(&e.to_string()), refused = n, queued,
+                "Redis is out of memory (maxmemory reached, maxmemory-policy noeviction): the ban list refuses writes; bans enforced here and queued, retried with backoff. Raise maxmemory or free memory.");
+        } else {
+            tracing::warn!(error = %crate::ratelog::cap(&e.to_string()), refused = n, queued,
+                "Redis refused a ban (an error, not an outage); enforced here and queued, retried with backoff.");
+        }
+    }
+
+    fn over(&mut self, queued: usize) {
+        if self.open > 0 {
+            tracing::info!(refused = self.open, queued, "The ban list takes bans again.");
+            self.open = 0;
+            self.every = crate::ratelog::Every::default();
+        }
     }
 }

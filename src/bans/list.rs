@@ -11,7 +11,7 @@ use ipnet::IpNet;
 use super::{BanRecord, BanRequest, Mode, Outcome};
 use crate::addr::AddrText;
 use crate::enforce::Until;
-use crate::store::{Keys, BAN, STREAM_MAXLEN, UNBAN};
+use crate::store::{Keys, BAN, RESTORE, STREAM_MAXLEN, UNBAN};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BanListError {
@@ -23,6 +23,23 @@ pub enum BanListError {
     Io(#[from] std::io::Error),
     #[error("Redis is down (tried again after a backoff)")]
     Down,
+}
+
+impl BanListError {
+    /// Redis could not be used (`store::is_outage`), as opposed to Redis,
+    /// the reply or the embedded file failing this one call.
+    pub fn is_outage(&self) -> bool {
+        match self {
+            BanListError::Redis(e) => crate::store::is_outage(e),
+            BanListError::Down => true,
+            BanListError::Reply(_) | BanListError::Io(_) => false,
+        }
+    }
+
+    /// Redis refused the write for its `maxmemory`.
+    pub fn is_oom(&self) -> bool {
+        matches!(self, BanListError::Redis(e) if crate::store::is_oom(e))
+    }
 }
 
 pub enum BanList {
@@ -129,6 +146,104 @@ impl BanList {
                 let n: i64 = UNBAN.run(con, &cmd).await?;
                 Ok(n > 0)
             }
+        }
+    }
+
+    /// The fleet's epoch (`Keys::epoch`), set to `token` first if it has
+    /// none (a fleet's first reconcile, or a list that lost its data).
+    /// None for the embedded list.
+    pub async fn epoch(&mut self, token: &str) -> Result<Option<String>, BanListError> {
+        match self {
+            BanList::Memory(_) => Ok(None),
+            BanList::Redis { con, keys } => {
+                let (_, epoch): (redis::Value, Option<String>) = redis::pipe()
+                    .cmd("SET")
+                    .arg(keys.epoch())
+                    .arg(token)
+                    .arg("NX")
+                    .cmd("GET")
+                    .arg(keys.epoch())
+                    .query_async(con)
+                    .await?;
+                Ok(epoch)
+            }
+        }
+    }
+
+    /// The records of `addrs` as `ban.lua` wrote them (JSON text; None
+    /// where there is none), read 1,000 at a time.
+    pub async fn raw_records(&mut self, addrs: &[IpNet]) -> Result<Vec<Option<String>>, BanListError> {
+        let BanList::Redis { con, keys } = self else {
+            return Ok(vec![None; addrs.len()]);
+        };
+        let mut out = Vec::with_capacity(addrs.len());
+        for some in addrs.chunks(1000) {
+            let mut cmd = redis::cmd("HMGET");
+            cmd.arg(keys.records());
+            for a in some {
+                cmd.arg(AddrText(a).to_string());
+            }
+            let recs: Vec<Option<String>> = cmd.query_async(con).await?;
+            out.extend(recs);
+        }
+        Ok(out)
+    }
+
+    /// Writes back `bans` (network, end, record as `ban.lua` wrote it) that
+    /// this host still enforces after Redis lost the list (`lua/restore.lua`:
+    /// the later end wins, so hosts restoring at once agree). A ban without
+    /// its record gets one naming `host` and why. How many entries were
+    /// added or given a later end.
+    pub async fn restore(
+        &mut self,
+        bans: &[(IpNet, Until, Option<String>)],
+        host: &str,
+        now_ms: i64,
+    ) -> Result<u64, BanListError> {
+        let BanList::Redis { con, keys } = self else {
+            return Ok(0);
+        };
+        let mut n = 0;
+        for some in bans.chunks(256) {
+            let mut cmd = RESTORE.cmd(&[&keys.bans(), &keys.records(), &keys.events()]);
+            cmd.arg(host).arg(STREAM_MAXLEN);
+            for (net, until, rec) in some {
+                let parsed = rec.as_deref().and_then(|r| serde_json::from_str::<RecordJson>(r).ok());
+                let rec = match (parsed.as_ref(), rec) {
+                    (Some(_), Some(r)) => r.clone(),
+                    _ => serde_json::json!({
+                        "rule": "", "reason": "restored after Redis lost the ban list", "host": host,
+                        "since": now_ms, "until": match until { Until::At(t) => Some(*t), Until::Permanent => None },
+                        "count": 1, "hits": 0,
+                    })
+                    .to_string(),
+                };
+                let until = match until {
+                    Until::At(t) => t.to_string(),
+                    Until::Permanent => "inf".to_owned(),
+                };
+                cmd.arg(AddrText(net).to_string())
+                    .arg(until)
+                    .arg(parsed.map(|p| p.rule).unwrap_or_default())
+                    .arg(rec);
+            }
+            let added: i64 = RESTORE.run(con, &cmd).await?;
+            n += u64::try_from(added).unwrap_or(0);
+        }
+        Ok(n)
+    }
+
+    /// With Sentinel: moves the list's connection (the limiter's and the
+    /// bans' too: they share it) to the master the sentinels name now, if
+    /// it is on another one (`Conn::follow_master`). True if it moved; a
+    /// sentinel that does not answer moves nothing.
+    pub async fn follow_master(&mut self) -> bool {
+        match self {
+            BanList::Redis { con, .. } => con.follow_master().await.unwrap_or_else(|e| {
+                tracing::debug!(error = %e, "Asking the sentinels for the master failed.");
+                false
+            }),
+            BanList::Memory(_) => false,
         }
     }
 
@@ -322,7 +437,12 @@ fn validate(reply: &redis::Value) -> Vec<(IpNet, Until)> {
         _ => {
             bad += 1;
             if bad <= 3 {
-                tracing::warn!(member = ?m, "Ban list entry is not an address; skipped.");
+                let member = match m {
+                    redis::Value::BulkString(b) => String::from_utf8_lossy(b),
+                    redis::Value::SimpleString(s) => s.as_str().into(),
+                    other => format!("{other:?}").into(),
+                };
+                tracing::warn!(member = %crate::ratelog::cap(&member).escape_debug(), "Ban list entry is not an address; skipped.");
             }
         }
     };

@@ -7,6 +7,9 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::BanRequest;
 use crate::enforce::{Element, Until};
@@ -14,6 +17,11 @@ use crate::store::Health;
 
 /// Bans decided while Redis was down that wait to be written, at most.
 pub const QUEUE_CAP: usize = 10_000;
+
+/// The wait after the list refused a queued ban (Redis answered with an
+/// error: OOM, a script error), doubling per refusal up to [`MAX_RETRY`].
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+const MAX_RETRY: Duration = Duration::from_secs(5);
 
 /// Local bans not yet in the fleet's list; shared with the fleet sync.
 pub type Held = Arc<Mutex<Vec<Element>>>;
@@ -24,6 +32,9 @@ pub(super) struct Queue {
     /// (request, time decided in ms, local end) in decision order.
     items: VecDeque<(BanRequest, i64, Until)>,
     pub held: Held,
+    /// After a refusal, no attempt before this (an outage is `health`'s).
+    retry_at: Instant,
+    retry: Duration,
 }
 
 impl Queue {
@@ -32,6 +43,8 @@ impl Queue {
             health,
             items: VecDeque::new(),
             held: Held::default(),
+            retry_at: Instant::now(),
+            retry: FIRST_RETRY,
         }
     }
 
@@ -63,8 +76,25 @@ impl Queue {
     }
 
     /// When to try again: while Redis is down, or while bans wait.
-    pub fn next_attempt(&self) -> Option<tokio::time::Instant> {
-        (self.health.is_down() || !self.items.is_empty()).then(|| self.health.next_try())
+    pub fn next_attempt(&self) -> Option<Instant> {
+        (self.health.is_down() || !self.items.is_empty()).then(|| self.health.next_try().max(self.retry_at))
+    }
+
+    /// Whether an attempt is due: Redis not known down (or its retry due),
+    /// and no refusal's wait running.
+    pub fn due(&self) -> bool {
+        self.health.due() && Instant::now() >= self.retry_at
+    }
+
+    /// Redis refused a queued ban: the next attempt waits, longer each time.
+    pub fn refused(&mut self) {
+        self.retry_at = Instant::now() + self.retry;
+        self.retry = (self.retry * 2).min(MAX_RETRY);
+    }
+
+    /// A queued ban was written: the next refusal waits the least again.
+    pub fn written(&mut self) {
+        self.retry = FIRST_RETRY;
     }
 
     fn lock_held(&self) -> std::sync::MutexGuard<'_, Vec<Element>> {
@@ -85,4 +115,28 @@ pub fn with_held(mut elems: Vec<Element>, held: &Held, now_ms: i64) -> Vec<Eleme
         }
     }
     elems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn refusals_wait_longer_each_time_up_to_five_seconds() {
+        let mut q = Queue::new(Health::default());
+        assert!(q.due());
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            q.refused();
+            assert!(!q.due());
+            let wait = q.retry_at - Instant::now();
+            waits.push(wait.as_millis());
+            tokio::time::advance(wait).await;
+            assert!(q.due());
+        }
+        assert_eq!(waits, [100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+        q.written();
+        q.refused();
+        assert_eq!((q.retry_at - Instant::now()).as_millis(), 100);
+    }
 }

@@ -81,6 +81,7 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
         held: bans.held(),
         news: Some(news_tx),
         marks_id: "0-0".to_owned(),
+        remembered: Default::default(),
     };
     let (last_id, initial) = match fleet.snapshot().await {
         Ok((id, list)) => {

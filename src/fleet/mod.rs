@@ -15,6 +15,9 @@
 //! way the host reconciles at once.
 
 pub mod hot;
+mod lost;
+
+pub use lost::Remembered;
 
 use std::time::Duration;
 
@@ -31,6 +34,14 @@ use tokio::sync::mpsc::UnboundedSender;
 /// How long one XREAD waits for events before looping (to notice shutdown
 /// and reconcile deadlines).
 const BLOCK_MS: usize = 1000;
+
+/// With Sentinel, how often the sentinels are asked whether the master
+/// this host uses is still the one they name (a failover may leave the old
+/// one alive, answering: no error would move us).
+const MASTER_CHECK: Duration = Duration::from_secs(5);
+
+/// While reading the fleet fails (an outage), one warning per this period.
+const FAILING_PERIOD: Duration = Duration::from_secs(60);
 
 pub struct FleetSync {
     /// Dedicated to blocking reads.
@@ -52,6 +63,9 @@ pub struct FleetSync {
     pub news: Option<UnboundedSender<FleetNews>>,
     /// The last id applied of `{fleetban}:marks` (set by each snapshot).
     pub marks_id: String,
+    /// The list as this host knows it, with records, and the fleet's epoch:
+    /// what it writes back when Redis lost the list (`lost.rs`).
+    pub remembered: Remembered,
 }
 
 impl FleetSync {
@@ -86,6 +100,12 @@ impl FleetSync {
         };
         let id = self.newest_id(&self.keys.events()).await?;
         let entries = self.list.active(crate::now_ms()).await.map_err(redis_error)?;
+        let entries = entries.into_iter().map(|(net, until)| Element { net, until }).collect();
+        let entries = self
+            .remembered
+            .after_snapshot(&mut self.list, &self.host, entries)
+            .await
+            .map_err(redis_error)?;
         // Marks after `id` come as events on top, as bans do.
         let news = match hot::read_all(&mut self.events, &self.keys, crate::now_ms()).await {
             Ok(hot) => FleetNews::Snapshot { hosts, hot },
@@ -95,10 +115,7 @@ impl FleetSync {
             }
         };
         self.tell(news);
-        Ok((
-            id,
-            entries.into_iter().map(|(net, until)| Element { net, until }).collect(),
-        ))
+        Ok((id, entries))
     }
 
     /// The id of the newest entry of `stream` (`0-0` if it has none).
@@ -123,9 +140,26 @@ impl FleetSync {
     pub async fn run(mut self, mut last_id: String, shutdown: CancellationToken) {
         let mut next_reconcile = tokio::time::Instant::now() + self.reconcile_every;
         let mut backoff = Duration::from_millis(100);
+        // One warning a minute while the reads fail, whichever fails.
+        let mut failing = crate::ratelog::Every::default();
+        let mut next_master_check = tokio::time::Instant::now() + MASTER_CHECK;
         loop {
             if shutdown.is_cancelled() {
                 return;
+            }
+            if tokio::time::Instant::now() >= next_master_check {
+                next_master_check = tokio::time::Instant::now() + MASTER_CHECK;
+                let events_moved = self
+                    .events
+                    .follow_master()
+                    .await
+                    .inspect_err(|e| tracing::debug!(error = %e, "Asking the sentinels for the master failed."))
+                    .unwrap_or(false);
+                if self.list.follow_master().await || events_moved {
+                    // What the new master holds, read whole.
+                    self.tell(FleetNews::Lost);
+                    next_reconcile = tokio::time::Instant::now();
+                }
             }
             if tokio::time::Instant::now() >= next_reconcile {
                 match self.snapshot().await {
@@ -133,6 +167,7 @@ impl FleetSync {
                         last_id = id;
                         if backoff > Duration::from_millis(100) {
                             tracing::info!("Ban list read again after an error; reconciled.");
+                            failing = crate::ratelog::Every::default();
                         }
                         backoff = Duration::from_millis(100);
                         self.changes
@@ -140,7 +175,10 @@ impl FleetSync {
                         next_reconcile = tokio::time::Instant::now() + self.reconcile_every;
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "Reconcile with the ban list failed; retrying.");
+                        if let Some(n) = failing.note(1, FAILING_PERIOD) {
+                            tracing::warn!(error = %crate::ratelog::cap(&e.to_string()), failures = n,
+                                "Reconcile with the ban list failed; retrying with backoff (one warning a minute meanwhile).");
+                        }
                         if sleep_or_stop(backoff, &shutdown).await {
                             return;
                         }
@@ -175,6 +213,7 @@ impl FleetSync {
                         got += key.ids.len();
                         for entry in key.ids {
                             if let Some(c) = change_of(&entry) {
+                                self.remembered.observe(&c);
                                 self.changes.send(c);
                             }
                             last_id = entry.id;
@@ -198,14 +237,20 @@ impl FleetSync {
                         }
                         Err(e) => {
                             self.tell(FleetNews::Lost);
-                            tracing::warn!(error = %e, "Checking the events stream failed; will reconcile.");
+                            if let Some(n) = failing.note(1, FAILING_PERIOD) {
+                                tracing::warn!(error = %crate::ratelog::cap(&e.to_string()), failures = n,
+                                    "Checking the events stream failed; will reconcile.");
+                            }
                             next_reconcile = tokio::time::Instant::now();
                         }
                     }
                 }
                 Err(e) => {
                     self.tell(FleetNews::Lost);
-                    tracing::warn!(error = %e, "Following ban events failed; will reconcile.");
+                    if let Some(n) = failing.note(1, FAILING_PERIOD) {
+                        tracing::warn!(error = %crate::ratelog::cap(&e.to_string()), failures = n,
+                            "Following ban events failed; will reconcile (one warning a minute while it fails).");
+                    }
                     // After any gap the whole list is read again.
                     next_reconcile = tokio::time::Instant::now();
                     if sleep_or_stop(backoff, &shutdown).await {
@@ -336,7 +381,7 @@ fn change_of(entry: &redis::streams::StreamId) -> Option<Change> {
     let op = field("op")?;
     let addr = field("addr")?;
     let Some(net) = crate::addr::parse_member(&addr) else {
-        tracing::warn!(member = %addr.escape_debug(), "Ban event for something that is not an address; ignored.");
+        tracing::warn!(member = %crate::ratelog::cap(&addr).escape_debug(), "Ban event for something that is not an address; ignored.");
         return None;
     };
     match op.as_str() {

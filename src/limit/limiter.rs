@@ -103,7 +103,12 @@ pub struct Limiter {
     /// The limiter's monotonic clock (holds and their deadlines).
     started: Instant,
     counters: Arc<LimitCounters>,
+    /// Rate limits the warning of calls Redis answered with an error.
+    refused: crate::ratelog::Every,
 }
+
+/// At most one warning per minute of calls Redis answered with an error.
+const REFUSED_PERIOD: Duration = Duration::from_secs(60);
 
 /// A limiter round trip run apart (see [`Limiter::flight`]).
 pub struct Flight(RedisLimiter);
@@ -169,6 +174,7 @@ impl Limiter {
             fleet_size: fleet_size.max(1),
             started: Instant::now(),
             counters: Arc::default(),
+            refused: crate::ratelog::Every::default(),
         };
         l.pending.set_policy(l.hold_policy(rules), None);
         if let Backend::Redis { .. } = l.backend {
@@ -414,7 +420,27 @@ impl Limiter {
             };
             self.counters.failed_at_ms.store(crate::now_ms(), Relaxed);
             let n = health.count_error();
-            let started = health.failed();
+            let outage = !matches!(&e, LimitError::Redis(r) if !crate::store::is_outage(r));
+            if !outage {
+                // Redis answered with an error (OOM, a script error): this
+                // call's failure, not an outage. Its batches are decided as
+                // `on_down` says; the next call asks Redis again.
+                if health.succeeded() {
+                    tracing::info!("Redis answers again; deciding with the fleet's windows.");
+                }
+                if let Some(held) = self.refused.note(1, REFUSED_PERIOD) {
+                    let oom = matches!(&e, LimitError::Redis(r) if crate::store::is_oom(r));
+                    let error = crate::ratelog::cap(&e.to_string()).into_owned();
+                    if oom {
+                        tracing::warn!(%error, refused = held,
+                            "Redis is out of memory (maxmemory reached, maxmemory-policy noeviction): window scripts refused; those hits decided as redis.on_down says. Raise maxmemory or free memory.");
+                    } else {
+                        tracing::warn!(%error, refused = held,
+                            "Redis refused a window script call (an error, not an outage); those hits decided as redis.on_down says.");
+                    }
+                }
+            }
+            let started = outage && health.failed();
             if fallback.mode == OnDown::Local {
                 if started {
                     tracing::warn!(error = %e, "Redis unreachable; limiting locally (limits / fleet_size) until it answers.");

@@ -418,8 +418,9 @@ impl RedisLimiter {
 
 /// The verdicts of one call of `groups` groups: the flat `{i, n, ...}` reply.
 fn verdicts(v: Value, groups: usize) -> Result<Vec<Verdict>, LimitError> {
-    if let Value::ServerError(e) = &v {
-        return Err(LimitError::Reply(e.to_string()));
+    if let Value::ServerError(e) = v {
+        // As a Redis error: its code says whether Redis is down or refused this call.
+        return Err(LimitError::Redis(e.into()));
     }
     let flat: Vec<i64> =
         ::redis::FromRedisValue::from_redis_value(v.clone()).map_err(|_| LimitError::Reply(format!("{v:?}")))?;

@@ -8,8 +8,10 @@
 //! - Sentinel: the sentinels are asked for the master
 //!   (`SENTINEL get-master-addr-by-name`); an I/O error, a timeout, or a
 //!   `READONLY` reply (the master we know was demoted) drops it, and the
-//!   next command asks again. The redis crate does not follow a failover by
-//!   itself.
+//!   next command asks again. [`Conn::follow_master`] (the fleet sync, every
+//!   5 s) asks too, and drops a connection to any other master than the one
+//!   named: an old master still alive answers, so no error would. The redis
+//!   crate does not follow a failover by itself.
 //! - Cluster: the crate's cluster client follows MOVED/ASK and slot changes;
 //!   here it is only connected lazily (a cluster down at start is an error
 //!   per command, like a single server down).
@@ -68,7 +70,8 @@ enum Target {
 
 #[derive(Clone)]
 enum Current {
-    Master(ConnectionManager),
+    /// The master and its address as the sentinel named it (`host:port`).
+    Master(ConnectionManager, String),
     Cluster(ClusterConnection),
 }
 
@@ -152,6 +155,17 @@ impl Conn {
         }))))
     }
 
+    /// With Sentinel: moves to the master the sentinels name now if the
+    /// connection in use is to another one (a failover that left the old
+    /// master alive); the next command connects to the named one. True if
+    /// it moved. Nothing for one server or a Cluster.
+    pub async fn follow_master(&self) -> RedisResult<bool> {
+        match &self.0 {
+            Inner::Followed(f) => f.follow_master().await,
+            Inner::Single(_) => Ok(false),
+        }
+    }
+
     /// Connects now (the first connection, for commands that fail early).
     pub async fn connect(cfg: &RedisConfig, response_timeout: Option<Duration>) -> RedisResult<Conn> {
         let mut c = Conn::lazy(cfg, response_timeout)?;
@@ -197,7 +211,10 @@ impl Followed {
         }
         let c = match &self.target {
             Target::Cluster { client, .. } => Current::Cluster(self.cluster(client).await?),
-            Target::Sentinel { .. } => Current::Master(self.resolve().await?),
+            Target::Sentinel { .. } => {
+                let (m, addr) = self.resolve().await?;
+                Current::Master(m, addr)
+            }
         };
         cur.0 += 1;
         cur.1 = Some(c.clone());
@@ -210,8 +227,46 @@ impl Followed {
             .map_err(|_| timeout_error("connecting to the cluster"))?
     }
 
-    /// Asks each sentinel in turn for the master of the service and connects to it.
-    async fn resolve(&self) -> RedisResult<ConnectionManager> {
+    /// The master `node` (a sentinel) names for the service, as (host, port).
+    async fn named_by(&self, node: &str) -> RedisResult<(String, u16)> {
+        let Target::Sentinel { sentinel, tls } = &self.target else {
+            return Err(timeout_error("not a sentinel target"));
+        };
+        let asker = client(node, tls.as_ref())?;
+        let mut con = asker.get_multiplexed_async_connection().await?;
+        let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(&sentinel.service)
+            .query_async(&mut con)
+            .await?;
+        addr.ok_or_else(|| {
+            RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "sentinel does not know the service",
+                sentinel.service.clone(),
+            ))
+        })
+    }
+
+    /// The master the first sentinel that answers names now (`host:port`).
+    async fn named(&self) -> RedisResult<String> {
+        let Target::Sentinel { sentinel, .. } = &self.target else {
+            return Err(timeout_error("not a sentinel target"));
+        };
+        let mut last = None;
+        for node in &sentinel.nodes {
+            match tokio::time::timeout(self.connect_timeout, self.named_by(node.as_str())).await {
+                Ok(Ok((host, port))) => return Ok(format!("{host}:{port}")),
+                Ok(Err(e)) => last = Some(e),
+                Err(_) => last = Some(timeout_error("asking a sentinel")),
+            }
+        }
+        Err(last.unwrap_or_else(|| timeout_error("no sentinel")))
+    }
+
+    /// Asks each sentinel in turn for the master of the service and connects
+    /// to it; the connection and the master's `host:port`.
+    async fn resolve(&self) -> RedisResult<(ConnectionManager, String)> {
         let Target::Sentinel {
             sentinel:
                 Sentinel {
@@ -229,20 +284,7 @@ impl Followed {
         let mut last = None;
         for node in nodes {
             let asked = async {
-                let sentinel = client(node.as_str(), tls.as_ref())?;
-                let mut con = sentinel.get_multiplexed_async_connection().await?;
-                let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
-                    .arg("get-master-addr-by-name")
-                    .arg(service)
-                    .query_async(&mut con)
-                    .await?;
-                let (host, port) = addr.ok_or_else(|| {
-                    RedisError::from((
-                        redis::ErrorKind::InvalidClientConfig,
-                        "sentinel does not know the service",
-                        service.clone(),
-                    ))
-                })?;
+                let (host, port) = self.named_by(node.as_str()).await?;
                 let info = node.as_str().into_connection_info()?;
                 let addr = match info.addr() {
                     ConnectionAddr::TcpTls { .. } => ConnectionAddr::TcpTls {
@@ -277,7 +319,7 @@ impl Followed {
                     )));
                 }
                 tracing::info!(service = %service, master = %format!("{host}:{port}"), sentinel = %node, "Redis master from Sentinel.");
-                Ok::<_, RedisError>(m)
+                Ok::<_, RedisError>((m, format!("{host}:{port}")))
             };
             match tokio::time::timeout(self.connect_timeout, asked).await {
                 Ok(Ok(m)) => return Ok(m),
@@ -289,6 +331,31 @@ impl Followed {
             }
         }
         Err(last.unwrap_or_else(|| timeout_error("no sentinel")))
+    }
+
+    /// With Sentinel: asks the sentinels which master they name now and
+    /// drops the connection in use if it is to another one (an old master
+    /// still alive answers reads, and writes too while it believes itself
+    /// master: no error would ever move us). True if it was dropped.
+    async fn follow_master(&self) -> RedisResult<bool> {
+        if !matches!(self.target, Target::Sentinel { .. }) {
+            return Ok(false);
+        }
+        let (generation, addr) = match &*self.current.lock().await {
+            (g, Some(Current::Master(_, addr))) => (*g, addr.clone()),
+            _ => return Ok(false),
+        };
+        let named = self.named().await?;
+        if named == addr {
+            return Ok(false);
+        }
+        let mut cur = self.current.lock().await;
+        if cur.0 != generation || cur.1.is_none() {
+            return Ok(false);
+        }
+        tracing::warn!(old = %addr, new = %named, "The sentinels name another Redis master; moving to it.");
+        cur.1 = None;
+        Ok(true)
     }
 
     /// Drops connection `generation` if a reply shows it is the wrong one.
@@ -333,7 +400,7 @@ impl ConnectionLike for Conn {
                 Inner::Followed(f) => {
                     let (generation, mut c) = f.get().await?;
                     let r = match &mut c {
-                        Current::Master(m) => m.req_packed_command(cmd).await,
+                        Current::Master(m, _) => m.req_packed_command(cmd).await,
                         Current::Cluster(k) => k.req_packed_command(cmd).await,
                     };
                     let failed = match &r {
@@ -359,7 +426,7 @@ impl ConnectionLike for Conn {
                 Inner::Followed(f) => {
                     let (generation, mut c) = f.get().await?;
                     let r = match &mut c {
-                        Current::Master(m) => m.req_packed_commands(pipeline, offset, count).await,
+                        Current::Master(m, _) => m.req_packed_commands(pipeline, offset, count).await,
                         Current::Cluster(k) => k.req_packed_commands(pipeline, offset, count).await,
                     };
                     let failed = match &r {

@@ -3,12 +3,38 @@
 //! Redis down, the other stops paying a timeout per call and decides locally
 //! (`redis.on_down`) until the backoff says to try again (100 ms, doubling
 //! to 5 s); whichever sees it answer again ends the outage for both.
+//!
+//! Only an outage counts ([`is_outage`]): no connection, a timeout, a
+//! server that cannot serve (loading, a failover, a cluster down, refused
+//! credentials). Redis answering a call with an error (a script error, OOM
+//! under `maxmemory`, a command refused) is that call's failure, never an
+//! outage: the host keeps deciding with Redis for every call that works.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+/// True if `e` says Redis cannot be used now (not reached, too slow, or
+/// not serving), false if Redis answered this call with an error of its own.
+pub fn is_outage(e: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind as S};
+    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
+        return true;
+    }
+    match e.kind() {
+        ErrorKind::Server(S::BusyLoading | S::TryAgain | S::ClusterDown | S::MasterDown | S::ReadOnly) => true,
+        ErrorKind::Server(_) | ErrorKind::Parse | ErrorKind::UnexpectedReturnType => false,
+        ErrorKind::Extension => matches!(e.code(), Some("BUSY" | "NOAUTH" | "WRONGPASS" | "NOREPLICAS")),
+        _ => true,
+    }
+}
+
+/// Redis refused a write for its `maxmemory` (`maxmemory-policy noeviction`).
+pub fn is_oom(e: &redis::RedisError) -> bool {
+    e.code() == Some("OOM")
+}
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -107,6 +133,20 @@ impl Health {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_redis_answered_is_no_outage() {
+        let io = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(is_outage(&io));
+        let loading =
+            redis::RedisError::from((redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading), "loading"));
+        assert!(is_outage(&loading));
+        let script = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "script",
+        ));
+        assert!(!is_outage(&script));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn down_backs_off_and_one_success_ends_it_for_every_holder() {

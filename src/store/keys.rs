@@ -154,6 +154,13 @@ impl Keys {
         format!("{{{}}}:banrec", self.prefix)
     }
 
+    /// The fleet's epoch: a token set when the list is first seen without
+    /// one and never deleted by fleetban, so a list that lost it lost its
+    /// data (Redis restarted empty, FLUSHALL), not its bans to unbans.
+    pub fn epoch(&self) -> String {
+        format!("{{{}}}:epoch", self.prefix)
+    }
+
     pub fn events(&self) -> String {
         format!("{{{}}}:events", self.prefix)
     }

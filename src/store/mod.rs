@@ -14,10 +14,11 @@ mod keys;
 mod scripts;
 
 pub use conn::Conn;
-pub use health::Health;
+pub use health::{is_oom, is_outage, Health};
 pub use keys::{slot, Keys, ADDRESS_BUCKETS, STREAM_MAXLEN};
 pub use scripts::{
-    is_noscript, value_is_noscript, LuaScript, BAN, FIXED_WINDOW, SLIDING_COUNTER, SLIDING_WINDOW, TOKEN_BUCKET, UNBAN,
+    is_noscript, value_is_noscript, LuaScript, BAN, FIXED_WINDOW, RESTORE, SLIDING_COUNTER, SLIDING_WINDOW,
+    TOKEN_BUCKET, UNBAN,
 };
 
 /// Connects now (fails if Redis does not answer); every command times out

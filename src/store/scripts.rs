@@ -43,6 +43,9 @@ pub static BAN: std::sync::LazyLock<LuaScript> =
 pub static UNBAN: std::sync::LazyLock<LuaScript> =
     std::sync::LazyLock::new(|| LuaScript::new("unban", include_str!("../../lua/unban.lua").to_owned()));
 
+pub static RESTORE: std::sync::LazyLock<LuaScript> =
+    std::sync::LazyLock::new(|| LuaScript::new("restore", include_str!("../../lua/restore.lua").to_owned()));
+
 impl LuaScript {
     fn new(name: &'static str, src: String) -> LuaScript {
         let sha = redis::Script::new(&src).get_hash().to_owned();

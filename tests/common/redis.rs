@@ -169,6 +169,25 @@ impl Redis {
         without_newline(run_ok(self.cli_command().arg("--raw").args(args)).stdout)
     }
 
+    /// As [`Redis::cli`] with `last` as the command's last argument, read by
+    /// `redis-cli -x` from stdin: for values past the kernel's bound on
+    /// one argument (128 KiB), e.g. a megabyte of garbage.
+    pub fn cli_last_from_stdin(&self, args: &[&str], last: &[u8]) -> String {
+        use std::io::Write;
+        let mut child = self
+            .cli_command()
+            .args(["--raw", "-x"])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn redis-cli");
+        child.stdin.take().unwrap().write_all(last).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "redis-cli -x {args:?} failed");
+        without_newline(out.stdout)
+    }
+
     /// As [`Redis::cli`], None when redis-cli fails: for polls that wait
     /// through a server going away or dropping its clients (a master
     /// demoted to replica closes every connection).

@@ -1,0 +1,174 @@
+//! A list Redis lost, told from a list emptied by unbans. Redis restarted
+//! without persistence, or a FLUSHALL, leaves an empty list that a
+//! reconcile would take as the truth, lifting every ban of the fleet.
+//! `{prefix}:epoch` (`Keys::epoch`) is set once, by whichever host first
+//! finds it missing, and never deleted by fleetban: unbans leave it, a loss
+//! takes it. A host whose epoch changed since its last snapshot writes
+//! back the bans it still enforces, with their ends and records
+//! (`BanList::restore`, the later end winning), and keeps them in its set.
+//!
+//! [`Remembered`] is what this host knows to write back: the list as it
+//! last applied it (snapshots and events), with each entry's record.
+
+use std::collections::HashMap;
+
+use ipnet::IpNet;
+
+use crate::bans::{BanList, BanListError};
+use crate::enforce::{Change, Element, Until};
+
+#[derive(Default)]
+pub struct Remembered {
+    /// The fleet's epoch at this host's last snapshot (None before the first).
+    epoch: Option<String>,
+    /// The list as this host last applied it: each entry's end and record
+    /// (JSON as `ban.lua` wrote it; None until a snapshot has read it).
+    bans: HashMap<IpNet, (Until, Option<Box<str>>)>,
+    /// Reading the epoch was refused once (warned once).
+    refused: bool,
+}
+
+impl Remembered {
+    /// An event or a change applied: the list as this host knows it follows.
+    pub fn observe(&mut self, change: &Change) {
+        match change {
+            Change::Add(elems) => {
+                for e in elems {
+                    let entry = self.bans.entry(e.net).or_insert((e.until, None));
+                    if entry.0 != e.until {
+                        // Another ban of the same address: its record is new.
+                        *entry = (e.until, None);
+                    }
+                }
+            }
+            Change::Remove(nets) => {
+                for n in nets {
+                    self.bans.remove(n);
+                }
+            }
+            Change::Replace(elems) => {
+                let mut next = HashMap::with_capacity(elems.len());
+                for e in elems {
+                    let rec = match self.bans.remove(&e.net) {
+                        Some((u, rec)) if u == e.until => rec,
+                        _ => None,
+                    };
+                    next.insert(e.net, (e.until, rec));
+                }
+                self.bans = next;
+            }
+        }
+    }
+
+    /// After a snapshot read `entries` from `list` (before the epoch: a
+    /// loss between the two shows in the epoch): the list Redis has now,
+    /// with what this host still enforces written back if the list was
+    /// lost. Records of entries this host has none of are read from `list`.
+    pub async fn after_snapshot(
+        &mut self,
+        list: &mut BanList,
+        host: &str,
+        mut entries: Vec<Element>,
+    ) -> Result<Vec<Element>, BanListError> {
+        let now = crate::now_ms();
+        let token = format!("{host}:{now}:{}", std::process::id());
+        let epoch = match list.epoch(&token).await {
+            Ok(e) => e,
+            Err(e) if e.is_outage() => return Err(e),
+            Err(e) => {
+                // An ACL without GET/SET: no way to tell a lost list.
+                if !self.refused {
+                    tracing::warn!(error = %crate::ratelog::cap(&e.to_string()),
+                        "Reading the fleet's epoch refused (the ACL lacks GET or SET?); a list Redis loses will not be written back.");
+                    self.refused = true;
+                }
+                self.epoch.clone()
+            }
+        };
+        if self.epoch.is_some() && epoch != self.epoch {
+            let live = |u: &Until| *u > Until::At(now);
+            let back: Vec<(IpNet, Until, Option<String>)> = self
+                .bans
+                .iter()
+                .filter(|(_, (u, _))| live(u))
+                .map(|(n, (u, rec))| (*n, *u, rec.as_deref().map(str::to_owned)))
+                .collect();
+            // Remembered as lost until written: a failure here retries.
+            let written = list.restore(&back, host, now).await?;
+            tracing::warn!(count = back.len(), written, in_list = entries.len(),
+                "The ban list was lost (the fleet's epoch changed: Redis restarted without persistence, or FLUSHALL); wrote back the bans this host enforces, with their ends and records.");
+            let mut at: HashMap<IpNet, usize> = entries.iter().enumerate().map(|(i, e)| (e.net, i)).collect();
+            for (net, until, _) in back {
+                match at.get(&net) {
+                    Some(&i) => entries[i].until = entries[i].until.max(until),
+                    None => {
+                        at.insert(net, entries.len());
+                        entries.push(Element { net, until });
+                    }
+                }
+            }
+        }
+        self.epoch = epoch;
+        self.observe(&Change::Replace(entries.clone()));
+        let missing: Vec<IpNet> = self
+            .bans
+            .iter()
+            .filter(|(_, (_, rec))| rec.is_none())
+            .map(|(n, _)| *n)
+            .collect();
+        if !missing.is_empty() {
+            match list.raw_records(&missing).await {
+                Ok(recs) => {
+                    for (net, rec) in missing.iter().zip(recs) {
+                        if let (Some(entry), Some(rec)) = (self.bans.get_mut(net), rec) {
+                            entry.1 = Some(rec.into_boxed_str());
+                        }
+                    }
+                }
+                Err(e) if e.is_outage() => return Err(e),
+                Err(e) => tracing::debug!(error = %e, "Reading ban records refused; read again at the next reconcile."),
+            }
+        }
+        Ok(entries)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_list_is_remembered_with_the_records_of_unchanged_entries() {
+        let a: IpNet = "192.0.2.1/32".parse().unwrap();
+        let b: IpNet = "192.0.2.2/32".parse().unwrap();
+        let mut r = Remembered::default();
+        r.observe(&Change::Add(vec![
+            Element {
+                net: a,
+                until: Until::At(10),
+            },
+            Element {
+                net: b,
+                until: Until::Permanent,
+            },
+        ]));
+        for rec in r.bans.values_mut() {
+            rec.1 = Some("{}".into());
+        }
+        // A reconcile: `a` unchanged keeps its record, `b` banned anew loses it.
+        r.observe(&Change::Replace(vec![
+            Element {
+                net: a,
+                until: Until::At(10),
+            },
+            Element {
+                net: b,
+                until: Until::At(20),
+            },
+        ]));
+        assert_eq!(r.bans[&a], (Until::At(10), Some("{}".into())));
+        assert_eq!(r.bans[&b], (Until::At(20), None));
+        r.observe(&Change::Remove(vec![a]));
+        assert!(!r.bans.contains_key(&a) && r.bans.len() == 1);
+    }
+}

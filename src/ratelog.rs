@@ -1,0 +1,65 @@
+//! Rate limiting for repeated warnings: a daemon reading millions of lines,
+//! or meeting the same Redis error on every call, must not write one log
+//! line each. [`Every`] lets one message through per period and counts what
+//! it held back.
+
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Default)]
+pub struct Every {
+    last: Option<Instant>,
+    /// Occurrences since the last message let through.
+    held: u64,
+}
+
+impl Every {
+    /// Records `n` occurrences; returns how many happened since the last
+    /// message (this one included) when a message may be logged now.
+    pub fn note(&mut self, n: u64, period: Duration) -> Option<u64> {
+        self.held += n;
+        let now = Instant::now();
+        if self.last.is_some_and(|t| now.duration_since(t) < period) {
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.held))
+    }
+}
+
+/// At most [`CAP`] bytes of a text echoed into a log line (a reply, or a
+/// member Redis holds, can be megabytes), then "… (N bytes)".
+pub const CAP: usize = 64;
+
+pub fn cap(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.len() <= CAP {
+        return s.into();
+    }
+    let mut end = CAP;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &s[..end], s.len()).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_message_per_period_with_the_count_held_back() {
+        let mut e = Every::default();
+        assert_eq!(e.note(3, Duration::from_secs(60)), Some(3));
+        assert_eq!(e.note(5, Duration::from_secs(60)), None);
+        assert_eq!(e.note(1, Duration::from_secs(60)), None);
+        assert_eq!(e.note(2, Duration::ZERO), Some(8));
+    }
+
+    #[test]
+    fn echoed_text_is_capped_at_a_char_boundary() {
+        assert_eq!(cap("short"), "short");
+        let long = "é".repeat(1000);
+        let c = cap(&long);
+        assert!(c.starts_with(&"é".repeat(32)) && c.ends_with("… (2000 bytes)"), "{c}");
+        assert!(c.len() < 100);
+    }
+}
