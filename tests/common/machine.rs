@@ -6,8 +6,11 @@
 //! cached under target/ ([`tree`]); every [`Machine`] boots it with
 //! `--volatile=overlay` (all writes land in a tmpfs that goes with it) and
 //! `--private-network`. Commands run inside through nsenter(1), each bounded
-//! by timeout(1). Drop stops the machine, kills what is left, and removes its
-//! cgroups and temp dir, also when the test panics.
+//! by timeout(1). nspawn runs as PID 1 of a pid namespace of its own
+//! (`unshare --pid --kill-child`), so killing that one process ends the
+//! machine whole: Drop does, also when the test panics, then removes the
+//! machine's cgroups and temp dir; and a test process killed outright takes
+//! its machines along (the kernel's parent-death signal).
 
 use super::{kill_and_reap, read_lossy, require, require_root, signal, wait_exit};
 use std::ffi::CString;
@@ -193,8 +196,9 @@ fn remove_tree(dir: &Path) {
 pub struct Machine {
     /// `fbt-<pid>-<n>`: the machine's name, and its cgroups'.
     pub name: String,
-    /// systemd-nspawn, our child.
-    nspawn: Child,
+    /// unshare(1), our child: its child, systemd-nspawn, is PID 1 of a
+    /// pid namespace holding the machine's.
+    unshare: Child,
     /// The machine's PID 1 as the host sees it; 0 until found.
     leader: u32,
     /// The cgroup nspawn runs in, one per hierarchy systemd uses: nspawn
@@ -220,8 +224,10 @@ impl Machine {
         let console = fs::File::create(dir.path().join("console.log")).expect("create console.log");
         let cgroups = create_cgroups(&name);
 
-        let mut cmd = Command::new(require("systemd-nspawn"));
-        cmd.arg("--directory")
+        let mut cmd = Command::new(require("unshare"));
+        cmd.args(["--pid", "--fork", "--kill-child", "--mount-proc", "--"])
+            .arg(require("systemd-nspawn"))
+            .arg("--directory")
             .arg(&tree)
             .arg(format!("--machine={name}"))
             .args([
@@ -271,11 +277,11 @@ impl Machine {
                 Ok(())
             });
         }
-        let nspawn = cmd.spawn().unwrap_or_else(|e| panic!("spawn systemd-nspawn: {e}"));
+        let unshare = cmd.spawn().unwrap_or_else(|e| panic!("spawn systemd-nspawn: {e}"));
         // From here on Drop cleans up, also if the boot fails.
         let mut m = Machine {
             name,
-            nspawn,
+            unshare,
             leader: 0,
             cgroups,
             dir,
@@ -285,26 +291,15 @@ impl Machine {
         m
     }
 
-    /// nspawn's child once it is systemd.
+    /// The machine's systemd: nspawn's child, unshare's grandchild.
     fn find_leader(&mut self) -> u32 {
         let deadline = Instant::now() + BOOT_LIMIT;
-        let nspawn = self.nspawn.id();
         while Instant::now() < deadline {
-            if !matches!(self.nspawn.try_wait(), Ok(None)) {
+            if !matches!(self.unshare.try_wait(), Ok(None)) {
                 panic!("systemd-nspawn exited while booting:\n{}", self.console());
             }
-            let children: Vec<u32> = fs::read_dir(format!("/proc/{nspawn}/task"))
-                .into_iter()
-                .flatten()
-                .flatten()
-                .filter_map(|t| fs::read_to_string(t.path().join("children")).ok())
-                .flat_map(|s| {
-                    s.split_whitespace()
-                        .filter_map(|p| p.parse().ok())
-                        .collect::<Vec<u32>>()
-                })
-                .collect();
-            for pid in children {
+            let grandchildren = children(self.unshare.id()).into_iter().flat_map(children);
+            for pid in grandchildren {
                 if fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "systemd") {
                     return pid;
                 }
@@ -447,25 +442,35 @@ impl Machine {
 
 impl Drop for Machine {
     fn drop(&mut self) {
-        if matches!(self.nspawn.try_wait(), Ok(None)) {
-            // The first SIGTERM asks the machine to halt, a second one ends
-            // it at once: nothing in it needs a clean shutdown.
-            signal(self.nspawn.id(), libc::SIGTERM);
-            thread::sleep(Duration::from_millis(200));
-            signal(self.nspawn.id(), libc::SIGTERM);
-            if !wait_exit(&mut self.nspawn, Duration::from_secs(10)) {
-                if self.leader != 0 {
-                    // PID 1 of the machine: every process in it goes too.
-                    signal(self.leader, libc::SIGKILL);
-                }
-                kill_and_reap(&mut self.nspawn);
-            }
+        // nspawn, PID 1 of unshare's pid namespace, goes and everything in
+        // the machine with it (nothing in it needs a clean shutdown);
+        // unshare reaps it and exits.
+        for pid in children(self.unshare.id()) {
+            signal(pid, libc::SIGKILL);
+        }
+        if !wait_exit(&mut self.unshare, Duration::from_secs(10)) {
+            kill_and_reap(&mut self.unshare);
         }
         let _ = fs::remove_dir_all(Path::new(PROPAGATE).join(&self.name));
         for cg in &self.cgroups {
             remove_cgroup(cg);
         }
     }
+}
+
+/// The children of every thread of `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|t| fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|s| {
+            s.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
 }
 
 /// The hierarchies systemd uses and where each is mounted: the unified one
