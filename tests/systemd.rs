@@ -11,12 +11,13 @@
 //! `common::Machine`; the unit exactly as shipped, the built binary as
 //! /usr/bin/fleetban, an embedded-store config in /etc/fleetban): `systemctl
 //! start` returns once the daemon is ready (Type=notify), `systemctl reload`
-//! is a SIGHUP to the same process, a SIGKILLed daemon is restarted, the
-//! watchdog restarts a daemon that stops pinging, and the hardened daemon
-//! reads nginx's log, runs nft and writes its state. The watchdog tests add
-//! one drop-in, `WatchdogSec=3s`, nothing else. The watchdog restarting a
-//! daemon whose nft hangs is ignored until the pipeline stops its pings
-//! then (issue 14's enforcer item); the test is ready for it.
+//! is a SIGHUP to the same process, `systemctl stop` a clean exit, a
+//! SIGKILLed daemon is restarted, the watchdog restarts a daemon that stops
+//! pinging, and the hardened daemon reads nginx's log, runs nft and writes
+//! its state. The watchdog tests add one drop-in, `WatchdogSec=3s`, nothing
+//! else. The watchdog restarting a daemon whose nft hangs is ignored until
+//! the pipeline stops its pings then (issue 14's enforcer item); the test
+//! is ready for it.
 
 mod common;
 
@@ -214,7 +215,7 @@ impl Service {
 }
 
 #[test]
-fn under_systemd_start_returns_when_ready_and_reload_is_a_sighup_to_the_same_process() {
+fn under_systemd_start_returns_when_ready_reload_is_a_sighup_to_the_same_process_and_stop_is_clean() {
     let s = Service::boot(&[]);
     s.systemctl(&["enable", UNIT]);
     assert_eq!(s.m.property(UNIT, "UnitFileState"), "enabled");
@@ -247,6 +248,11 @@ fn under_systemd_start_returns_when_ready_and_reload_is_a_sighup_to_the_same_pro
     assert_eq!(s.main_pid(), pid, "reload must not restart the process");
     assert!(s.running());
     assert_eq!(s.restarts(), 0);
+
+    // SIGTERM: a clean exit well within TimeoutStopSec=, not a failure.
+    s.systemctl(&["stop", UNIT]);
+    assert_eq!(s.m.property(UNIT, "ActiveState"), "inactive");
+    assert_eq!(s.m.property(UNIT, "Result"), "success", "{}", s.journal());
 }
 
 #[test]
