@@ -212,6 +212,8 @@ pub struct Machine {
 impl Machine {
     /// Boots the cached [`tree`] with `binds` (host path, path inside)
     /// mounted read-only, and waits until systemd has finished starting up.
+    /// The machine lives no longer than the thread that boots it (the
+    /// parent-death signal is the thread's).
     pub fn boot(binds: &[(&Path, &str)]) -> Machine {
         require_root("Machine::boot");
         let tree = tree();
@@ -277,7 +279,15 @@ impl Machine {
                 Ok(())
             });
         }
-        let unshare = cmd.spawn().unwrap_or_else(|e| panic!("spawn systemd-nspawn: {e}"));
+        let unshare = match cmd.spawn() {
+            Ok(child) => child,
+            Err(e) => {
+                for cg in &cgroups {
+                    remove_cgroup(cg);
+                }
+                panic!("spawn unshare + systemd-nspawn: {e}");
+            }
+        };
         // From here on Drop cleans up, also if the boot fails.
         let mut m = Machine {
             name,
