@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the system tools the integration tests drive (real redis-server,
-# nft, nginx, ip, curl, logrotate, systemd-analyze, man) when any is missing. Never starts a service:
+# nft, nginx, ip, curl, logrotate, systemd-analyze, man; systemd-nspawn,
+# debootstrap and Debian's archive keyring for the machine that
+# tests/systemd.rs boots) when any is missing. Never starts a service:
 # tests spawn their own instances.
 # Usage: scripts/ensure-deps.sh [--bench]   (--bench: also the load generator
 # the bench/ drivers use, wrk)
@@ -20,6 +22,9 @@ declare -A PKG=(
   [systemd-analyze]=systemd
   [man]=man-db
   [unshare]=util-linux
+  [nsenter]=util-linux
+  [systemd-nspawn]=systemd-container
+  [debootstrap]=debootstrap
   [dpkg-deb]=dpkg
 )
 if [ "${1:-}" = --bench ]; then
@@ -36,10 +41,14 @@ if ! command -v cargo-deb >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo-deb"
   cargo install cargo-deb --locked
 fi
 
+# debootstrap checks the tree's packages against this keyring.
+KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
+
 missing=()
 for bin in "${!PKG[@]}"; do
   have "$bin" || missing+=("${PKG[$bin]}")
 done
+[ -f "$KEYRING" ] || missing+=(debian-archive-keyring)
 if [ ${#missing[@]} -eq 0 ]; then
   echo "ensure-deps: all test dependencies present"
   exit 0
@@ -72,6 +81,7 @@ still=()
 for bin in "${!PKG[@]}"; do
   have "$bin" || still+=("$bin")
 done
+[ -f "$KEYRING" ] || still+=("$KEYRING")
 if [ ${#still[@]} -ne 0 ]; then
   echo "ensure-deps: still missing after install: ${still[*]}" >&2
   exit 1

@@ -5,8 +5,9 @@
 //! topologies that need TCP ([`Redis`]), network namespaces that stand in for
 //! fleet hosts ([`NetNs`], [`veth_pair`]), an nginx writing a real access log
 //! inside one of them ([`Nginx`], [`web_and_client`]), curl as the client
-//! ([`http_get`]), nft read back as JSON ([`nft_bans`]) and the real daemon
-//! ([`Daemon`]); [`fleet::Fleet`] puts them together as hosts sharing one
+//! ([`http_get`]), nft read back as JSON ([`nft_bans`]), the real daemon
+//! ([`Daemon`]) and a Debian tree booted under a live systemd
+//! ([`Machine`]); [`fleet::Fleet`] puts them together as hosts sharing one
 //! Redis, with a client namespace holding many addresses. Each guard cleans
 //! up on Drop, also when the test panics. A missing binary is a loud failure
 //! ([`require`]), never a silent skip: `scripts/ensure-deps.sh` installs
@@ -29,6 +30,7 @@ mod config;
 mod daemon;
 pub mod fleet;
 mod http;
+mod machine;
 pub mod model;
 mod netns;
 mod nft;
@@ -39,6 +41,7 @@ pub use cli::{cli, control_status, CliOutput};
 pub use config::{rules_yaml, ConfigDir, MainConfig, Rule};
 pub use daemon::Daemon;
 pub use http::{Answer, Checker};
+pub use machine::Machine;
 
 pub use netns::{get_from, http_get, http_get_headers, http_get_with, veth_pair, NetNs, Reply};
 pub use nft::{nft_bans, nft_bans_detailed, nft_set_elements, nft_set_elements_detailed, parse_set_json, NftElem};
