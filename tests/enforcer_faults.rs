@@ -1,0 +1,71 @@
+//! The enforcer against a kernel and a host that do not stay as they were
+//! left: the table flushed away under a running daemon, nft refusing or
+//! hanging, descriptors exhausted, a second daemon on the same state, an
+//! address added to the host after the start. Real daemon, nft in network
+//! namespaces the tests create, the embedded store (no Redis) unless said.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{nft_bans, wait_until, ConfigDir, Daemon, NetNs, Rule};
+
+fn set_has(ns: &NetNs, elem: &str) -> bool {
+    nft_bans(ns, "fleetban", if elem.contains(':') { "v6" } else { "v4" })
+        .iter()
+        .any(|(e, _)| e == elem)
+}
+
+fn table_exists(ns: &NetNs) -> bool {
+    let out = ns.run(&["nft", "list", "tables"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|l| l.trim() == "table inet fleetban")
+}
+
+/// An embedded-store daemon's files: one rule on `access.log`.
+fn rig() -> ConfigDir {
+    let r = ConfigDir::new();
+    let main = r.main_config().host_id("faults");
+    r.write(
+        &main,
+        &[Rule::new("scraper", &r.log, "{ hits: 5, window: 60s }").ban("1h")],
+    );
+    r
+}
+
+fn ban(r: &ConfigDir, addr: &str) {
+    fleetban::control::Client::new(&r.control)
+        .ban(
+            ipnet::IpNet::from(addr.parse::<std::net::IpAddr>().unwrap()),
+            Some(3_600_000),
+            false,
+            "test",
+        )
+        .unwrap_or_else(|e| panic!("ban {addr}: {e}"));
+}
+
+#[test]
+fn embedded_mode_recreates_a_flushed_table_with_its_bans_without_a_new_ban() {
+    let ns = NetNs::new("flush");
+    let r = rig();
+    let d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    ban(&r, "203.0.113.80");
+    wait_until(Duration::from_secs(5), "the ban in nft", || {
+        set_has(&ns, "203.0.113.80")
+    });
+
+    // What an nftables service reload does.
+    ns.run(&["nft", "flush", "ruleset"]);
+    assert!(!table_exists(&ns));
+    // Nothing else happens: no line, no ban. The check (every 5 s) brings it back.
+    wait_until(Duration::from_secs(15), "the table and the ban back", || {
+        table_exists(&ns) && set_has(&ns, "203.0.113.80")
+    });
+    let log = d.log_text();
+    assert_eq!(
+        log.matches("The nftables table had vanished").count(),
+        1,
+        "one warning for the re-creation:\n{log}"
+    );
+}
