@@ -69,3 +69,61 @@ fn embedded_mode_recreates_a_flushed_table_with_its_bans_without_a_new_ban() {
         "one warning for the re-creation:\n{log}"
     );
 }
+
+/// A start that must be refused: it exits non-zero within 20 s, its message
+/// contains each of `says`.
+fn refused(r: &ConfigDir, says: &[&str]) {
+    let (status, log) = Daemon::run_to_exit(None, &r.cfg, Duration::from_secs(20));
+    assert!(!status.success(), "started anyway ({status}):\n{log}");
+    for s in says {
+        assert!(log.contains(s), "no {s:?} in:\n{log}");
+    }
+}
+
+#[test]
+fn a_control_path_that_is_a_file_or_a_directory_is_refused_and_left_alone() {
+    let r = rig();
+    std::fs::write(&r.control, "precious\n").unwrap();
+    let path = r.control.to_string_lossy().into_owned();
+    refused(&r, &[&path, "a regular file"]);
+    assert_eq!(std::fs::read_to_string(&r.control).unwrap(), "precious\n");
+
+    std::fs::remove_file(&r.control).unwrap();
+    std::fs::create_dir(&r.control).unwrap();
+    std::fs::write(r.control.join("inside"), "x").unwrap();
+    refused(&r, &[&path, "a directory"]);
+    assert!(r.control.join("inside").exists());
+}
+
+#[test]
+fn a_stale_control_socket_is_replaced() {
+    let r = rig();
+    // A socket nobody answers on: what a killed daemon leaves.
+    drop(std::os::unix::net::UnixListener::bind(&r.control).unwrap());
+    assert!(r.control.exists());
+    let d = Daemon::start(None, &r.cfg, &r.control);
+    assert_eq!(d.status()["bans_active"], 0);
+}
+
+#[test]
+fn a_second_daemon_on_the_same_state_dir_exits_naming_the_lock_and_the_first_pid() {
+    let r = rig();
+    let d = Daemon::start(None, &r.cfg, &r.control);
+    let lock = r.state.join("lock").to_string_lossy().into_owned();
+    refused(&r, &[&lock, &format!("pid {}", d.pid())]);
+    // The first one still answers, on its socket.
+    assert_eq!(d.status()["bans_active"], 0);
+}
+
+#[test]
+fn a_control_socket_another_daemon_answers_on_is_not_taken_over() {
+    let r = rig();
+    let d = Daemon::start(None, &r.cfg, &r.control);
+    // Its own state dir, the first one's socket.
+    let other = r.path().join("other-state");
+    let main = r.main_config().host_id("faults").state_dir(&other);
+    main.write(&r.cfg);
+    let path = r.control.to_string_lossy().into_owned();
+    refused(&r, &[&path, "another daemon answers on it"]);
+    assert_eq!(d.status()["bans_active"], 0);
+}

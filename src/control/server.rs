@@ -19,12 +19,42 @@ pub trait Handler: Send + Sync + 'static {
     fn answer(&self, req: Request) -> impl Future<Output = Response> + Send;
 }
 
-/// Binds the socket (replacing a stale one) with mode 0600.
+/// Binds the socket with mode 0600. Only a stale socket (one nobody
+/// answers on: a daemon that died) is replaced; a live socket (another
+/// daemon), a regular file, a directory or anything else at `path` is an
+/// error that names it, and nothing is removed.
 pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
+    use std::io::{Error, ErrorKind};
+    use std::os::unix::fs::FileTypeExt;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let _ = std::fs::remove_file(path);
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+        Ok(m) if m.file_type().is_socket() => match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => {
+                return Err(Error::new(
+                    ErrorKind::AddrInUse,
+                    "another daemon answers on it (a second fleetban on this configuration?); not replaced",
+                ))
+            }
+            Err(e) if e.kind() == ErrorKind::ConnectionRefused => std::fs::remove_file(path)?,
+            Err(e) => return Err(e),
+        },
+        Ok(m) => {
+            let what = match m.file_type() {
+                t if t.is_dir() => "a directory",
+                t if t.is_file() => "a regular file",
+                t if t.is_symlink() => "a symbolic link",
+                _ => "not a socket",
+            };
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!("it is {what}, not a stale socket; not replaced"),
+            ));
+        }
+    }
     let l = UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     Ok(l)

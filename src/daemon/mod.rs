@@ -59,6 +59,8 @@ pub struct Options {
 pub enum DaemonError {
     #[error("state dir {0}: {1}")]
     StateDir(PathBuf, std::io::Error),
+    #[error("{} is held by another fleetban{}: one daemon per state_dir", lock.display(), pid.map(|p| format!(" (pid {p})")).unwrap_or_default())]
+    Locked { lock: PathBuf, pid: Option<u32> },
     #[error("firewall: {0}")]
     Enforce(#[from] EnforceError),
     #[error("log format: {0}")]
@@ -130,6 +132,8 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     // Installed first: SIGHUP's default action would end the process.
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     std::fs::create_dir_all(&config.state_dir).map_err(|e| DaemonError::StateDir(config.state_dir.clone(), e))?;
+    // Held until the process ends: a second daemon on this state dir stops here.
+    let _lock = start::lock_state_dir(&config.state_dir)?;
     let offsets =
         Arc::new(OffsetStore::open(&config.state_dir).map_err(|e| DaemonError::StateDir(config.state_dir.clone(), e))?);
     let allow = AllowList::new(&config.never_banned());

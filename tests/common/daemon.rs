@@ -78,6 +78,45 @@ impl Daemon {
         d
     }
 
+    /// Runs `fleetban run -c config` expecting it to exit by itself within
+    /// `limit` (a start it must refuse); its exit status and its log.
+    /// Killed, and a panic, if it is still running then.
+    pub fn run_to_exit(ns: Option<&NetNs>, config: &Path, limit: Duration) -> (ExitStatus, String) {
+        let log = config.with_extension("refused.log");
+        let err = std::fs::File::create(&log).unwrap();
+        let mut cmd = match ns {
+            Some(ns) => {
+                let mut c = Command::new(require("ip"));
+                c.args(["netns", "exec", &ns.name]).arg(fleetban_bin());
+                c
+            }
+            None => Command::new(fleetban_bin()),
+        };
+        let mut child = cmd
+            .args(["run", "-c"])
+            .arg(config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .expect("spawn fleetban run");
+        let start = Instant::now();
+        loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                return (st, std::fs::read_to_string(&log).unwrap_or_default());
+            }
+            if start.elapsed() > limit {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "fleetban kept running for {limit:?}:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
