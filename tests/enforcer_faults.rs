@@ -8,7 +8,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{nft_bans, wait_until, ConfigDir, Daemon, NetNs, Rule};
+use common::{nft_bans, wait_until, ConfigDir, Daemon, NetNs, NftShim, Rule};
+use fleetban::control::{Client, Request, Response};
 
 fn set_has(ns: &NetNs, elem: &str) -> bool {
     nft_bans(ns, "fleetban", if elem.contains(':') { "v6" } else { "v4" })
@@ -35,7 +36,7 @@ fn rig() -> ConfigDir {
 }
 
 fn ban(r: &ConfigDir, addr: &str) {
-    fleetban::control::Client::new(&r.control)
+    Client::new(&r.control)
         .ban(
             ipnet::IpNet::from(addr.parse::<std::net::IpAddr>().unwrap()),
             Some(3_600_000),
@@ -126,4 +127,92 @@ fn a_control_socket_another_daemon_answers_on_is_not_taken_over() {
     let path = r.control.to_string_lossy().into_owned();
     refused(&r, &[&path, "another daemon answers on it"]);
     assert_eq!(d.status()["bans_active"], 0);
+}
+
+/// A ban through the control socket, its answer as sent.
+fn ban_reply(r: &ConfigDir, addr: &str) -> Response {
+    let req = Request::Ban {
+        addr: ipnet::IpNet::from(addr.parse::<std::net::IpAddr>().unwrap()),
+        for_ms: Some(3_600_000),
+        permanent: false,
+        reason: "test".into(),
+    };
+    Client::new(&r.control)
+        .call(&req)
+        .unwrap_or_else(|e| panic!("ban {addr}: {e}"))
+}
+
+fn enforced(reply: &Response) -> Option<bool> {
+    match reply {
+        Response::Ban {
+            banned: true, enforced, ..
+        } => *enforced,
+        other => panic!("not a new ban: {other:?}"),
+    }
+}
+
+#[test]
+fn a_ban_nft_refused_is_reported_not_enforced_and_retried_until_it_is() {
+    let ns = NetNs::new("nftfail");
+    let r = rig();
+    let shim = NftShim::new();
+    let d = Daemon::start_with_env(Some(&ns), &r.cfg, &r.control, &shim.env());
+    let reply = ban_reply(&r, "203.0.113.82");
+    assert_eq!(enforced(&reply), Some(true), "{reply:?}");
+
+    shim.fail();
+    let reply = ban_reply(&r, "203.0.113.81");
+    assert_eq!(enforced(&reply), Some(false), "{reply:?}");
+    assert!(shim.refused() >= 2, "the transaction and its retry were refused");
+    assert!(!set_has(&ns, "203.0.113.81"));
+    let fw = &d.status()["firewall"];
+    assert_eq!(fw["failing"], true, "{fw}");
+    assert_eq!(fw["not_enforced"], 1, "{fw}");
+    assert_eq!(fw["not_enforced_sample"], serde_json::json!(["203.0.113.81"]), "{fw}");
+    match Client::new(&r.control).call(&Request::Bans).unwrap() {
+        Response::Bans { bans, not_enforced } => {
+            assert_eq!(bans.len(), 2);
+            assert_eq!(not_enforced, vec!["203.0.113.81".to_owned()]);
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // nft works again: the retry (backing off from 1 s) puts it in, with no new ban.
+    shim.heal();
+    wait_until(Duration::from_secs(20), "the ban retried into the kernel", || {
+        set_has(&ns, "203.0.113.81") && d.status()["firewall"]["not_enforced"] == 0
+    });
+    assert_eq!(d.status()["firewall"]["failing"], false);
+    assert!(set_has(&ns, "203.0.113.82"));
+}
+
+#[test]
+fn out_of_descriptors_the_control_socket_waits_instead_of_spinning_and_recovers() {
+    let r = ConfigDir::new();
+    let main = r.main_config().host_id("nofile").log_firewall();
+    r.write(
+        &main,
+        &[Rule::new("scraper", &r.log, "{ hits: 5, window: 60s }").ban("1h")],
+    );
+    let d = Daemon::start_with_nofile(None, &r.cfg, &r.control, &[], 64);
+    // More connections than the daemon has descriptors: it accepts what it
+    // can (each waits up to 5 s for its request) and then accept fails.
+    let held: Vec<_> = (0..200)
+        .map(|_| std::os::unix::net::UnixStream::connect(&r.control).expect("connect"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let before = d.cpu_time();
+    std::thread::sleep(Duration::from_secs(2));
+    let used = d.cpu_time() - before;
+    assert!(used < Duration::from_millis(500), "{used:?} of CPU in 2 s: spinning");
+    let log = d.log_text();
+    assert!(
+        log.contains("Control socket: accept failed"),
+        "descriptors were exhausted:\n{log}"
+    );
+
+    drop(held);
+    wait_until(Duration::from_secs(20), "the control socket to answer again", || {
+        common::control_status(&r.control).is_some()
+    });
 }

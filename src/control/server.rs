@@ -1,6 +1,6 @@
 //! The daemon's side of the control socket: binds it, reads one [`Request`]
 //! per connection (64 KiB and 5 s at most) and writes what a [`Handler`]
-//! answers.
+//! answers. A failed accept (descriptors exhausted) pauses 100 ms.
 
 use std::future::Future;
 use std::os::unix::fs::PermissionsExt;
@@ -13,6 +13,9 @@ use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
 use super::{Request, Response};
+
+/// The pause after a failed accept (as the metrics and decision endpoints).
+const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 
 /// What answers the requests.
 pub trait Handler: Send + Sync + 'static {
@@ -63,10 +66,28 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
 /// Answers connections on `listener` until `shutdown`.
 pub async fn serve(listener: UnixListener, handler: impl Handler, shutdown: CancellationToken) {
     let handler = Arc::new(handler);
+    let mut failed = 0u64;
     loop {
-        let (stream, _) = tokio::select! {
-            r = listener.accept() => match r { Ok(s) => s, Err(_) => continue },
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
             _ = shutdown.cancelled() => return,
+        };
+        let stream = match accepted {
+            Ok((s, _)) => {
+                failed = 0;
+                s
+            }
+            Err(e) => {
+                // Out of descriptors, say: the listener stays readable, so
+                // retrying at once would spin. Warned on the first failure
+                // of a run and then on powers of two.
+                failed += 1;
+                if failed.is_power_of_two() {
+                    tracing::warn!(error = %e, failures = failed, "Control socket: accept failed; retrying in 100 ms.");
+                }
+                tokio::time::sleep(ACCEPT_PAUSE).await;
+                continue;
+            }
         };
         let handler = handler.clone();
         tokio::spawn(async move {

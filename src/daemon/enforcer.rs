@@ -13,14 +13,22 @@
 
 use std::time::Duration;
 
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Mutex;
+
+use ipnet::IpNet;
 use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::ratelog::Every;
 use super::sleep_until_opt;
+use crate::addr::AddrText;
+use crate::control::FirewallStatus;
 use crate::detect::AllowList;
-use crate::enforce::{fold, Change, Element, EnforceError, Enforcer};
+use crate::enforce::{fold, Change, Element, EnforceError, Enforcer, Folded};
 
 /// How often the table's presence is checked (one cheap `nft list tables`).
 pub const CHECK_EVERY: Duration = Duration::from_secs(5);
@@ -30,18 +38,117 @@ pub const RETRY_FIRST: Duration = Duration::from_secs(1);
 pub const RETRY_MAX: Duration = Duration::from_secs(30);
 /// Repeated warnings (failures, re-created tables): one per period.
 const WARN_EVERY: Duration = Duration::from_secs(60);
+/// How many bans not enforced `status` names.
+const SAMPLE: usize = 10;
+/// How many recently added nets the report keeps (see `Report::recent`).
+const RECENT: usize = 1024;
+
+/// What the enforcer task tells the rest of the daemon: what it could not
+/// put into the kernel, and when its batches of changes are done (the
+/// control socket's `ban` waits for its own).
+pub struct Enforced {
+    /// Batches of changes taken from the queue so far. A change queued
+    /// before this is read is in batch `begun + 1` or earlier.
+    begun: AtomicU64,
+    /// Bumped after every call (batch, check, retry), its report updated.
+    done: watch::Sender<u64>,
+    report: Mutex<Report>,
+}
+
+#[derive(Default)]
+struct Report {
+    /// The nets added by the last batches, with their batch's number
+    /// (`RECENT` at most): how a `ban` finds the batch that took it.
+    recent: std::collections::VecDeque<(u64, IpNet)>,
+    /// Wanted bans the kernel does not hold, sorted; empty while nft works.
+    unapplied: Vec<IpNet>,
+    /// The last call's error, while it is not followed by a success.
+    error: Option<String>,
+    recreated: u64,
+}
+
+impl Default for Enforced {
+    fn default() -> Enforced {
+        Enforced {
+            begun: AtomicU64::new(0),
+            done: watch::channel(0).0,
+            report: Mutex::new(Report::default()),
+        }
+    }
+}
+
+impl Enforced {
+    fn report(&self) -> std::sync::MutexGuard<'_, Report> {
+        self.report.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The firewall part of `status`.
+    pub fn status(&self) -> FirewallStatus {
+        let r = self.report();
+        FirewallStatus {
+            failing: r.error.is_some(),
+            error: r.error.clone(),
+            not_enforced: r.unapplied.len() as u64,
+            not_enforced_sample: r
+                .unapplied
+                .iter()
+                .take(SAMPLE)
+                .map(|n| AddrText(n).to_string())
+                .collect(),
+            recreated: r.recreated,
+        }
+    }
+
+    /// Which of `nets` the kernel does not hold.
+    pub fn not_enforced<'a>(&self, nets: impl Iterator<Item = &'a IpNet>) -> Vec<IpNet> {
+        let r = self.report();
+        nets.filter(|n| r.unapplied.binary_search(&n.trunc()).is_ok())
+            .copied()
+            .collect()
+    }
+
+    /// Batches taken so far: read it before queueing a change.
+    pub fn begun(&self) -> u64 {
+        self.begun.load(Relaxed)
+    }
+
+    /// Whether `net`, queued after [`Enforced::begun`] returned `begun`, is
+    /// in the kernel once the batch that took it is done; false if that
+    /// takes longer than `wait` (nft slow or hung, or a batch too large to
+    /// be remembered).
+    pub async fn applied(&self, net: &IpNet, begun: u64, wait: Duration) -> bool {
+        let net = net.trunc();
+        let mut rx = self.done.subscribe();
+        let taken = async {
+            loop {
+                {
+                    let r = self.report();
+                    if r.recent.iter().any(|&(b, n)| b > begun && n == net) {
+                        return r.unapplied.binary_search(&net).is_err();
+                    }
+                }
+                if rx.changed().await.is_err() {
+                    return false;
+                }
+            }
+        };
+        tokio::time::timeout(wait, taken).await.unwrap_or(false)
+    }
+}
 
 pub async fn run(
     mut enforcer: Enforcer,
     mut rx: UnboundedReceiver<Change>,
     allow: AllowList,
     stats: std::sync::Arc<super::stats::Stats>,
+    enforced: std::sync::Arc<Enforced>,
     shutdown: CancellationToken,
 ) {
     let mut warned = 0u32;
     let mut next_check = Instant::now() + CHECK_EVERY;
     let mut retry: Option<(Instant, Duration)> = None;
     let (mut failures, mut recreated) = (Every::default(), Every::default());
+    let mut taken: Vec<(u64, IpNet)> = Vec::new();
     loop {
         let wake = enforcer.next_wakeup().map(|t| {
             let ms = (t - crate::now_ms()).clamp(0, 3_600_000) as u64;
@@ -64,6 +171,7 @@ pub async fn run(
                 next_check = Instant::now() + CHECK_EVERY;
                 match enforcer.check(crate::now_ms()).await {
                     Ok(Some(s)) => {
+                        enforced.report().recreated += 1;
                         if let Some(n) = recreated.note(1, WARN_EVERY) {
                             tracing::warn!(
                                 bans = s.added,
@@ -78,13 +186,34 @@ pub async fn run(
                 }
             }
             Some(first) => {
+                let number = enforced.begun.fetch_add(1, Relaxed) + 1;
                 let mut queue = vec![first];
                 while let Ok(c) = rx.try_recv() {
                     queue.push(c);
                 }
-                apply(&mut enforcer, queue, &allow, &mut warned, &stats).await
+                let f = fold(queue);
+                taken.clear();
+                taken.extend(f.adds.iter().take(RECENT).map(|e| (number, e.net.trunc())));
+                apply(&mut enforcer, f, &allow, &mut warned, &stats).await
             }
         };
+        // What is not enforced: walked after a failure, and after each call
+        // until the kernel holds everything again.
+        {
+            let mut report = enforced.report();
+            if result.is_err() || !report.unapplied.is_empty() {
+                let mut missing = enforcer.unapplied();
+                missing.sort_unstable();
+                report.unapplied = missing;
+            }
+            report.error = result.as_ref().err().map(ToString::to_string);
+            if !taken.is_empty() {
+                report.recent.extend(taken.drain(..));
+                let excess = report.recent.len().saturating_sub(RECENT);
+                report.recent.drain(..excess);
+            }
+        }
+        enforced.done.send_modify(|d| *d += 1);
         match result {
             Ok(()) => retry = None,
             Err(e) => {
@@ -101,12 +230,11 @@ pub async fn run(
 /// One folded batch of changes, in one nft transaction.
 async fn apply(
     enforcer: &mut Enforcer,
-    queue: Vec<Change>,
+    f: Folded,
     allow: &AllowList,
     warned: &mut u32,
     stats: &super::stats::Stats,
 ) -> Result<(), EnforceError> {
-    let f = fold(queue);
     let now = crate::now_ms();
     // One line per unban, whoever asked (manual, another host, the fleet's list).
     for net in &f.removes {

@@ -202,11 +202,13 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         stats = stats.with_http(http.listen.to_string(), http_counters.clone());
     }
     let stats = Arc::new(stats);
+    let enforced = Arc::new(enforcer::Enforced::default());
     tracker.spawn(enforcer::run(
         enforcer,
         enf_rx,
         allow.clone(),
         stats.clone(),
+        enforced.clone(),
         token.clone(),
     ));
     if let Some((fleet, last_id)) = fleet {
@@ -277,6 +279,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     let answers = control::Answers {
         stats: stats.clone(),
         pipeline: commands_tx,
+        enforced,
     };
     tracker.spawn(crate::control::serve(listener, answers, token.clone()));
     let (reload_tx, reload_rx) = tokio::sync::mpsc::unbounded_channel();

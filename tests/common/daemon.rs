@@ -36,6 +36,30 @@ impl Daemon {
         control: &Path,
         env: &[(&str, &str)],
     ) -> Daemon {
+        Daemon::launch(program, ns, config, control, env, None)
+    }
+
+    /// [`Daemon::start_with_env`] with `RLIMIT_NOFILE` set to `nofile`
+    /// (soft and hard) in the child before it runs: a daemon that runs out
+    /// of descriptors.
+    pub fn start_with_nofile(
+        ns: Option<&NetNs>,
+        config: &Path,
+        control: &Path,
+        env: &[(&str, &str)],
+        nofile: u64,
+    ) -> Daemon {
+        Daemon::launch(&fleetban_bin(), ns, config, control, env, Some(nofile))
+    }
+
+    fn launch(
+        program: &Path,
+        ns: Option<&NetNs>,
+        config: &Path,
+        control: &Path,
+        env: &[(&str, &str)],
+        nofile: Option<u64>,
+    ) -> Daemon {
         let log = config.with_extension("log");
         let err = std::fs::File::create(&log).unwrap();
         let mut cmd = match ns {
@@ -53,6 +77,22 @@ impl Daemon {
             .stderr(err);
         cmd.env("RUST_LOG", "fleetban=debug,info");
         cmd.envs(env.iter().copied());
+        if let Some(n) = nofile {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: only setrlimit, async-signal-safe, between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let lim = libc::rlimit {
+                        rlim_cur: n,
+                        rlim_max: n,
+                    };
+                    match libc::setrlimit(libc::RLIMIT_NOFILE, &lim) {
+                        0 => Ok(()),
+                        _ => Err(std::io::Error::last_os_error()),
+                    }
+                });
+            }
+        }
         let child = cmd.spawn().expect("spawn fleetban run");
         let mut d = Daemon {
             child: Some(child),
@@ -139,6 +179,21 @@ impl Daemon {
 
     pub fn pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()
+    }
+
+    /// CPU time the daemon has used so far (user + system, from
+    /// `/proc/PID/stat`), for a daemon started without a namespace (with
+    /// one, the pid is `ip netns exec`'s, which execs into it: the same).
+    pub fn cpu_time(&self) -> Duration {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).expect("read /proc/PID/stat");
+        // Fields after the command's closing parenthesis; utime and stime
+        // are the 14th and 15th of the line, the 12th and 13th after it.
+        let rest = &stat[stat.rfind(')').expect("comm in stat") + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+        // SAFETY: sysconf reads a constant.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        Duration::from_millis(ticks * 1000 / hz)
     }
 
     /// Sends `sig` (SIGHUP, ...) to the daemon.
