@@ -216,3 +216,38 @@ fn out_of_descriptors_the_control_socket_waits_instead_of_spinning_and_recovers(
         common::control_status(&r.control).is_some()
     });
 }
+
+#[test]
+fn an_address_the_host_takes_after_the_start_never_enters_its_nft_set() {
+    let ns = NetNs::new("ownaddr");
+    let r = rig();
+    let d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    // Banned before it is ours: enforced.
+    assert_eq!(enforced(&ban_reply(&r, "10.213.99.8")), Some(true));
+    assert!(set_has(&ns, "10.213.99.8"));
+
+    // A VIP arrives (keepalived, DHCP), then a ban of it.
+    ns.run(&["ip", "addr", "add", "10.213.99.7/32", "dev", "lo"]);
+    let reply = ban_reply(&r, "10.213.99.7");
+    assert_eq!(enforced(&reply), Some(false), "{reply:?}");
+    assert!(!set_has(&ns, "10.213.99.7"));
+    let log = d.log_text();
+    assert!(
+        log.contains("Ban of an allowed address") && log.contains("10.213.99.7"),
+        "says why:\n{log}"
+    );
+
+    // The address already banned becomes ours: lifted here within the check.
+    ns.run(&["ip", "addr", "add", "10.213.99.8/32", "dev", "lo"]);
+    wait_until(Duration::from_secs(15), "the ban of our new address lifted", || {
+        !set_has(&ns, "10.213.99.8")
+    });
+    let log = d.log_text();
+    assert_eq!(
+        log.matches("A ban covers an address this host now has").count(),
+        1,
+        "said once:\n{log}"
+    );
+    // Still in the list (the fleet's view), not in this host's kernel.
+    assert_eq!(d.status()["bans_active"], 2);
+}

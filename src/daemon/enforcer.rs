@@ -27,7 +27,7 @@ use super::ratelog::Every;
 use super::sleep_until_opt;
 use crate::addr::AddrText;
 use crate::control::FirewallStatus;
-use crate::detect::AllowList;
+use crate::detect::{AllowList, OwnAddresses};
 use crate::enforce::{fold, Change, Element, EnforceError, Enforcer, Folded};
 
 /// How often the table's presence is checked (one cheap `nft list tables`).
@@ -57,9 +57,10 @@ pub struct Enforced {
 
 #[derive(Default)]
 struct Report {
-    /// The nets added by the last batches, with their batch's number
-    /// (`RECENT` at most): how a `ban` finds the batch that took it.
-    recent: std::collections::VecDeque<(u64, IpNet)>,
+    /// The nets added by the last batches, with their batch's number and
+    /// whether they were kept (not allowed, not this host's) (`RECENT` at
+    /// most): how a `ban` finds the batch that took it.
+    recent: std::collections::VecDeque<(u64, IpNet, bool)>,
     /// Wanted bans the kernel does not hold, sorted; empty while nft works.
     unapplied: Vec<IpNet>,
     /// The last call's error, while it is not followed by a success.
@@ -123,8 +124,8 @@ impl Enforced {
             loop {
                 {
                     let r = self.report();
-                    if r.recent.iter().any(|&(b, n)| b > begun && n == net) {
-                        return r.unapplied.binary_search(&net).is_err();
+                    if let Some(&(_, _, kept)) = r.recent.iter().find(|&&(b, n, _)| b > begun && n == net) {
+                        return kept && r.unapplied.binary_search(&net).is_err();
                     }
                 }
                 if rx.changed().await.is_err() {
@@ -139,7 +140,8 @@ impl Enforced {
 pub async fn run(
     mut enforcer: Enforcer,
     mut rx: UnboundedReceiver<Change>,
-    allow: AllowList,
+    mut allow: AllowList,
+    mut own: OwnAddresses,
     stats: std::sync::Arc<super::stats::Stats>,
     enforced: std::sync::Arc<Enforced>,
     shutdown: CancellationToken,
@@ -148,7 +150,7 @@ pub async fn run(
     let mut next_check = Instant::now() + CHECK_EVERY;
     let mut retry: Option<(Instant, Duration)> = None;
     let (mut failures, mut recreated) = (Every::default(), Every::default());
-    let mut taken: Vec<(u64, IpNet)> = Vec::new();
+    let mut taken: Vec<(u64, IpNet, bool)> = Vec::new();
     loop {
         let wake = enforcer.next_wakeup().map(|t| {
             let ms = (t - crate::now_ms()).clamp(0, 3_600_000) as u64;
@@ -169,7 +171,9 @@ pub async fn run(
             }
             None => {
                 next_check = Instant::now() + CHECK_EVERY;
-                match enforcer.check(crate::now_ms()).await {
+                let lifted = lift_own(&mut own, &mut allow, &mut enforcer).await;
+                let checked = enforcer.check(crate::now_ms()).await;
+                match lifted.and(checked) {
                     Ok(Some(s)) => {
                         enforced.report().recreated += 1;
                         if let Some(n) = recreated.note(1, WARN_EVERY) {
@@ -191,10 +195,21 @@ pub async fn run(
                 while let Ok(c) = rx.try_recv() {
                     queue.push(c);
                 }
-                let f = fold(queue);
+                let mut f = fold(queue);
+                // Addresses this host took since the last read are never put in.
+                let lifted = match f.adds.is_empty() && f.replace.is_none() {
+                    true => Ok(()),
+                    false => lift_own(&mut own, &mut allow, &mut enforcer).await,
+                };
+                let adds = std::mem::take(&mut f.adds);
+                let mut refused = Vec::new();
+                f.adds = allowed(adds, &allow, &mut warned, Some(&mut refused));
                 taken.clear();
-                taken.extend(f.adds.iter().take(RECENT).map(|e| (number, e.net.trunc())));
-                apply(&mut enforcer, f, &allow, &mut warned, &stats).await
+                let kept = f.adds.iter().map(|e| (e.net.trunc(), true));
+                let refused = refused.into_iter().map(|n| (n.trunc(), false));
+                taken.extend(kept.chain(refused).take(RECENT).map(|(n, k)| (number, n, k)));
+                let applied = apply(&mut enforcer, f, &allow, &mut warned, &stats).await;
+                lifted.and(applied)
             }
         };
         // What is not enforced: walked after a failure, and after each call
@@ -244,29 +259,66 @@ async fn apply(
     let result = match f.replace {
         Some(elems) => {
             let r = enforcer
-                .replace_all(&allowed(elems, allow, warned), now)
+                .replace_all(&allowed(elems, allow, warned, None), now)
                 .await
                 .map(|_| ());
             // A reconcile read and copied the whole list: give it back.
             super::trim_heap();
             r
         }
-        None => enforcer.update(&allowed(f.adds, allow, warned), &f.removes, now).await,
+        None => enforcer.update(&f.adds, &f.removes, now).await,
     };
     stats.nft_apply.observe(started.elapsed().as_secs_f64());
     result
 }
 
-fn allowed(elems: Vec<Element>, allow: &AllowList, warned: &mut u32) -> Vec<Element> {
+/// `elems` without those overlapping the allow list (noted in `refused`).
+fn allowed(
+    elems: Vec<Element>,
+    allow: &AllowList,
+    warned: &mut u32,
+    mut refused: Option<&mut Vec<IpNet>>,
+) -> Vec<Element> {
     elems
         .into_iter()
         .filter(|e| {
             let ok = !allow.overlaps(&e.net);
-            if !ok && *warned < 20 {
-                *warned += 1;
-                tracing::warn!(addr = %e.net, "Ban of an allowed address (loopback, own, `allow:` or `proxies:`) not applied.");
+            if !ok {
+                if *warned < 20 {
+                    *warned += 1;
+                    tracing::warn!(addr = %e.net, "Ban of an allowed address (loopback, own, `allow:` or `proxies:`) not applied.");
+                }
+                if let Some(r) = refused.as_deref_mut() {
+                    r.push(e.net);
+                }
             }
             ok
         })
         .collect()
+}
+
+/// Follows this host's addresses (one getifaddrs): when they changed, the
+/// allow list is replaced, and a wanted ban covering an address that
+/// appeared is lifted here, said once per address (the fleet's list keeps
+/// it; other hosts still drop it).
+async fn lift_own(own: &mut OwnAddresses, allow: &mut AllowList, enforcer: &mut Enforcer) -> Result<(), EnforceError> {
+    let Some((new, added)) = own.refresh() else {
+        return Ok(());
+    };
+    *allow = new;
+    for a in &added {
+        tracing::info!(addr = %a, "This host has a new address: it is never banned here.");
+    }
+    let lift: Vec<IpNet> = enforcer
+        .wanted()
+        .filter(|n| added.iter().any(|a| n.contains(a)))
+        .copied()
+        .collect();
+    if lift.is_empty() {
+        return Ok(());
+    }
+    for n in &lift {
+        tracing::warn!(addr = %AddrText(n), "A ban covers an address this host now has: lifted here, the list keeps it.");
+    }
+    enforcer.remove(&lift, crate::now_ms()).await
 }

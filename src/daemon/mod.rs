@@ -203,10 +203,13 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     }
     let stats = Arc::new(stats);
     let enforced = Arc::new(enforcer::Enforced::default());
+    // The enforcer follows this host's addresses itself.
+    let (own, enforcer_allow) = crate::detect::OwnAddresses::new(&config.never_banned());
     tracker.spawn(enforcer::run(
         enforcer,
         enf_rx,
-        allow.clone(),
+        enforcer_allow,
+        own,
         stats.clone(),
         enforced.clone(),
         token.clone(),

@@ -236,6 +236,11 @@ impl Book {
         *self = Book::default();
     }
 
+    /// The wanted nets, in order.
+    pub fn desired_nets(&self) -> impl Iterator<Item = &IpNet> {
+        self.desired.keys()
+    }
+
     pub fn applied_len(&self) -> usize {
         self.applied.len()
     }

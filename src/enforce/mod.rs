@@ -296,6 +296,11 @@ impl Enforcer {
         self.len() == 0
     }
 
+    /// The bans wanted (covered ones included), in order.
+    pub fn wanted(&self) -> impl Iterator<Item = &ipnet::IpNet> {
+        self.book().desired_nets()
+    }
+
     /// Bans currently wanted, covered ones included.
     pub fn desired_len(&self) -> usize {
         self.book().desired_len()
