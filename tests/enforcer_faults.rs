@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{nft_bans, wait_until, ConfigDir, Daemon, NetNs, NftShim, Rule};
+use common::{nft_bans, wait_until, ConfigDir, Daemon, NetNs, NftShim, NotifySocket, Rule};
 use fleetban::control::{Client, Request, Response};
 
 fn set_has(ns: &NetNs, elem: &str) -> bool {
@@ -250,4 +250,54 @@ fn an_address_the_host_takes_after_the_start_never_enters_its_nft_set() {
     );
     // Still in the list (the fleet's view), not in this host's kernel.
     assert_eq!(d.status()["bans_active"], 2);
+}
+
+fn pings(datagrams: &[String]) -> usize {
+    datagrams
+        .iter()
+        .filter(|d| d.lines().any(|l| l == "WATCHDOG=1"))
+        .count()
+}
+
+#[test]
+fn a_hung_nft_stops_the_watchdog_pings_until_it_returns() {
+    let ns = NetNs::new("hungnft");
+    let r = rig();
+    let shim = NftShim::new();
+    let notify = NotifySocket::bind(r.path());
+    let path = notify.path.to_string_lossy().into_owned();
+    let mut env = shim.env();
+    // Pings every 0.5 s; an nft call of 0.5 s or more stops them.
+    env.extend([("NOTIFY_SOCKET", path.as_str()), ("WATCHDOG_USEC", "1000000")]);
+    let d = Daemon::start_with_env(Some(&ns), &r.cfg, &r.control, &env);
+    notify.expect("WATCHDOG=1", Duration::from_secs(10));
+    assert!(
+        pings(&notify.during(Duration::from_secs(2))) >= 2,
+        "pinging while nft works"
+    );
+
+    // nft hangs on the ban's transaction (the pipeline itself stays idle).
+    shim.hang();
+    let reply = ban_reply(&r, "203.0.113.83");
+    assert_eq!(
+        enforced(&reply),
+        Some(false),
+        "not in the kernel while nft hangs: {reply:?}"
+    );
+    wait_until(Duration::from_secs(10), "an nft call hanging", || shim.hanging());
+    // A ping already due may still go within the first half interval.
+    notify.during(Duration::from_secs(1));
+    let quiet = notify.during(Duration::from_millis(2500));
+    assert_eq!(pings(&quiet), 0, "pinged while nft hung: {quiet:?}");
+    assert!(
+        d.log_text().contains("Enforcer stuck in an nft call"),
+        "{}",
+        d.log_text()
+    );
+
+    shim.release();
+    notify.expect("WATCHDOG=1", Duration::from_secs(10));
+    wait_until(Duration::from_secs(10), "the ban in nft", || {
+        set_has(&ns, "203.0.113.83")
+    });
 }

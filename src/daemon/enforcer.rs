@@ -13,8 +13,8 @@
 
 use std::time::Duration;
 
-use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::sync::Mutex;
 
 use ipnet::IpNet;
@@ -53,6 +53,10 @@ pub struct Enforced {
     /// Bumped after every call (batch, check, retry), its report updated.
     done: watch::Sender<u64>,
     report: Mutex<Report>,
+    /// When the nft work in progress began (unix ms), 0 when none: a call
+    /// running longer than half the watchdog interval stops the pings
+    /// (`notify::watchdog`), so that systemd restarts a hung enforcer.
+    pub busy_since_ms: AtomicI64,
 }
 
 #[derive(Default)]
@@ -74,6 +78,7 @@ impl Default for Enforced {
             begun: AtomicU64::new(0),
             done: watch::channel(0).0,
             report: Mutex::new(Report::default()),
+            busy_since_ms: AtomicI64::new(0),
         }
     }
 }
@@ -164,6 +169,7 @@ pub async fn run(
             _ = sleep_until_opt(due) => None,
             _ = shutdown.cancelled() => return,
         };
+        enforced.busy_since_ms.store(crate::now_ms(), Relaxed);
         let result = match first {
             None if retry.is_some_and(|r| r.0 <= Instant::now()) || wake.is_some_and(|w| w <= Instant::now()) => {
                 // A tick after a failure plans every ban against a fresh listing.
@@ -212,6 +218,7 @@ pub async fn run(
                 lifted.and(applied)
             }
         };
+        enforced.busy_since_ms.store(0, Relaxed);
         // What is not enforced: walked after a failure, and after each call
         // until the kernel holds everything again.
         {

@@ -282,7 +282,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     let answers = control::Answers {
         stats: stats.clone(),
         pipeline: commands_tx,
-        enforced,
+        enforced: enforced.clone(),
     };
     tracker.spawn(crate::control::serve(listener, answers, token.clone()));
     let (reload_tx, reload_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -301,7 +301,12 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     }
     tracker.spawn(pipeline.run(chunk_rx, token.clone()));
     if let Some(interval) = notify::watchdog_interval() {
-        tracker.spawn(notify::watchdog(stats.clone(), interval, token.clone()));
+        tracker.spawn(notify::watchdog(
+            stats.clone(),
+            enforced.clone(),
+            interval,
+            token.clone(),
+        ));
     }
     tracker.spawn(notify::status_updates(stats.clone(), token.clone()));
     tracker.close();

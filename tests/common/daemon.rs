@@ -244,3 +244,47 @@ impl Drop for Daemon {
         }
     }
 }
+
+/// The test's end of a daemon's `NOTIFY_SOCKET`: a unix datagram socket the
+/// test binds, collecting what the daemon says to systemd.
+pub struct NotifySocket {
+    sock: std::os::unix::net::UnixDatagram,
+    pub path: PathBuf,
+}
+
+impl NotifySocket {
+    /// Binds `dir/notify.sock`.
+    pub fn bind(dir: &Path) -> NotifySocket {
+        let path = dir.join("notify.sock");
+        let sock = std::os::unix::net::UnixDatagram::bind(&path).expect("bind the notify socket");
+        sock.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        NotifySocket { sock, path }
+    }
+
+    /// The datagrams that arrive within `d` (bounded: `d`, then it returns).
+    pub fn during(&self, d: Duration) -> Vec<String> {
+        let start = Instant::now();
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        while start.elapsed() < d {
+            if let Ok(n) = self.sock.recv(&mut buf) {
+                out.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            }
+        }
+        out
+    }
+
+    /// Waits (at most `limit`) for a datagram with a line `what`.
+    pub fn expect(&self, what: &str, limit: Duration) {
+        let start = Instant::now();
+        let mut buf = [0u8; 4096];
+        while start.elapsed() < limit {
+            if let Ok(n) = self.sock.recv(&mut buf) {
+                if String::from_utf8_lossy(&buf[..n]).lines().any(|l| l == what) {
+                    return;
+                }
+            }
+        }
+        panic!("no {what:?} on the notify socket within {limit:?}");
+    }
+}

@@ -37,7 +37,7 @@ mod redis;
 pub use access_log::{append, combined_line, combined_lines, now_ms};
 pub use cli::{cli, control_status, CliOutput};
 pub use config::{rules_yaml, ConfigDir, MainConfig, Rule};
-pub use daemon::Daemon;
+pub use daemon::{Daemon, NotifySocket};
 pub use http::{Answer, Checker};
 
 pub use netns::{get_from, http_get, http_get_headers, http_get_with, veth_pair, NetNs, Reply};
