@@ -48,7 +48,7 @@ const RECENT: usize = 1024;
 /// control socket's `ban` waits for its own).
 pub struct Enforced {
     /// Batches of changes taken from the queue so far. A change queued
-    /// before this is read is in batch `begun + 1` or earlier.
+    /// after this was read goes in a batch numbered higher.
     begun: AtomicU64,
     /// Bumped after every call (batch, check, retry), its report updated.
     done: watch::Sender<u64>,
