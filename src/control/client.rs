@@ -41,7 +41,7 @@ impl Client {
 
     pub fn bans(&self) -> Result<Vec<BanRecord>, ControlError> {
         match self.call(&Request::Bans)? {
-            Response::Bans { bans } => Ok(bans),
+            Response::Bans { bans, .. } => Ok(bans),
             other => Err(self.unexpected(&other)),
         }
     }
@@ -74,7 +74,8 @@ impl Client {
         }
     }
 
-    fn call(&self, req: &Request) -> Result<Response, ControlError> {
+    /// One request, its answer as sent (an error answer as `Refused`).
+    pub fn call(&self, req: &Request) -> Result<Response, ControlError> {
         let io = |source| ControlError::Unreachable {
             path: self.path.clone(),
             source,

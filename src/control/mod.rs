@@ -13,7 +13,7 @@ mod status;
 
 pub use client::{Client, ControlError};
 pub use server::{bind, serve, Handler};
-pub use status::{HttpStatus, RedisStatus, RuleStatus, SafetyStatus, SourceStatus, Status};
+pub use status::{FirewallStatus, HttpStatus, RedisStatus, RuleStatus, SafetyStatus, SourceStatus, Status};
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -51,11 +51,28 @@ pub enum Request {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Response {
-    Error { error: String },
+    Error {
+        error: String,
+    },
     Status(Box<Status>),
-    Bans { bans: Vec<BanRecord> },
-    Ban { banned: bool, until: Option<i64> },
-    Unban { removed: bool },
+    Bans {
+        bans: Vec<BanRecord>,
+        /// The bans among them the kernel does not hold (yet): a failed nft
+        /// call, retried. Absent when every ban is enforced.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        not_enforced: Vec<String>,
+    },
+    Ban {
+        banned: bool,
+        until: Option<i64>,
+        /// For a new ban: whether the kernel holds it (false: nft failed or
+        /// did not answer within 2 s; the ban stands and is retried).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        enforced: Option<bool>,
+    },
+    Unban {
+        removed: bool,
+    },
 }
 
 impl Response {

@@ -28,6 +28,24 @@ pub struct Status {
     /// The decision endpoint, when `http:` is configured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<HttpStatus>,
+    /// What the kernel holds of the bans (absent from an older daemon's).
+    #[serde(default)]
+    pub firewall: FirewallStatus,
+}
+
+/// Whether the bans are in the kernel: after a failed nft call, the bans it
+/// left out are *not enforced* (retried until they are).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FirewallStatus {
+    /// The last nft call failed (its error below); retried with backoff.
+    pub failing: bool,
+    pub error: Option<String>,
+    /// Bans wanted but not in the kernel (nor covered by a wider ban there).
+    pub not_enforced: u64,
+    /// The first few of them.
+    pub not_enforced_sample: Vec<String>,
+    /// Times the table was found gone and re-created.
+    pub recreated: u64,
 }
 
 /// One followed file.

@@ -3,82 +3,329 @@
 //! to nft folded into one transaction per wake-up (at 100k elements each nft
 //! call costs a lot: see ARCHITECTURE.md). Allowed addresses are filtered
 //! out here, the last step before the kernel.
+//!
+//! The kernel is not trusted to keep what it was given: every
+//! [`CHECK_EVERY`] the task checks that the table is still there (`nft
+//! flush ruleset`, an nftables service reload, remove it) and re-creates it
+//! with every ban, in every mode; a failed call is retried from a fresh
+//! listing after [`RETRY_FIRST`], backing off to [`RETRY_MAX`], until the
+//! kernel holds what is wanted.
 
+use std::time::Duration;
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicI64, AtomicU64};
+use std::sync::Mutex;
+
+use ipnet::IpNet;
 use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::ratelog::Every;
 use super::sleep_until_opt;
-use crate::detect::AllowList;
-use crate::enforce::{fold, Change, Element, Enforcer};
+use crate::addr::AddrText;
+use crate::control::FirewallStatus;
+use crate::detect::{AllowList, OwnAddresses};
+use crate::enforce::{fold, Change, Element, EnforceError, Enforcer, Folded};
 
-pub async fn run(
-    mut enforcer: Enforcer,
-    mut rx: UnboundedReceiver<Change>,
-    allow: AllowList,
-    stats: std::sync::Arc<super::stats::Stats>,
-    shutdown: CancellationToken,
-) {
-    let mut warned = 0u32;
-    loop {
-        let wake = enforcer.next_wakeup().map(|t| {
-            let ms = (t - crate::now_ms()).clamp(0, 3_600_000) as u64;
-            tokio::time::Instant::now() + std::time::Duration::from_millis(ms)
-        });
-        let first = tokio::select! {
-            c = rx.recv() => match c { Some(c) => Some(c), None => return },
-            _ = sleep_until_opt(wake) => None,
-            _ = shutdown.cancelled() => return,
-        };
-        let Some(first) = first else {
-            if let Err(e) = enforcer.tick(crate::now_ms()).await {
-                tracing::warn!(error = %e, "Firewall upkeep failed; retried at the next change.");
-            }
-            continue;
-        };
-        let mut queue = vec![first];
-        while let Ok(c) = rx.try_recv() {
-            queue.push(c);
-        }
-        let f = fold(queue);
-        let now = crate::now_ms();
-        // One line per unban, whoever asked (manual, another host, the fleet's list).
-        for net in &f.removes {
-            tracing::info!(addr = %crate::addr::AddrText(net), "Unbanned.");
-        }
-        let started = std::time::Instant::now();
-        let result = match f.replace {
-            Some(elems) => {
-                let r = enforcer
-                    .replace_all(&allowed(elems, &allow, &mut warned), now)
-                    .await
-                    .map(|_| ());
-                // A reconcile read and copied the whole list: give it back.
-                super::trim_heap();
-                r
-            }
-            None => {
-                enforcer
-                    .update(&allowed(f.adds, &allow, &mut warned), &f.removes, now)
-                    .await
-            }
-        };
-        stats.nft_apply.observe(started.elapsed().as_secs_f64());
-        if let Err(e) = result {
-            tracing::warn!(error = %e, "Applying bans to the firewall failed; the next reconcile retries.");
+/// How often the table's presence is checked (one cheap `nft list tables`).
+pub const CHECK_EVERY: Duration = Duration::from_secs(5);
+/// The first retry after a failed nft call (itself already retried once
+/// from a fresh listing), doubled up to [`RETRY_MAX`].
+pub const RETRY_FIRST: Duration = Duration::from_secs(1);
+pub const RETRY_MAX: Duration = Duration::from_secs(30);
+/// Repeated warnings (failures, re-created tables): one per period.
+const WARN_EVERY: Duration = Duration::from_secs(60);
+/// How many bans not enforced `status` names.
+const SAMPLE: usize = 10;
+/// How many recently added nets the report keeps (see `Report::recent`).
+const RECENT: usize = 1024;
+
+/// What the enforcer task tells the rest of the daemon: what it could not
+/// put into the kernel, and when its batches of changes are done (the
+/// control socket's `ban` waits for its own).
+pub struct Enforced {
+    /// Batches of changes taken from the queue so far. A change queued
+    /// after this was read goes in a batch numbered higher.
+    begun: AtomicU64,
+    /// Bumped after every call (batch, check, retry), its report updated.
+    done: watch::Sender<u64>,
+    report: Mutex<Report>,
+    /// When the nft work in progress began (unix ms), 0 when none: a call
+    /// running longer than half the watchdog interval stops the pings
+    /// (`notify::watchdog`), so that systemd restarts a hung enforcer.
+    pub busy_since_ms: AtomicI64,
+}
+
+#[derive(Default)]
+struct Report {
+    /// The nets added by the last batches, with their batch's number and
+    /// whether they were kept (not allowed, not this host's) (`RECENT` at
+    /// most): how a `ban` finds the batch that took it.
+    recent: std::collections::VecDeque<(u64, IpNet, bool)>,
+    /// Wanted bans the kernel does not hold, sorted; empty while nft works.
+    unapplied: Vec<IpNet>,
+    /// The last call's error, while it is not followed by a success.
+    error: Option<String>,
+    recreated: u64,
+}
+
+impl Default for Enforced {
+    fn default() -> Enforced {
+        Enforced {
+            begun: AtomicU64::new(0),
+            done: watch::channel(0).0,
+            report: Mutex::new(Report::default()),
+            busy_since_ms: AtomicI64::new(0),
         }
     }
 }
 
-fn allowed(elems: Vec<Element>, allow: &AllowList, warned: &mut u32) -> Vec<Element> {
+impl Enforced {
+    fn report(&self) -> std::sync::MutexGuard<'_, Report> {
+        self.report.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The firewall part of `status`.
+    pub fn status(&self) -> FirewallStatus {
+        let r = self.report();
+        FirewallStatus {
+            failing: r.error.is_some(),
+            error: r.error.clone(),
+            not_enforced: r.unapplied.len() as u64,
+            not_enforced_sample: r
+                .unapplied
+                .iter()
+                .take(SAMPLE)
+                .map(|n| AddrText(n).to_string())
+                .collect(),
+            recreated: r.recreated,
+        }
+    }
+
+    /// Which of `nets` the kernel does not hold.
+    pub fn not_enforced<'a>(&self, nets: impl Iterator<Item = &'a IpNet>) -> Vec<IpNet> {
+        let r = self.report();
+        nets.filter(|n| r.unapplied.binary_search(&n.trunc()).is_ok())
+            .copied()
+            .collect()
+    }
+
+    /// Batches taken so far: read it before queueing a change.
+    pub fn begun(&self) -> u64 {
+        self.begun.load(Relaxed)
+    }
+
+    /// Whether `net`, queued after [`Enforced::begun`] returned `begun`, is
+    /// in the kernel once the batch that took it is done; false if that
+    /// takes longer than `wait` (nft slow or hung, or a batch too large to
+    /// be remembered).
+    pub async fn applied(&self, net: &IpNet, begun: u64, wait: Duration) -> bool {
+        let net = net.trunc();
+        let mut rx = self.done.subscribe();
+        let taken = async {
+            loop {
+                {
+                    let r = self.report();
+                    if let Some(&(_, _, kept)) = r.recent.iter().find(|&&(b, n, _)| b > begun && n == net) {
+                        return kept && r.unapplied.binary_search(&net).is_err();
+                    }
+                }
+                if rx.changed().await.is_err() {
+                    return false;
+                }
+            }
+        };
+        tokio::time::timeout(wait, taken).await.unwrap_or(false)
+    }
+}
+
+pub async fn run(
+    mut enforcer: Enforcer,
+    mut rx: UnboundedReceiver<Change>,
+    mut allow: AllowList,
+    mut own: OwnAddresses,
+    stats: std::sync::Arc<super::stats::Stats>,
+    enforced: std::sync::Arc<Enforced>,
+    shutdown: CancellationToken,
+) {
+    let mut warned = 0u32;
+    let mut next_check = Instant::now() + CHECK_EVERY;
+    let mut retry: Option<(Instant, Duration)> = None;
+    let (mut failures, mut recreated) = (Every::default(), Every::default());
+    let mut taken: Vec<(u64, IpNet, bool)> = Vec::new();
+    loop {
+        let wake = enforcer.next_wakeup().map(|t| {
+            let ms = (t - crate::now_ms()).clamp(0, 3_600_000) as u64;
+            Instant::now() + Duration::from_millis(ms)
+        });
+        // While a retry is due, it (a full listing) stands for the check.
+        let check = retry.is_none().then_some(next_check);
+        let due = [wake, retry.map(|r| r.0), check].into_iter().flatten().min();
+        let first = tokio::select! {
+            c = rx.recv() => match c { Some(c) => Some(c), None => return },
+            _ = sleep_until_opt(due) => None,
+            _ = shutdown.cancelled() => return,
+        };
+        enforced.busy_since_ms.store(crate::now_ms(), Relaxed);
+        let result = match first {
+            None if retry.is_some_and(|r| r.0 <= Instant::now()) || wake.is_some_and(|w| w <= Instant::now()) => {
+                // A tick after a failure plans every ban against a fresh listing.
+                enforcer.tick(crate::now_ms()).await
+            }
+            None => {
+                next_check = Instant::now() + CHECK_EVERY;
+                let lifted = lift_own(&mut own, &mut allow, &mut enforcer).await;
+                let checked = enforcer.check(crate::now_ms()).await;
+                match lifted.and(checked) {
+                    Ok(Some(s)) => {
+                        enforced.report().recreated += 1;
+                        if let Some(n) = recreated.note(1, WARN_EVERY) {
+                            tracing::warn!(
+                                bans = s.added,
+                                times = n,
+                                "The nftables table had vanished (nft flush ruleset?); re-created it with every ban."
+                            );
+                        }
+                        Ok(())
+                    }
+                    Ok(None) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+            Some(first) => {
+                let number = enforced.begun.fetch_add(1, Relaxed) + 1;
+                let mut queue = vec![first];
+                while let Ok(c) = rx.try_recv() {
+                    queue.push(c);
+                }
+                let mut f = fold(queue);
+                // Addresses this host took since the last read are never put in.
+                let lifted = match f.adds.is_empty() && f.replace.is_none() {
+                    true => Ok(()),
+                    false => lift_own(&mut own, &mut allow, &mut enforcer).await,
+                };
+                let adds = std::mem::take(&mut f.adds);
+                let mut refused = Vec::new();
+                f.adds = allowed(adds, &allow, &mut warned, Some(&mut refused));
+                taken.clear();
+                let kept = f.adds.iter().map(|e| (e.net.trunc(), true));
+                let refused = refused.into_iter().map(|n| (n.trunc(), false));
+                taken.extend(kept.chain(refused).take(RECENT).map(|(n, k)| (number, n, k)));
+                let applied = apply(&mut enforcer, f, &allow, &mut warned, &stats).await;
+                lifted.and(applied)
+            }
+        };
+        enforced.busy_since_ms.store(0, Relaxed);
+        // What is not enforced: walked after a failure, and after each call
+        // until the kernel holds everything again.
+        {
+            let mut report = enforced.report();
+            if result.is_err() || !report.unapplied.is_empty() {
+                let mut missing = enforcer.unapplied();
+                missing.sort_unstable();
+                report.unapplied = missing;
+            }
+            report.error = result.as_ref().err().map(ToString::to_string);
+            if !taken.is_empty() {
+                report.recent.extend(taken.drain(..));
+                let excess = report.recent.len().saturating_sub(RECENT);
+                report.recent.drain(..excess);
+            }
+        }
+        enforced.done.send_modify(|d| *d += 1);
+        match result {
+            Ok(()) => retry = None,
+            Err(e) => {
+                let after = retry.map_or(RETRY_FIRST, |r| (r.1 * 2).min(RETRY_MAX));
+                retry = Some((Instant::now() + after, after));
+                if let Some(n) = failures.note(1, WARN_EVERY) {
+                    tracing::warn!(error = %e, failures = n, retry_in_s = after.as_secs(), "Applying bans to the firewall failed; retrying.");
+                }
+            }
+        }
+    }
+}
+
+/// One folded batch of changes, in one nft transaction.
+async fn apply(
+    enforcer: &mut Enforcer,
+    f: Folded,
+    allow: &AllowList,
+    warned: &mut u32,
+    stats: &super::stats::Stats,
+) -> Result<(), EnforceError> {
+    let now = crate::now_ms();
+    // One line per unban, whoever asked (manual, another host, the fleet's list).
+    for net in &f.removes {
+        tracing::info!(addr = %crate::addr::AddrText(net), "Unbanned.");
+    }
+    let started = std::time::Instant::now();
+    let result = match f.replace {
+        Some(elems) => {
+            let r = enforcer
+                .replace_all(&allowed(elems, allow, warned, None), now)
+                .await
+                .map(|_| ());
+            // A reconcile read and copied the whole list: give it back.
+            super::trim_heap();
+            r
+        }
+        None => enforcer.update(&f.adds, &f.removes, now).await,
+    };
+    stats.nft_apply.observe(started.elapsed().as_secs_f64());
+    result
+}
+
+/// `elems` without those overlapping the allow list (noted in `refused`).
+fn allowed(
+    elems: Vec<Element>,
+    allow: &AllowList,
+    warned: &mut u32,
+    mut refused: Option<&mut Vec<IpNet>>,
+) -> Vec<Element> {
     elems
         .into_iter()
         .filter(|e| {
             let ok = !allow.overlaps(&e.net);
-            if !ok && *warned < 20 {
-                *warned += 1;
-                tracing::warn!(addr = %e.net, "Ban of an allowed address (loopback, own, `allow:` or `proxies:`) not applied.");
+            if !ok {
+                if *warned < 20 {
+                    *warned += 1;
+                    tracing::warn!(addr = %e.net, "Ban of an allowed address (loopback, own, `allow:` or `proxies:`) not applied.");
+                }
+                if let Some(r) = refused.as_deref_mut() {
+                    r.push(e.net);
+                }
             }
             ok
         })
         .collect()
+}
+
+/// Follows this host's addresses (one getifaddrs): when they changed, the
+/// allow list is replaced, and a wanted ban covering an address that
+/// appeared is lifted here, said once per address (the fleet's list keeps
+/// it; other hosts still drop it).
+async fn lift_own(own: &mut OwnAddresses, allow: &mut AllowList, enforcer: &mut Enforcer) -> Result<(), EnforceError> {
+    let Some((new, added)) = own.refresh() else {
+        return Ok(());
+    };
+    *allow = new;
+    for a in &added {
+        tracing::info!(addr = %a, "This host has a new address: it is never banned here.");
+    }
+    let lift: Vec<IpNet> = enforcer
+        .wanted()
+        .filter(|n| added.iter().any(|a| n.contains(a)))
+        .copied()
+        .collect();
+    if lift.is_empty() {
+        return Ok(());
+    }
+    for n in &lift {
+        tracing::warn!(addr = %AddrText(n), "A ban covers an address this host now has: lifted here, the list keeps it.");
+    }
+    enforcer.remove(&lift, crate::now_ms()).await
 }

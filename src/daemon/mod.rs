@@ -59,6 +59,8 @@ pub struct Options {
 pub enum DaemonError {
     #[error("state dir {0}: {1}")]
     StateDir(PathBuf, std::io::Error),
+    #[error("{} is held by another fleetban{}: one daemon per state_dir", lock.display(), pid.map(|p| format!(" (pid {p})")).unwrap_or_default())]
+    Locked { lock: PathBuf, pid: Option<u32> },
     #[error("firewall: {0}")]
     Enforce(#[from] EnforceError),
     #[error("log format: {0}")]
@@ -130,6 +132,8 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     // Installed first: SIGHUP's default action would end the process.
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     std::fs::create_dir_all(&config.state_dir).map_err(|e| DaemonError::StateDir(config.state_dir.clone(), e))?;
+    // Held until the process ends: a second daemon on this state dir stops here.
+    let _lock = start::lock_state_dir(&config.state_dir)?;
     let offsets =
         Arc::new(OffsetStore::open(&config.state_dir).map_err(|e| DaemonError::StateDir(config.state_dir.clone(), e))?);
     let allow = AllowList::new(&config.never_banned());
@@ -198,11 +202,16 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         stats = stats.with_http(http.listen.to_string(), http_counters.clone());
     }
     let stats = Arc::new(stats);
+    let enforced = Arc::new(enforcer::Enforced::default());
+    // The enforcer follows this host's addresses itself.
+    let (own, enforcer_allow) = crate::detect::OwnAddresses::new(&config.never_banned());
     tracker.spawn(enforcer::run(
         enforcer,
         enf_rx,
-        allow.clone(),
+        enforcer_allow,
+        own,
         stats.clone(),
+        enforced.clone(),
         token.clone(),
     ));
     if let Some((fleet, last_id)) = fleet {
@@ -273,6 +282,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     let answers = control::Answers {
         stats: stats.clone(),
         pipeline: commands_tx,
+        enforced: enforced.clone(),
     };
     tracker.spawn(crate::control::serve(listener, answers, token.clone()));
     let (reload_tx, reload_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -291,7 +301,12 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     }
     tracker.spawn(pipeline.run(chunk_rx, token.clone()));
     if let Some(interval) = notify::watchdog_interval() {
-        tracker.spawn(notify::watchdog(stats.clone(), interval, token.clone()));
+        tracker.spawn(notify::watchdog(
+            stats.clone(),
+            enforced.clone(),
+            interval,
+            token.clone(),
+        ));
     }
     tracker.spawn(notify::status_updates(stats.clone(), token.clone()));
     tracker.close();

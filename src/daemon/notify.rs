@@ -5,9 +5,11 @@
 //! The watchdog pings only while the pipeline makes progress: it is either
 //! waiting for input or has been busy for less than the watchdog interval
 //! (`Stats::busy_since_ms`; a failed Redis attempt, `LimitCounters::
-//! failed_at_ms`, counts as progress too: retrying is not being stuck). A
-//! pipeline stuck in one flush stops the pings and systemd restarts the
-//! service.
+//! failed_at_ms`, counts as progress too: retrying is not being stuck); and
+//! while the enforcer is not stuck in nft: no call of it has been running
+//! for half the interval or more (`Enforced::busy_since_ms`). A pipeline
+//! stuck in one flush, or an nft that hangs, stops the pings and systemd
+//! restarts the service.
 
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
@@ -17,6 +19,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::enforcer::Enforced;
 use super::stats::Stats;
 
 pub fn notify(state: &str) {
@@ -62,8 +65,15 @@ pub fn progressing(stats: &Stats, limit: Duration, now_ms: i64) -> bool {
     since == 0 || now_ms - progress < limit.as_millis() as i64
 }
 
-/// Pings `WATCHDOG=1` every half interval while the pipeline progresses.
-pub async fn watchdog(stats: Arc<Stats>, interval: Duration, shutdown: CancellationToken) {
+/// Whether the enforcer is idle or in an nft call begun less than `limit` ago.
+pub fn enforcer_alive(enforced: &Enforced, limit: Duration, now_ms: i64) -> bool {
+    let since = enforced.busy_since_ms.load(Relaxed);
+    since == 0 || now_ms - since < limit.as_millis() as i64
+}
+
+/// Pings `WATCHDOG=1` every half interval while the pipeline progresses
+/// and the enforcer is not stuck in nft for half the interval.
+pub async fn watchdog(stats: Arc<Stats>, enforced: Arc<Enforced>, interval: Duration, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(interval / 2);
     let mut stalled = false;
     loop {
@@ -71,12 +81,21 @@ pub async fn watchdog(stats: Arc<Stats>, interval: Duration, shutdown: Cancellat
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        if progressing(&stats, interval, crate::now_ms()) {
+        let now = crate::now_ms();
+        let pipeline = progressing(&stats, interval, now);
+        let enforcer = enforcer_alive(&enforced, interval / 2, now);
+        if pipeline && enforcer {
+            if stalled {
+                tracing::info!("Watchdog pings resumed.");
+            }
             notify("WATCHDOG=1");
             stalled = false;
         } else if !stalled {
             stalled = true;
-            tracing::error!("Pipeline stuck in one flush; watchdog pings stopped.");
+            match pipeline {
+                false => tracing::error!("Pipeline stuck in one flush; watchdog pings stopped."),
+                true => tracing::error!("Enforcer stuck in an nft call; watchdog pings stopped."),
+            }
         }
     }
 }
@@ -129,5 +148,17 @@ mod tests {
         assert!(!progressing(&stats, limit, now), "stuck 31 s");
         stats.limit.failed_at_ms.store(now - 1_000, Relaxed);
         assert!(progressing(&stats, limit, now), "retrying Redis");
+    }
+
+    #[test]
+    fn an_nft_call_running_half_the_interval_is_stuck() {
+        let e = Enforced::default();
+        let half = Duration::from_secs(15);
+        let now = 1_000_000_000;
+        assert!(enforcer_alive(&e, half, now), "idle");
+        e.busy_since_ms.store(now - 14_000, Relaxed);
+        assert!(enforcer_alive(&e, half, now), "in nft for 14 s");
+        e.busy_since_ms.store(now - 16_000, Relaxed);
+        assert!(!enforcer_alive(&e, half, now), "in nft for 16 s");
     }
 }

@@ -364,7 +364,10 @@ impl Pipeline {
         let now = crate::now_ms();
         let answer = match c.request {
             Request::Bans => match self.bans.records(now).await {
-                Ok(bans) => Response::Bans { bans },
+                Ok(bans) => Response::Bans {
+                    bans,
+                    not_enforced: Vec::new(),
+                },
                 Err(e) => Response::error(e),
             },
             Request::Ban {
@@ -378,10 +381,12 @@ impl Pipeline {
                     Ok(Applied::New(rec)) => Response::Ban {
                         banned: true,
                         until: rec.until,
+                        enforced: None,
                     },
                     Ok(_) => Response::Ban {
                         banned: false,
                         until: None,
+                        enforced: None,
                     },
                     Err(e) => Response::error(e),
                 }

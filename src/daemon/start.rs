@@ -15,6 +15,44 @@ use crate::limit::{FleetNews, HotKey, Limiter, RedisLimiter, RuleLimit};
 use crate::store::{self, Health, Keys};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
+/// The lock file in `state_dir` a daemon holds for its lifetime.
+pub const LOCK_FILE: &str = "lock";
+
+/// Takes the exclusive lock on `state_dir/lock` (flock, released by the
+/// kernel when the process ends, however it ends) and writes our pid in
+/// it; the file returned holds the lock. A second daemon on the same
+/// state dir gets `DaemonError::Locked` with the holder's pid.
+pub fn lock_state_dir(dir: &std::path::Path) -> Result<std::fs::File, super::DaemonError> {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    let path = dir.join(LOCK_FILE);
+    let err = |e| super::DaemonError::StateDir(path.clone(), e);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(err)?;
+    // SAFETY: flock takes a descriptor we own and constants.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(err(e));
+        }
+        let mut text = String::new();
+        let _ = file.read_to_string(&mut text);
+        return Err(super::DaemonError::Locked {
+            pid: text.trim().parse().ok(),
+            lock: path,
+        });
+    }
+    file.set_len(0).map_err(err)?;
+    file.rewind().map_err(err)?;
+    writeln!(file, "{}", std::process::id()).map_err(err)?;
+    Ok(file)
+}
+
 /// What the daemon runs on.
 pub struct Store {
     pub limiter: Limiter,

@@ -277,6 +277,8 @@ impl Stats {
                 p50_us: micros(h.counters.latency.quantile(0.5)),
                 p99_us: micros(h.counters.latency.quantile(0.99)),
             }),
+            // Filled by the control socket from the enforcer's report.
+            firewall: Default::default(),
         }
     }
 }

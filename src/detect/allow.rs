@@ -47,6 +47,65 @@ impl AllowList {
     }
 }
 
+/// This host's own addresses as they change (DHCP, a keepalived VIP): the
+/// enforcer reads the interfaces again before each batch of bans and every
+/// few seconds (`refresh`, one getifaddrs), so that an address added after
+/// the start is never put into nft. The pipeline's [`AllowList`] is the one
+/// built at start.
+#[derive(Debug)]
+pub struct OwnAddresses {
+    /// `allow:` and `proxies:`, kept to rebuild the list.
+    configured: Vec<IpNet>,
+    /// The interfaces' addresses at the last read, sorted.
+    seen: Vec<IpAddr>,
+}
+
+impl OwnAddresses {
+    /// The current addresses, and the allow list they make with loopback
+    /// and `configured` (as [`AllowList::new`]).
+    pub fn new(configured: &[IpNet]) -> (OwnAddresses, AllowList) {
+        let mut own = OwnAddresses {
+            configured: configured.to_vec(),
+            seen: Vec::new(),
+        };
+        let allow = own.build(sorted(local_addresses()));
+        (own, allow)
+    }
+
+    /// Reads the interfaces again: when the addresses changed, the new
+    /// allow list and the addresses that appeared since the last read.
+    pub fn refresh(&mut self) -> Option<(AllowList, Vec<IpAddr>)> {
+        self.refresh_from(local_addresses())
+    }
+
+    fn refresh_from(&mut self, now: Vec<IpAddr>) -> Option<(AllowList, Vec<IpAddr>)> {
+        let now = sorted(now);
+        if now == self.seen {
+            return None;
+        }
+        let added = now
+            .iter()
+            .filter(|a| self.seen.binary_search(a).is_err())
+            .copied()
+            .collect();
+        Some((self.build(now), added))
+    }
+
+    fn build(&mut self, addrs: Vec<IpAddr>) -> AllowList {
+        let mut nets = crate::addr::loopback().to_vec();
+        nets.extend(addrs.iter().copied().map(IpNet::from));
+        nets.extend_from_slice(&self.configured);
+        self.seen = addrs;
+        AllowList::only(&nets)
+    }
+}
+
+fn sorted(mut v: Vec<IpAddr>) -> Vec<IpAddr> {
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
 /// The addresses of this host's interfaces (getifaddrs).
 fn local_addresses() -> Vec<IpAddr> {
     let mut out = Vec::new();
@@ -82,6 +141,21 @@ fn local_addresses() -> Vec<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_address_that_appears_is_allowed_and_named_once() {
+        let (mut own, _) = OwnAddresses::new(&[]);
+        let a: IpAddr = "10.213.99.7".parse().unwrap();
+        let mut now = own.seen.clone();
+        assert!(own.refresh_from(now.clone()).is_none(), "unchanged");
+        now.push(a);
+        let (allow, added) = own.refresh_from(now.clone()).expect("changed");
+        assert_eq!(added, vec![a]);
+        assert!(allow.contains(a) && allow.contains("127.0.0.1".parse().unwrap()));
+        assert!(own.refresh_from(now).is_none(), "named once");
+        let (allow, added) = own.refresh_from(Vec::new()).expect("gone");
+        assert!(added.is_empty() && !allow.contains(a));
+    }
 
     #[test]
     fn loopback_and_configured() {

@@ -236,6 +236,11 @@ impl Book {
         *self = Book::default();
     }
 
+    /// The wanted nets, in order.
+    pub fn desired_nets(&self) -> impl Iterator<Item = &IpNet> {
+        self.desired.keys()
+    }
+
     pub fn applied_len(&self) -> usize {
         self.applied.len()
     }
@@ -403,6 +408,26 @@ impl Book {
             .is_some_and(|(k, _)| net.contains(k))
     }
 
+    /// Wanted nets the kernel is not believed to hold: neither applied as
+    /// they are nor inside a wider wanted net (the cover `plan` keeps). After
+    /// a failed transaction these are the bans not enforced. One walk of
+    /// the wanted bans, as `plan`'s.
+    pub fn unapplied(&self) -> Vec<IpNet> {
+        let mut out = Vec::new();
+        let mut top: Option<IpNet> = None;
+        for net in self.desired.keys() {
+            if top.is_some_and(|t| t.contains(net)) {
+                continue;
+            }
+            top = Some(*net);
+            let span = Span::of(net);
+            if self.applied.get(&span.lo).is_none_or(|s| s.hi != span.hi) {
+                out.push(*net);
+            }
+        }
+        out
+    }
+
     /// Records a plan the kernel accepted.
     pub fn commit(&mut self, plan: &Plan) {
         if self.applied.is_empty() && plan.delete.is_empty() {
@@ -512,6 +537,28 @@ pub(crate) mod tests {
             plan.delete.iter().map(|s| s.to_string()).collect(),
             plan.add.iter().map(|(n, _)| Span::of(n).to_string()).collect(),
         )
+    }
+
+    #[test]
+    fn unapplied_is_what_a_failed_plan_left_out_of_the_kernel() {
+        let mut book = Book::default();
+        book.desire(&[el("192.0.2.1", at(H)), el("198.51.100.0/24", at(H))], NOW);
+        step(&mut book, NOW);
+        assert!(book.unapplied().is_empty());
+        // Planned but not committed (nft refused): both new nets are missing,
+        // the one inside the applied /24 is covered.
+        book.desire(
+            &[
+                el("192.0.2.2", at(H)),
+                el("198.51.100.7", at(H)),
+                el("2001:db8::/64", at(H)),
+            ],
+            NOW,
+        );
+        let _ = book.plan(NOW);
+        assert_eq!(book.unapplied(), vec![net("192.0.2.2/32"), net("2001:db8::/64")]);
+        step(&mut book, NOW);
+        assert!(book.unapplied().is_empty());
     }
 
     #[test]

@@ -250,6 +250,23 @@ impl Enforcer {
         }
     }
 
+    /// Checks that the table is still in the kernel and re-creates it, with
+    /// every wanted ban, if it vanished: `Some` with what that load did.
+    /// The dry run has nothing to check.
+    pub async fn check(&mut self, now_ms: i64) -> Result<Option<ReconcileStats>, EnforceError> {
+        match self {
+            Enforcer::Nft(e) => e.check(now_ms).await,
+            Enforcer::Log(_) => Ok(None),
+        }
+    }
+
+    /// Wanted bans the kernel is not believed to hold (not covered by a
+    /// wider one): after a failed call, what is not enforced. Walks every
+    /// ban: call it after failures, not per change.
+    pub fn unapplied(&self) -> Vec<ipnet::IpNet> {
+        self.book().unapplied()
+    }
+
     /// When [`Enforcer::tick`] has work (unix ms), if ever.
     pub fn next_wakeup(&self) -> Option<i64> {
         match self {
@@ -277,6 +294,11 @@ impl Enforcer {
     /// True when no kernel element is believed present.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The bans wanted (covered ones included), in order.
+    pub fn wanted(&self) -> impl Iterator<Item = &ipnet::IpNet> {
+        self.book().desired_nets()
     }
 
     /// Bans currently wanted, covered ones included.

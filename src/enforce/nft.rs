@@ -6,7 +6,8 @@
 //! table, ...), the kernel is re-read (`listing`), the plan recomputed and
 //! tried once more; a second refusal is returned and the next call starts by
 //! re-reading. Table, sets and chain are (re)created in the same transaction
-//! as the elements whenever a listing shows they are missing or wrong.
+//! as the elements whenever a listing shows they are missing or wrong;
+//! `check` notices a table that vanished between calls.
 //!
 //! Cost on nft 1.0.6 / kernel 6.18: loading 100k elements into an empty set
 //! takes ~0.7 s; but nft reads a whole interval set into its cache before
@@ -123,6 +124,20 @@ impl NftEnforcer {
 
     pub fn next_wakeup(&self) -> Option<i64> {
         self.book.wake()
+    }
+
+    /// Whether the table is still in the kernel (`nft list tables`: cheap,
+    /// whatever the number of bans); when it is gone (`nft flush ruleset`,
+    /// an nftables service reload) it is re-created with every wanted ban
+    /// and the stats of that load are returned.
+    pub async fn check(&mut self, now_ms: i64) -> Result<Option<ReconcileStats>, EnforceError> {
+        let out = self.run("list tables", &["list", "tables"], None).await?;
+        let want = format!("table inet {}", self.opts.table);
+        if String::from_utf8_lossy(&out).lines().any(|l| l.trim() == want) {
+            return Ok(None);
+        }
+        self.stale = true;
+        self.apply(now_ms).await.map(Some)
     }
 
     pub async fn flush(&mut self) -> Result<(), EnforceError> {

@@ -36,6 +36,30 @@ impl Daemon {
         control: &Path,
         env: &[(&str, &str)],
     ) -> Daemon {
+        Daemon::launch(program, ns, config, control, env, None)
+    }
+
+    /// [`Daemon::start_with_env`] with `RLIMIT_NOFILE` set to `nofile`
+    /// (soft and hard) in the child before it runs: a daemon that runs out
+    /// of descriptors.
+    pub fn start_with_nofile(
+        ns: Option<&NetNs>,
+        config: &Path,
+        control: &Path,
+        env: &[(&str, &str)],
+        nofile: u64,
+    ) -> Daemon {
+        Daemon::launch(&fleetban_bin(), ns, config, control, env, Some(nofile))
+    }
+
+    fn launch(
+        program: &Path,
+        ns: Option<&NetNs>,
+        config: &Path,
+        control: &Path,
+        env: &[(&str, &str)],
+        nofile: Option<u64>,
+    ) -> Daemon {
         let log = config.with_extension("log");
         let err = std::fs::File::create(&log).unwrap();
         let mut cmd = match ns {
@@ -53,6 +77,22 @@ impl Daemon {
             .stderr(err);
         cmd.env("RUST_LOG", "fleetban=debug,info");
         cmd.envs(env.iter().copied());
+        if let Some(n) = nofile {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: only setrlimit, async-signal-safe, between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let lim = libc::rlimit {
+                        rlim_cur: n,
+                        rlim_max: n,
+                    };
+                    match libc::setrlimit(libc::RLIMIT_NOFILE, &lim) {
+                        0 => Ok(()),
+                        _ => Err(std::io::Error::last_os_error()),
+                    }
+                });
+            }
+        }
         let child = cmd.spawn().expect("spawn fleetban run");
         let mut d = Daemon {
             child: Some(child),
@@ -78,6 +118,45 @@ impl Daemon {
         d
     }
 
+    /// Runs `fleetban run -c config` expecting it to exit by itself within
+    /// `limit` (a start it must refuse); its exit status and its log.
+    /// Killed, and a panic, if it is still running then.
+    pub fn run_to_exit(ns: Option<&NetNs>, config: &Path, limit: Duration) -> (ExitStatus, String) {
+        let log = config.with_extension("refused.log");
+        let err = std::fs::File::create(&log).unwrap();
+        let mut cmd = match ns {
+            Some(ns) => {
+                let mut c = Command::new(require("ip"));
+                c.args(["netns", "exec", &ns.name]).arg(fleetban_bin());
+                c
+            }
+            None => Command::new(fleetban_bin()),
+        };
+        let mut child = cmd
+            .args(["run", "-c"])
+            .arg(config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .expect("spawn fleetban run");
+        let start = Instant::now();
+        loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                return (st, std::fs::read_to_string(&log).unwrap_or_default());
+            }
+            if start.elapsed() > limit {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "fleetban kept running for {limit:?}:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -100,6 +179,21 @@ impl Daemon {
 
     pub fn pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()
+    }
+
+    /// CPU time the daemon has used so far (user + system, from
+    /// `/proc/PID/stat`), for a daemon started without a namespace (with
+    /// one, the pid is `ip netns exec`'s, which execs into it: the same).
+    pub fn cpu_time(&self) -> Duration {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).expect("read /proc/PID/stat");
+        // Fields after the command's closing parenthesis; utime and stime
+        // are the 14th and 15th of the line, the 12th and 13th after it.
+        let rest = &stat[stat.rfind(')').expect("comm in stat") + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+        // SAFETY: sysconf reads a constant.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        Duration::from_millis(ticks * 1000 / hz)
     }
 
     /// Sends `sig` (SIGHUP, ...) to the daemon.
@@ -148,5 +242,49 @@ impl Drop for Daemon {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+/// The test's end of a daemon's `NOTIFY_SOCKET`: a unix datagram socket the
+/// test binds, collecting what the daemon says to systemd.
+pub struct NotifySocket {
+    sock: std::os::unix::net::UnixDatagram,
+    pub path: PathBuf,
+}
+
+impl NotifySocket {
+    /// Binds `dir/notify.sock`.
+    pub fn bind(dir: &Path) -> NotifySocket {
+        let path = dir.join("notify.sock");
+        let sock = std::os::unix::net::UnixDatagram::bind(&path).expect("bind the notify socket");
+        sock.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        NotifySocket { sock, path }
+    }
+
+    /// The datagrams that arrive within `d` (bounded: `d`, then it returns).
+    pub fn during(&self, d: Duration) -> Vec<String> {
+        let start = Instant::now();
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        while start.elapsed() < d {
+            if let Ok(n) = self.sock.recv(&mut buf) {
+                out.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            }
+        }
+        out
+    }
+
+    /// Waits (at most `limit`) for a datagram with a line `what`.
+    pub fn expect(&self, what: &str, limit: Duration) {
+        let start = Instant::now();
+        let mut buf = [0u8; 4096];
+        while start.elapsed() < limit {
+            if let Ok(n) = self.sock.recv(&mut buf) {
+                if String::from_utf8_lossy(&buf[..n]).lines().any(|l| l == what) {
+                    return;
+                }
+            }
+        }
+        panic!("no {what:?} on the notify socket within {limit:?}");
     }
 }

@@ -39,12 +39,14 @@ mod redis;
 pub use access_log::{append, combined_line, combined_lines, now_ms};
 pub use cli::{cli, control_status, CliOutput};
 pub use config::{rules_yaml, ConfigDir, MainConfig, Rule};
-pub use daemon::Daemon;
+pub use daemon::{Daemon, NotifySocket};
 pub use http::{Answer, Checker};
 pub use machine::Machine;
 
 pub use netns::{get_from, http_get, http_get_headers, http_get_with, veth_pair, NetNs, Reply};
-pub use nft::{nft_bans, nft_bans_detailed, nft_set_elements, nft_set_elements_detailed, parse_set_json, NftElem};
+pub use nft::{
+    nft_bans, nft_bans_detailed, nft_set_elements, nft_set_elements_detailed, parse_set_json, NftElem, NftShim,
+};
 pub use nginx::{web_and_client, Nginx, Site};
 pub use redis::{connect, runtime, Redis, ACL_PASSWORD};
 

@@ -1,8 +1,101 @@
 //! Reads an nftables set back from the kernel (`nft -j list set`), so tests
 //! check what is enforced rather than what the daemon says it did.
 
-use super::NetNs;
+use super::{require, run_ok, NetNs};
 use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The nft stand-in of `nft_shim.rs`, built once per test process (to a
+/// temporary name, then renamed: test binaries build it side by side).
+fn shim_program() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+            let out = dir.join("fbt-nft-shim");
+            let tmp = dir.join(format!("fbt-nft-shim.{}", std::process::id()));
+            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/common/nft_shim.rs");
+            run_ok(
+                Command::new(require("rustc"))
+                    .args(["--edition", "2021", "-O", "-o"])
+                    .arg(&tmp)
+                    .arg(&src),
+            );
+            std::fs::rename(&tmp, &out).expect("rename the nft shim");
+            out
+        })
+        .clone()
+}
+
+/// An nft that a test can make fail or hang: the daemon's environment
+/// (`FLEETBAN_NFT` and what the shim reads) and its control folder.
+/// `fail()`: every transaction is refused until `heal()`; `hang()`: every
+/// call waits until `release()`.
+pub struct NftShim {
+    pub ctl: tempfile::TempDir,
+    program: String,
+    real: String,
+    ctl_text: String,
+}
+
+impl NftShim {
+    pub fn new() -> NftShim {
+        let ctl = tempfile::Builder::new().prefix("fbt-nftctl-").tempdir().unwrap();
+        NftShim {
+            program: shim_program().to_string_lossy().into_owned(),
+            real: require("nft").to_string_lossy().into_owned(),
+            ctl_text: ctl.path().to_string_lossy().into_owned(),
+            ctl,
+        }
+    }
+
+    /// The environment that makes a daemon run nft through the shim.
+    pub fn env(&self) -> Vec<(&str, &str)> {
+        vec![
+            ("FLEETBAN_NFT", self.program.as_str()),
+            ("FBT_NFT_REAL", self.real.as_str()),
+            ("FBT_NFT_CTL", self.ctl_text.as_str()),
+        ]
+    }
+
+    fn flag(&self, name: &str, on: bool) {
+        let p = self.ctl.path().join(name);
+        match on {
+            true => std::fs::write(&p, "").unwrap(),
+            false => {
+                let _ = std::fs::remove_file(&p);
+            }
+        }
+    }
+
+    pub fn fail(&self) {
+        self.flag("fail", true)
+    }
+
+    pub fn heal(&self) {
+        self.flag("fail", false)
+    }
+
+    /// Transactions refused so far.
+    pub fn refused(&self) -> usize {
+        std::fs::read_to_string(self.ctl.path().join("failed")).map_or(0, |t| t.lines().count())
+    }
+
+    pub fn hang(&self) {
+        self.flag("hang", true)
+    }
+
+    pub fn release(&self) {
+        self.flag("hang", false)
+    }
+
+    /// Whether an nft call is waiting in the shim now.
+    pub fn hanging(&self) -> bool {
+        self.ctl.path().join("hanging").exists()
+    }
+}
 
 /// One set element as the kernel reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,37 @@
+//! A stand-in for nft in tests (the daemon's `FLEETBAN_NFT`), built by
+//! `common::nft_shim` with rustc: a program, no shell. It runs the real nft
+//! (`$FBT_NFT_REAL`) with its own arguments and stdin, except that, with
+//! `$FBT_NFT_CTL` naming a folder:
+//! - while `CTL/hang` exists it first waits (120 s at most), with its pid
+//!   in `CTL/hanging` meanwhile;
+//! - while `CTL/fail` exists a transaction (`-f -`) fails without running
+//!   nft, and one line per refusal is appended to `CTL/failed`.
+
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let ctl = PathBuf::from(std::env::var_os("FBT_NFT_CTL").expect("FBT_NFT_CTL"));
+    let real = std::env::var_os("FBT_NFT_REAL").expect("FBT_NFT_REAL");
+    let start = Instant::now();
+    if ctl.join("hang").exists() {
+        let _ = std::fs::write(ctl.join("hanging"), std::process::id().to_string());
+        while ctl.join("hang").exists() && start.elapsed() < Duration::from_secs(120) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = std::fs::remove_file(ctl.join("hanging"));
+    }
+    if args == ["-f", "-"] && ctl.join("fail").exists() {
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(ctl.join("failed")) {
+            let _ = writeln!(f, "refused");
+        }
+        eprintln!("Error: injected failure (fleetban test shim)");
+        std::process::exit(1);
+    }
+    let e = std::process::Command::new(real).args(&args).exec();
+    eprintln!("nft shim: cannot run nft: {e}");
+    std::process::exit(127);
+}

@@ -1,0 +1,303 @@
+//! The enforcer against a kernel and a host that do not stay as they were
+//! left: the table flushed away under a running daemon, nft refusing or
+//! hanging, descriptors exhausted, a second daemon on the same state, an
+//! address added to the host after the start. Real daemon, nft in network
+//! namespaces the tests create, the embedded store (no Redis) unless said.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{nft_bans, wait_until, ConfigDir, Daemon, NetNs, NftShim, NotifySocket, Rule};
+use fleetban::control::{Client, Request, Response};
+
+fn set_has(ns: &NetNs, elem: &str) -> bool {
+    nft_bans(ns, "fleetban", if elem.contains(':') { "v6" } else { "v4" })
+        .iter()
+        .any(|(e, _)| e == elem)
+}
+
+fn table_exists(ns: &NetNs) -> bool {
+    let out = ns.run(&["nft", "list", "tables"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|l| l.trim() == "table inet fleetban")
+}
+
+/// An embedded-store daemon's files: one rule on `access.log`.
+fn rig() -> ConfigDir {
+    let r = ConfigDir::new();
+    let main = r.main_config().host_id("faults");
+    r.write(
+        &main,
+        &[Rule::new("scraper", &r.log, "{ hits: 5, window: 60s }").ban("1h")],
+    );
+    r
+}
+
+fn ban(r: &ConfigDir, addr: &str) {
+    Client::new(&r.control)
+        .ban(
+            ipnet::IpNet::from(addr.parse::<std::net::IpAddr>().unwrap()),
+            Some(3_600_000),
+            false,
+            "test",
+        )
+        .unwrap_or_else(|e| panic!("ban {addr}: {e}"));
+}
+
+#[test]
+fn embedded_mode_recreates_a_flushed_table_with_its_bans_without_a_new_ban() {
+    let ns = NetNs::new("flush");
+    let r = rig();
+    let d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    ban(&r, "203.0.113.80");
+    wait_until(Duration::from_secs(5), "the ban in nft", || {
+        set_has(&ns, "203.0.113.80")
+    });
+
+    // What an nftables service reload does.
+    ns.run(&["nft", "flush", "ruleset"]);
+    assert!(!table_exists(&ns));
+    // Nothing else happens: no line, no ban. The check (every 5 s) brings it back.
+    wait_until(Duration::from_secs(15), "the table and the ban back", || {
+        table_exists(&ns) && set_has(&ns, "203.0.113.80")
+    });
+    let log = d.log_text();
+    assert_eq!(
+        log.matches("The nftables table had vanished").count(),
+        1,
+        "one warning for the re-creation:\n{log}"
+    );
+}
+
+/// A start that must be refused: it exits non-zero within 20 s, its message
+/// contains each of `says`.
+fn refused(r: &ConfigDir, says: &[&str]) {
+    let (status, log) = Daemon::run_to_exit(None, &r.cfg, Duration::from_secs(20));
+    assert!(!status.success(), "started anyway ({status}):\n{log}");
+    for s in says {
+        assert!(log.contains(s), "no {s:?} in:\n{log}");
+    }
+}
+
+#[test]
+fn a_control_path_that_is_a_file_or_a_directory_is_refused_and_left_alone() {
+    let r = rig();
+    std::fs::write(&r.control, "precious\n").unwrap();
+    let path = r.control.to_string_lossy().into_owned();
+    refused(&r, &[&path, "a regular file"]);
+    assert_eq!(std::fs::read_to_string(&r.control).unwrap(), "precious\n");
+
+    std::fs::remove_file(&r.control).unwrap();
+    std::fs::create_dir(&r.control).unwrap();
+    std::fs::write(r.control.join("inside"), "x").unwrap();
+    refused(&r, &[&path, "a directory"]);
+    assert!(r.control.join("inside").exists());
+}
+
+#[test]
+fn a_stale_control_socket_is_replaced() {
+    let r = rig();
+    // A socket nobody answers on: what a killed daemon leaves.
+    drop(std::os::unix::net::UnixListener::bind(&r.control).unwrap());
+    assert!(r.control.exists());
+    let d = Daemon::start(None, &r.cfg, &r.control);
+    assert_eq!(d.status()["bans_active"], 0);
+}
+
+#[test]
+fn a_second_daemon_on_the_same_state_dir_exits_naming_the_lock_and_the_first_pid() {
+    let r = rig();
+    let d = Daemon::start(None, &r.cfg, &r.control);
+    let lock = r.state.join("lock").to_string_lossy().into_owned();
+    refused(&r, &[&lock, &format!("pid {}", d.pid())]);
+    // The first one still answers, on its socket.
+    assert_eq!(d.status()["bans_active"], 0);
+}
+
+#[test]
+fn a_control_socket_another_daemon_answers_on_is_not_taken_over() {
+    let r = rig();
+    let d = Daemon::start(None, &r.cfg, &r.control);
+    // Its own state dir, the first one's socket.
+    let other = r.path().join("other-state");
+    let main = r.main_config().host_id("faults").state_dir(&other);
+    main.write(&r.cfg);
+    let path = r.control.to_string_lossy().into_owned();
+    refused(&r, &[&path, "another daemon answers on it"]);
+    assert_eq!(d.status()["bans_active"], 0);
+}
+
+/// A ban through the control socket, its answer as sent.
+fn ban_reply(r: &ConfigDir, addr: &str) -> Response {
+    let req = Request::Ban {
+        addr: ipnet::IpNet::from(addr.parse::<std::net::IpAddr>().unwrap()),
+        for_ms: Some(3_600_000),
+        permanent: false,
+        reason: "test".into(),
+    };
+    Client::new(&r.control)
+        .call(&req)
+        .unwrap_or_else(|e| panic!("ban {addr}: {e}"))
+}
+
+fn enforced(reply: &Response) -> Option<bool> {
+    match reply {
+        Response::Ban {
+            banned: true, enforced, ..
+        } => *enforced,
+        other => panic!("not a new ban: {other:?}"),
+    }
+}
+
+#[test]
+fn a_ban_nft_refused_is_reported_not_enforced_and_retried_until_it_is() {
+    let ns = NetNs::new("nftfail");
+    let r = rig();
+    let shim = NftShim::new();
+    let d = Daemon::start_with_env(Some(&ns), &r.cfg, &r.control, &shim.env());
+    let reply = ban_reply(&r, "203.0.113.82");
+    assert_eq!(enforced(&reply), Some(true), "{reply:?}");
+
+    shim.fail();
+    let reply = ban_reply(&r, "203.0.113.81");
+    assert_eq!(enforced(&reply), Some(false), "{reply:?}");
+    assert!(shim.refused() >= 2, "the transaction and its retry were refused");
+    assert!(!set_has(&ns, "203.0.113.81"));
+    let fw = &d.status()["firewall"];
+    assert_eq!(fw["failing"], true, "{fw}");
+    assert_eq!(fw["not_enforced"], 1, "{fw}");
+    assert_eq!(fw["not_enforced_sample"], serde_json::json!(["203.0.113.81"]), "{fw}");
+    match Client::new(&r.control).call(&Request::Bans).unwrap() {
+        Response::Bans { bans, not_enforced } => {
+            assert_eq!(bans.len(), 2);
+            assert_eq!(not_enforced, vec!["203.0.113.81".to_owned()]);
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // nft works again: the retry (backing off from 1 s) puts it in, with no new ban.
+    shim.heal();
+    wait_until(Duration::from_secs(20), "the ban retried into the kernel", || {
+        set_has(&ns, "203.0.113.81") && d.status()["firewall"]["not_enforced"] == 0
+    });
+    assert_eq!(d.status()["firewall"]["failing"], false);
+    assert!(set_has(&ns, "203.0.113.82"));
+}
+
+#[test]
+fn out_of_descriptors_the_control_socket_waits_instead_of_spinning_and_recovers() {
+    let r = ConfigDir::new();
+    let main = r.main_config().host_id("nofile").log_firewall();
+    r.write(
+        &main,
+        &[Rule::new("scraper", &r.log, "{ hits: 5, window: 60s }").ban("1h")],
+    );
+    let d = Daemon::start_with_nofile(None, &r.cfg, &r.control, &[], 64);
+    // More connections than the daemon has descriptors: it accepts what it
+    // can (each waits up to 5 s for its request) and then accept fails.
+    let held: Vec<_> = (0..200)
+        .map(|_| std::os::unix::net::UnixStream::connect(&r.control).expect("connect"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let before = d.cpu_time();
+    std::thread::sleep(Duration::from_secs(2));
+    let used = d.cpu_time() - before;
+    assert!(used < Duration::from_millis(500), "{used:?} of CPU in 2 s: spinning");
+    let log = d.log_text();
+    assert!(
+        log.contains("Control socket: accept failed"),
+        "descriptors were exhausted:\n{log}"
+    );
+
+    drop(held);
+    wait_until(Duration::from_secs(20), "the control socket to answer again", || {
+        common::control_status(&r.control).is_some()
+    });
+}
+
+#[test]
+fn an_address_the_host_takes_after_the_start_never_enters_its_nft_set() {
+    let ns = NetNs::new("ownaddr");
+    let r = rig();
+    let d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    // Banned before it is ours: enforced.
+    assert_eq!(enforced(&ban_reply(&r, "10.213.99.8")), Some(true));
+    assert!(set_has(&ns, "10.213.99.8"));
+
+    // A VIP arrives (keepalived, DHCP), then a ban of it.
+    ns.run(&["ip", "addr", "add", "10.213.99.7/32", "dev", "lo"]);
+    let reply = ban_reply(&r, "10.213.99.7");
+    assert_eq!(enforced(&reply), Some(false), "{reply:?}");
+    assert!(!set_has(&ns, "10.213.99.7"));
+    let log = d.log_text();
+    assert!(
+        log.contains("Ban of an allowed address") && log.contains("10.213.99.7"),
+        "says why:\n{log}"
+    );
+
+    // The address already banned becomes ours: lifted here within the check.
+    ns.run(&["ip", "addr", "add", "10.213.99.8/32", "dev", "lo"]);
+    wait_until(Duration::from_secs(15), "the ban of our new address lifted", || {
+        !set_has(&ns, "10.213.99.8")
+    });
+    let log = d.log_text();
+    assert_eq!(
+        log.matches("A ban covers an address this host now has").count(),
+        1,
+        "said once:\n{log}"
+    );
+    // Still in the list (the fleet's view), not in this host's kernel.
+    assert_eq!(d.status()["bans_active"], 2);
+}
+
+fn pings(datagrams: &[String]) -> usize {
+    datagrams
+        .iter()
+        .filter(|d| d.lines().any(|l| l == "WATCHDOG=1"))
+        .count()
+}
+
+#[test]
+fn a_hung_nft_stops_the_watchdog_pings_until_it_returns() {
+    let ns = NetNs::new("hungnft");
+    let r = rig();
+    let shim = NftShim::new();
+    let notify = NotifySocket::bind(r.path());
+    let path = notify.path.to_string_lossy().into_owned();
+    let mut env = shim.env();
+    // Pings every 0.5 s; an nft call of 0.5 s or more stops them.
+    env.extend([("NOTIFY_SOCKET", path.as_str()), ("WATCHDOG_USEC", "1000000")]);
+    let d = Daemon::start_with_env(Some(&ns), &r.cfg, &r.control, &env);
+    notify.expect("WATCHDOG=1", Duration::from_secs(10));
+    assert!(
+        pings(&notify.during(Duration::from_secs(2))) >= 2,
+        "pinging while nft works"
+    );
+
+    // nft hangs on the ban's transaction (the pipeline itself stays idle).
+    shim.hang();
+    let reply = ban_reply(&r, "203.0.113.83");
+    assert_eq!(
+        enforced(&reply),
+        Some(false),
+        "not in the kernel while nft hangs: {reply:?}"
+    );
+    wait_until(Duration::from_secs(10), "an nft call hanging", || shim.hanging());
+    // A ping already due may still go within the first half interval.
+    notify.during(Duration::from_secs(1));
+    let quiet = notify.during(Duration::from_millis(2500));
+    assert_eq!(pings(&quiet), 0, "pinged while nft hung: {quiet:?}");
+    assert!(
+        d.log_text().contains("Enforcer stuck in an nft call"),
+        "{}",
+        d.log_text()
+    );
+
+    shim.release();
+    notify.expect("WATCHDOG=1", Duration::from_secs(10));
+    wait_until(Duration::from_secs(10), "the ban in nft", || {
+        set_has(&ns, "203.0.113.83")
+    });
+}
