@@ -31,10 +31,23 @@ impl Every {
 pub const CAP: usize = 64;
 
 pub fn cap(s: &str) -> std::borrow::Cow<'_, str> {
-    if s.len() <= CAP {
+    cap_at(s, CAP)
+}
+
+/// How much of an error message (Redis's, nft's) a log line echoes: enough
+/// for the reason, not a poisoned value's megabyte.
+pub const ERROR_CAP: usize = 400;
+
+/// `s` as [`cap`] echoes it, cut at [`ERROR_CAP`] bytes: for error messages.
+pub fn cap_error(s: &str) -> std::borrow::Cow<'_, str> {
+    cap_at(s, ERROR_CAP)
+}
+
+fn cap_at(s: &str, at: usize) -> std::borrow::Cow<'_, str> {
+    if s.len() <= at {
         return s.into();
     }
-    let mut end = CAP;
+    let mut end = at;
     while !s.is_char_boundary(end) {
         end -= 1;
     }

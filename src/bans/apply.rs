@@ -200,8 +200,8 @@ impl Bans {
                 }
                 let list = match (&e, queued) {
                     (BanListError::Down, true) => "Redis down; queued".to_owned(),
-                    (_, true) => format!("queued: {}", crate::ratelog::cap(&e.to_string())),
-                    (_, false) => format!("not written: {}", crate::ratelog::cap(&e.to_string())),
+                    (_, true) => format!("queued: {}", crate::ratelog::cap_error(&e.to_string())),
+                    (_, false) => format!("not written: {}", crate::ratelog::cap_error(&e.to_string())),
                 };
                 self.log_banned(&rec, at_ms, now_ms, Some(&list));
                 self.enforce(rec.addr, until);
@@ -400,10 +400,10 @@ impl Refusals {
             return;
         };
         if e.is_oom() {
-            tracing::warn!(error = %crate::ratelog::cap(&e.to_string()), refused = n, queued,
+            tracing::warn!(error = %crate::ratelog::cap_error(&e.to_string()), refused = n, queued,
                 "Redis is out of memory (maxmemory reached, maxmemory-policy noeviction): the ban list refuses writes; bans enforced here and queued, retried with backoff. Raise maxmemory or free memory.");
         } else {
-            tracing::warn!(error = %crate::ratelog::cap(&e.to_string()), refused = n, queued,
+            tracing::warn!(error = %crate::ratelog::cap_error(&e.to_string()), refused = n, queued,
                 "Redis refused a ban (an error, not an outage); enforced here and queued, retried with backoff.");
         }
     }

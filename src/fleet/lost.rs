@@ -78,7 +78,7 @@ impl Remembered {
             Err(e) => {
                 // An ACL without GET/SET: no way to tell a lost list.
                 if !self.refused {
-                    tracing::warn!(error = %crate::ratelog::cap(&e.to_string()),
+                    tracing::warn!(error = %crate::ratelog::cap_error(&e.to_string()),
                         "Reading the fleet's epoch refused (the ACL lacks GET or SET?); a list Redis loses will not be written back.");
                     self.refused = true;
                 }

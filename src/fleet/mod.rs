@@ -176,7 +176,7 @@ impl FleetSync {
                     }
                     Err(e) => {
                         if let Some(n) = failing.note(1, FAILING_PERIOD) {
-                            tracing::warn!(error = %crate::ratelog::cap(&e.to_string()), failures = n,
+                            tracing::warn!(error = %crate::ratelog::cap_error(&e.to_string()), failures = n,
                                 "Reconcile with the ban list failed; retrying with backoff (one warning a minute meanwhile).");
                         }
                         if sleep_or_stop(backoff, &shutdown).await {
@@ -238,7 +238,7 @@ impl FleetSync {
                         Err(e) => {
                             self.tell(FleetNews::Lost);
                             if let Some(n) = failing.note(1, FAILING_PERIOD) {
-                                tracing::warn!(error = %crate::ratelog::cap(&e.to_string()), failures = n,
+                                tracing::warn!(error = %crate::ratelog::cap_error(&e.to_string()), failures = n,
                                     "Checking the events stream failed; will reconcile.");
                             }
                             next_reconcile = tokio::time::Instant::now();
@@ -248,7 +248,7 @@ impl FleetSync {
                 Err(e) => {
                     self.tell(FleetNews::Lost);
                     if let Some(n) = failing.note(1, FAILING_PERIOD) {
-                        tracing::warn!(error = %crate::ratelog::cap(&e.to_string()), failures = n,
+                        tracing::warn!(error = %crate::ratelog::cap_error(&e.to_string()), failures = n,
                             "Following ban events failed; will reconcile (one warning a minute while it fails).");
                     }
                     // After any gap the whole list is read again.

@@ -430,7 +430,7 @@ impl Limiter {
                 }
                 if let Some(held) = self.refused.note(1, REFUSED_PERIOD) {
                     let oom = matches!(&e, LimitError::Redis(r) if crate::store::is_oom(r));
-                    let error = crate::ratelog::cap(&e.to_string()).into_owned();
+                    let error = crate::ratelog::cap_error(&e.to_string()).into_owned();
                     if oom {
                         tracing::warn!(%error, refused = held,
                             "Redis is out of memory (maxmemory reached, maxmemory-policy noeviction): window scripts refused; those hits decided as redis.on_down says. Raise maxmemory or free memory.");
