@@ -885,3 +885,46 @@ fn marks_trimmed_unread_are_read_again_from_the_fleet_set() {
         h.daemon.log_text()
     );
 }
+
+/// Issue 14, item 10: a ban list member in another spelling
+/// (`::ffff:198.51.100.90`, written by hand or another tool) is enforced as
+/// the address it names, rewritten as fleetban writes it at the next
+/// reconcile (its end and record kept), and `unban` in either spelling lifts
+/// it; one added and unbanned before any reconcile saw it is lifted too.
+#[test]
+fn a_member_in_another_spelling_is_rewritten_and_unbanned_in_either_spelling() {
+    let redis = Redis::start();
+    let h = bare_host("canon", "canon-1", &redis, 3, "reconcile_every: 1s");
+    let until = (now_ms() + 3_600_000).to_string();
+    let rec = r#"{"rule":"manual","reason":"by hand","host":"ops","since":1,"count":1,"hits":0}"#;
+    redis.cli(&["ZADD", "{fleetban}:bans", &until, "::ffff:198.51.100.90"]);
+    redis.cli(&["HSET", "{fleetban}:banrec", "::ffff:198.51.100.90", rec]);
+    redis.cli(&["ZADD", "{fleetban}:bans", &until, "2001:DB8:0:0::9"]);
+    wait_for(&[&h], Duration::from_secs(10), "the members rewritten", || {
+        list(&redis) == ["198.51.100.90", "2001:db8::9"]
+    });
+    wait_for(&[&h], Duration::from_secs(10), "enforced", || {
+        v4_set(&h.ns) == ["198.51.100.90"]
+    });
+    assert_eq!(redis.cli(&["ZSCORE", "{fleetban}:bans", "198.51.100.90"]), until);
+    assert_eq!(redis.cli(&["HGET", "{fleetban}:banrec", "198.51.100.90"]), rec);
+    assert_eq!(
+        redis.cli(&["HEXISTS", "{fleetban}:banrec", "::ffff:198.51.100.90"]),
+        "0"
+    );
+    assert!(h.daemon.log_text().contains("in another spelling rewritten"));
+
+    let out = cli(&h.files.cfg, &["unban", "::ffff:198.51.100.90"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    assert!(!out.stdout.contains("was not banned"), "{}", out.text());
+    wait_for(&[&h], Duration::from_secs(10), "lifted", || v4_set(&h.ns).is_empty());
+    let out = cli(&h.files.cfg, &["unban", "2001:db8::9"]);
+    assert!(!out.stdout.contains("was not banned"), "{}", out.text());
+
+    // Added and unbanned at once: no reconcile rewrote it yet.
+    redis.cli(&["ZADD", "{fleetban}:bans", &until, "::ffff:198.51.100.91"]);
+    let out = cli(&h.files.cfg, &["unban", "198.51.100.91"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    assert!(!out.stdout.contains("was not banned"), "{}", out.text());
+    assert!(list(&redis).is_empty(), "{:?}", list(&redis));
+}

@@ -143,6 +143,13 @@ impl BanList {
             BanList::Redis { con, keys } => {
                 let mut cmd = UNBAN.cmd(&[&keys.bans(), &keys.records(), &keys.events()]);
                 cmd.arg(AddrText(addr).to_string()).arg(host).arg(STREAM_MAXLEN);
+                // A member written `::ffff:a.b.c.d` that no reconcile has
+                // rewritten yet (`canonicalize`).
+                if let IpNet::V4(v4) = addr {
+                    if v4.prefix_len() == 32 {
+                        cmd.arg(format!("::ffff:{}", v4.addr()));
+                    }
+                }
                 let n: i64 = UNBAN.run(con, &cmd).await?;
                 Ok(n > 0)
             }
@@ -318,7 +325,10 @@ impl BanList {
                     .query_async(con)
                     .await?;
                 let read = started.elapsed().as_secs_f64();
-                let out = validate(&raw);
+                let (out, respelled) = validate(&raw);
+                if !respelled.is_empty() {
+                    canonicalize(con, keys, &respelled).await?;
+                }
                 tracing::debug!(
                     entries = out.len(),
                     read,
@@ -422,7 +432,13 @@ pub fn parse_until(s: &str) -> Option<Until> {
 /// String per member: 100k bans are 200k strings): flat member/score pairs
 /// (RESP2) or [member, score] arrays (RESP3). Members that are not an
 /// address or network, and scores that are not a time, are skipped.
-fn validate(reply: &redis::Value) -> Vec<(IpNet, Until)> {
+/// A member as found in the list and as fleetban writes it.
+type Respelled = (String, String);
+
+/// Members found in another spelling than [`AddrText`]'s (`::ffff:a.b.c.d`,
+/// upper case, zeros written out) are returned beside, as (found, written):
+/// enforced as the address they name, and rewritten (`canonicalize`).
+fn validate(reply: &redis::Value) -> (Vec<(IpNet, Until)>, Vec<Respelled>) {
     use redis::Value;
     let empty = Vec::new();
     let items = match reply {
@@ -432,8 +448,20 @@ fn validate(reply: &redis::Value) -> Vec<(IpNet, Until)> {
     let nested = items.iter().all(|i| matches!(i, Value::Array(_)));
     let mut out = Vec::with_capacity(if nested { items.len() } else { items.len() / 2 });
     let mut bad = 0usize;
+    let mut respelled = Vec::new();
     let mut entry = |m: &Value, score: &Value| match (member_of(m), until_of(score)) {
-        (Some(n), Some(u)) => out.push((n, u)),
+        (Some(n), Some(u)) => {
+            let written = AddrText(&n).to_string();
+            let found = match m {
+                Value::BulkString(b) => std::str::from_utf8(b).unwrap_or_default(),
+                Value::SimpleString(s) => s.as_str(),
+                _ => "",
+            };
+            if found != written {
+                respelled.push((found.to_owned(), written));
+            }
+            out.push((n, u));
+        }
         _ => {
             bad += 1;
             if bad <= 3 {
@@ -461,7 +489,27 @@ fn validate(reply: &redis::Value) -> Vec<(IpNet, Until)> {
     if bad > 3 {
         tracing::warn!(count = bad, "Ban list entries that are not addresses were skipped.");
     }
-    out
+    (out, respelled)
+}
+
+/// Rewrites `respelled` members (found, written) as fleetban writes them
+/// (`lua/canon.lua`): then `unban` in any spelling finds them.
+async fn canonicalize(
+    con: &mut crate::store::Conn,
+    keys: &Keys,
+    respelled: &[Respelled],
+) -> Result<(), BanListError> {
+    let mut cmd = crate::store::CANON.cmd(&[&keys.bans(), &keys.records()]);
+    for (found, written) in respelled {
+        cmd.arg(found).arg(written);
+    }
+    let n: i64 = crate::store::CANON.run(con, &cmd).await?;
+    if n > 0 {
+        let first = &respelled[0];
+        tracing::warn!(count = n, first = %crate::ratelog::cap(&first.0).escape_debug(), as_ = %first.1,
+            "Ban list members in another spelling rewritten as fleetban writes them.");
+    }
+    Ok(())
 }
 
 fn member_of(v: &redis::Value) -> Option<IpNet> {
@@ -629,7 +677,7 @@ mod tests {
             bulk(b"soon"),
             bulk(b"10.0.0.2"),
         ]);
-        assert_eq!(validate(&flat), want);
+        assert_eq!(validate(&flat), (want.clone(), vec![]));
         // RESP3: [member, score] pairs with double scores.
         let nested = Value::Array(vec![
             Value::Array(vec![bulk(b"192.0.2.1"), Value::Double(1_700_000_000_123.0)]),
@@ -638,8 +686,25 @@ mod tests {
             Value::Array(vec![bulk(b"2001:db8:1:2::/64"), Value::Double(f64::INFINITY)]),
             Value::Array(vec![bulk(b"10.0.0.4")]),
         ]);
-        assert_eq!(validate(&nested), want);
-        assert!(validate(&Value::Nil).is_empty());
-        assert!(validate(&Value::Array(vec![])).is_empty());
+        assert_eq!(validate(&nested), (want.clone(), vec![]));
+        assert!(validate(&Value::Nil).0.is_empty());
+        assert!(validate(&Value::Array(vec![])).0.is_empty());
+        // Another spelling: enforced as the address, returned to rewrite.
+        let respelled = Value::Array(vec![
+            bulk(b"::ffff:192.0.2.1"),
+            bulk(b"1700000000123"),
+            bulk(b"2001:DB8:1:2:0::/64"),
+            bulk(b"inf"),
+        ]);
+        assert_eq!(
+            validate(&respelled),
+            (
+                want,
+                vec![
+                    ("::ffff:192.0.2.1".to_owned(), "192.0.2.1".to_owned()),
+                    ("2001:DB8:1:2:0::/64".to_owned(), "2001:db8:1:2::/64".to_owned())
+                ]
+            )
+        );
     }
 }

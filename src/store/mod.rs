@@ -17,7 +17,7 @@ pub use conn::Conn;
 pub use health::{is_oom, is_outage, Health};
 pub use keys::{slot, Keys, ADDRESS_BUCKETS, STREAM_MAXLEN};
 pub use scripts::{
-    is_noscript, value_is_noscript, LuaScript, BAN, FIXED_WINDOW, RESTORE, SLIDING_COUNTER, SLIDING_WINDOW,
+    is_noscript, value_is_noscript, LuaScript, BAN, CANON, FIXED_WINDOW, RESTORE, SLIDING_COUNTER, SLIDING_WINDOW,
     TOKEN_BUCKET, UNBAN,
 };
 

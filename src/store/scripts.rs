@@ -43,6 +43,8 @@ pub static BAN: std::sync::LazyLock<LuaScript> =
 pub static UNBAN: std::sync::LazyLock<LuaScript> =
     std::sync::LazyLock::new(|| LuaScript::new("unban", include_str!("../../lua/unban.lua").to_owned()));
 
+pub static CANON: std::sync::LazyLock<LuaScript> =
+    std::sync::LazyLock::new(|| LuaScript::new("canon", include_str!("../../lua/canon.lua").to_owned()));
 pub static RESTORE: std::sync::LazyLock<LuaScript> =
     std::sync::LazyLock::new(|| LuaScript::new("restore", include_str!("../../lua/restore.lua").to_owned()));
 
