@@ -53,6 +53,8 @@ pub struct Closest {
 pub struct Report {
     pub lines: u64,
     pub unparsed: u64,
+    /// Lines longer than [`crate::source::MAX_LINE`], skipped as `run` skips them.
+    pub skipped_long: u64,
     /// Lines without a newline at the end of a file are still read.
     pub rules: Vec<RuleStats>,
     pub decisions: Vec<Decision>,
@@ -102,6 +104,7 @@ pub fn replay(
             let seen = scanner.scan(chunk, origin, wall, &mut r);
             r.report.lines += seen.lines;
             r.report.unparsed += seen.unparsed;
+            r.report.skipped_long += chunk.skipped_long;
         })?;
     }
     for (stats, count) in r.report.rules.iter_mut().zip(scanner.take_counts()) {

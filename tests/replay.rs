@@ -354,3 +354,40 @@ fn a_log_whose_clock_goes_back_or_ahead_bans_only_the_scraper() {
         assert_eq!(banned, scraper, "{name}: {}", out.stdout);
     }
 }
+
+/// Issue 14, item 11: `test` skips lines longer than 64 KiB as `run` does
+/// (and says how many): five ordinary requests and five with a 70 KiB user
+/// agent stay under a limit of 5, where counting the long ones banned.
+#[test]
+fn lines_longer_than_64_kib_are_skipped_as_run_skips_them() {
+    let r = ConfigDir::new();
+    let t0 = 1_700_000_000_000i64;
+    let long_ua = "x".repeat(70 << 10);
+    let mut text = String::new();
+    for i in 0..10 {
+        let line = combined_line("203.0.113.77", t0 + i * 1000, "/", 200);
+        text += &if i % 2 == 0 {
+            line
+        } else {
+            line.replace("curl/7.88", &long_ua)
+        };
+    }
+    std::fs::write(&r.log, text).unwrap();
+    r.write(
+        &MainConfig::new(),
+        &[Rule::new("any", "/unused", "{ hits: 5, window: 60s }")],
+    );
+    let log = r.log.to_str().expect("a UTF-8 temp path");
+    let out = cli(&r.cfg, &["test", "--json", log]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    let last: serde_json::Value = serde_json::from_str(out.stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(last["event"], "summary", "{}", out.stdout);
+    assert_eq!(last["lines"], 5, "{}", out.stdout);
+    assert_eq!(last["skipped_long"], 5, "{}", out.stdout);
+    assert_eq!(last["rules"]["any"]["bans"], 0, "{}", out.stdout);
+    let human = cli(&r.cfg, &["test", log]).stdout;
+    assert!(
+        human.contains("longer than 64 KiB (skipped, as run does): 5"),
+        "{human}"
+    );
+}

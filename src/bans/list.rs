@@ -494,11 +494,7 @@ fn validate(reply: &redis::Value) -> (Vec<(IpNet, Until)>, Vec<Respelled>) {
 
 /// Rewrites `respelled` members (found, written) as fleetban writes them
 /// (`lua/canon.lua`): then `unban` in any spelling finds them.
-async fn canonicalize(
-    con: &mut crate::store::Conn,
-    keys: &Keys,
-    respelled: &[Respelled],
-) -> Result<(), BanListError> {
+async fn canonicalize(con: &mut crate::store::Conn, keys: &Keys, respelled: &[Respelled]) -> Result<(), BanListError> {
     let mut cmd = crate::store::CANON.cmd(&[&keys.bans(), &keys.records()]);
     for (found, written) in respelled {
         cmd.arg(found).arg(written);

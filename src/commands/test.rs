@@ -32,6 +32,7 @@ struct SummaryLine {
     event: &'static str,
     lines: u64,
     rules: BTreeMap<String, RuleLine>,
+    skipped_long: u64,
     unparsed: u64,
 }
 
@@ -113,13 +114,22 @@ fn print_json(out: &mut impl Write, report: &Report) -> std::io::Result<()> {
         event: "summary",
         lines: report.lines,
         rules,
+        skipped_long: report.skipped_long,
         unparsed: report.unparsed,
     };
     writeln!(out, "{}", serde_json::to_string(&summary)?)
 }
 
 fn print_human(out: &mut impl Write, report: &Report, limit: impl Fn(&str) -> u32) -> std::io::Result<()> {
-    writeln!(out, "lines: {}  unparsed: {}", report.lines, report.unparsed)?;
+    write!(out, "lines: {}  unparsed: {}", report.lines, report.unparsed)?;
+    if report.skipped_long > 0 {
+        write!(
+            out,
+            "  longer than 64 KiB (skipped, as run does): {}",
+            report.skipped_long
+        )?;
+    }
+    writeln!(out)?;
     for r in &report.rules {
         writeln!(out, "rule {}: {} matched, {} ban(s)", r.name, r.matched, r.bans)?;
         if !r.closest.is_empty() {

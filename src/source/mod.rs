@@ -87,12 +87,16 @@ pub struct FollowOptions {
     pub inotify: bool,
 }
 
+/// The longest line read, in `run` and `test` alike: longer ones are
+/// counted (`skipped_long`) and skipped.
+pub const MAX_LINE: usize = 64 << 10;
+
 impl Default for FollowOptions {
     fn default() -> Self {
         FollowOptions {
             poll_interval: Duration::from_millis(50),
             read_chunk: 1 << 20,
-            max_line: 64 << 10,
+            max_line: MAX_LINE,
             drain_quiet: Duration::from_secs(5),
             rescan_interval: Duration::from_secs(1),
             inotify: true,

@@ -24,7 +24,7 @@ pub fn read_file(path: &Path, mut each: impl FnMut(&Chunk)) -> io::Result<()> {
         fingerprint: 0,
     };
     let path: Arc<Path> = Arc::from(path);
-    let mut split = LineSplitter::new(usize::MAX, 0);
+    let mut split = LineSplitter::new(super::MAX_LINE, 0);
     let mut buf = Vec::with_capacity(READ);
     let mut chunks = Vec::new();
     loop {
