@@ -560,3 +560,47 @@ fn lines_from_the_future_count_when_read_and_old_ones_are_stale() {
     assert!(log.contains("Hits older than their rule's window when read"), "{log}");
     d.stop(Duration::from_secs(10));
 }
+
+/// Issue 14, item 11: saving the embedded ban list and the log offsets
+/// fails (here: a directory where each writes its temporary file, as a full
+/// disk fails them): the bans stay enforced, each failure is warned about
+/// once however many saves fail, nothing half-written is left, and both are
+/// saved once it is possible again, which is said.
+#[test]
+fn failed_saves_are_warned_once_retried_and_recovered() {
+    let r = ConfigDir::new();
+    r.write(
+        &r.main_config().host_id("disk-host").log_firewall(),
+        &[Rule::new("scraper", &r.log, "{ hits: 3, window: 60s }").ban("1h")],
+    );
+    let bans_tmp = r.state.join("bans.tmp");
+    let offsets_tmp = r.state.join("offsets.json.tmp");
+    let mut d = Daemon::start(None, &r.cfg, &r.control);
+    std::fs::create_dir_all(&bans_tmp).unwrap();
+    std::fs::create_dir_all(&offsets_tmp).unwrap();
+    // Lines for the offsets to save, every second; bans for the list.
+    for (i, addr) in ["198.51.100.1", "198.51.100.2", "198.51.100.3"].iter().enumerate() {
+        append(&r.log, &combined_line("203.0.113.70", now_ms(), "/", 200));
+        let out = cli(&r.cfg, &["ban", addr, "--for", "1h"]);
+        assert_eq!(out.code, 0, "{}", out.text());
+        std::thread::sleep(Duration::from_millis(700 + 100 * i as u64));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let bans = cli(&r.cfg, &["bans"]).stdout;
+    assert!(bans.contains("198.51.100.3"), "enforced all the same: {bans}");
+    let log = d.log_text();
+    let count = |what: &str| log.lines().filter(|l| l.contains(what)).count();
+    assert_eq!(count("Saving the ban list failed"), 1, "{log}");
+    assert_eq!(count("Saving log offsets failed"), 1, "{log}");
+
+    std::fs::remove_dir(&bans_tmp).unwrap();
+    std::fs::remove_dir(&offsets_tmp).unwrap();
+    wait_until(Duration::from_secs(10), "both saved again", || {
+        let log = d.log_text();
+        log.contains("Ban list saved again.") && log.contains("Log offsets saved again.")
+    });
+    let saved = std::fs::read_to_string(r.state.join("bans.json")).unwrap();
+    assert!(saved.contains("198.51.100.3"), "{saved}");
+    assert!(!bans_tmp.exists() && !offsets_tmp.exists());
+    d.stop(Duration::from_secs(10));
+}

@@ -68,6 +68,11 @@ pub struct Bans {
 }
 
 impl Bans {
+    /// The embedded list's last save failed: tries again.
+    pub fn retry_save(&mut self) {
+        self.list.retry_save();
+    }
+
     /// Bans over `list`, written as `host`'s, enforced through `changes`.
     pub fn new(list: BanList, host: &str, changes: Changes) -> Bans {
         Bans {

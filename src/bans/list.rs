@@ -75,7 +75,7 @@ impl BanList {
         match self {
             BanList::Memory(m) => {
                 let out = m.ban(req, now_ms);
-                m.save()?;
+                m.persist();
                 Ok(out)
             }
             BanList::Redis { con, keys } => {
@@ -121,6 +121,16 @@ impl BanList {
         }
     }
 
+    /// The embedded list's last save failed: tries again (each second,
+    /// from the pipeline).
+    pub fn retry_save(&mut self) {
+        if let BanList::Memory(m) = self {
+            if m.unsaved {
+                m.persist();
+            }
+        }
+    }
+
     /// Whether the list answers (Redis: `PING`; embedded: always).
     pub async fn ping(&mut self) -> Result<(), BanListError> {
         match self {
@@ -137,7 +147,7 @@ impl BanList {
         match self {
             BanList::Memory(m) => {
                 let was = m.bans.remove(addr).is_some();
-                m.save()?;
+                m.persist();
                 Ok(was)
             }
             BanList::Redis { con, keys } => {
@@ -536,6 +546,9 @@ pub struct MemoryBans {
     file: Option<PathBuf>,
     /// The file could not be read as a list at start.
     lost: bool,
+    /// The last save failed: retried (`BanList::retry_save`).
+    unsaved: bool,
+    save_warn: crate::ratelog::Every,
 }
 
 impl MemoryBans {
@@ -599,8 +612,35 @@ impl MemoryBans {
         let Some(file) = &self.file else { return Ok(()) };
         let recs: Vec<&BanRecord> = self.bans.values().collect();
         let tmp = file.with_extension("tmp");
-        std::fs::write(&tmp, serde_json::to_vec(&recs).map_err(std::io::Error::other)?)?;
-        std::fs::rename(tmp, file)
+        let written = serde_json::to_vec(&recs)
+            .map_err(std::io::Error::other)
+            .and_then(|b| std::fs::write(&tmp, b))
+            .and_then(|()| std::fs::rename(&tmp, file));
+        if written.is_err() {
+            // No half-written bans.tmp left behind (a full disk).
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written
+    }
+
+    /// Saves the list; a failure keeps it in memory (it is enforced all the
+    /// same), is retried every second (`BanList::retry_save`) and warned
+    /// about at most once a minute.
+    fn persist(&mut self) {
+        match self.save() {
+            Ok(()) if self.unsaved => {
+                self.unsaved = false;
+                tracing::info!("Ban list saved again.");
+            }
+            Ok(()) => {}
+            Err(e) => {
+                self.unsaved = true;
+                if let Some(n) = self.save_warn.note(1, std::time::Duration::from_secs(60)) {
+                    tracing::warn!(error = %e, failures = n, file = ?self.file,
+                        "Saving the ban list failed; the bans stay enforced, saving is retried every second (at most one warning a minute).");
+                }
+            }
+        }
     }
 
     fn active(&self, now_ms: i64) -> impl Iterator<Item = &BanRecord> {

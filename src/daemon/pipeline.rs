@@ -335,10 +335,9 @@ impl Pipeline {
         true
     }
 
-    fn save_offsets(&self) {
-        if let Err(e) = self.offsets.save() {
-            tracing::warn!(error = %e, "Saving log offsets failed.");
-        }
+    fn save_offsets(&mut self) {
+        self.offsets.save_or_warn();
+        self.bans.retry_save();
     }
 
     /// The fleet changed the list: this host's view follows, and an

@@ -43,8 +43,9 @@ pub struct OffsetStore {
     /// `state_dir/offsets.json`.
     file: PathBuf,
     inner: Mutex<Inner>,
-    /// Serializes writers of the file, outside the `inner` lock.
-    save_lock: Mutex<()>,
+    /// Serializes writers of the file, outside the `inner` lock; with
+    /// whether the last save failed and the warnings' rate limit.
+    save_lock: Mutex<(bool, crate::ratelog::Every)>,
 }
 
 #[derive(Debug, Default)]
@@ -158,7 +159,7 @@ impl OffsetStore {
         Ok(OffsetStore {
             file,
             inner: Mutex::new(inner),
-            save_lock: Mutex::new(()),
+            save_lock: Mutex::new((false, crate::ratelog::Every::default())),
         })
     }
 
@@ -200,6 +201,27 @@ impl OffsetStore {
     }
 
     /// Writes the entries if anything changed since the last save.
+    /// [`OffsetStore::save`], a failure logged at most once a minute (a
+    /// full disk fails every second's save) and the recovery once.
+    pub fn save_or_warn(&self) {
+        let result = self.save();
+        let mut w = self.save_lock.lock().unwrap_or_else(|e| e.into_inner());
+        match result {
+            Ok(()) if w.0 => {
+                w.0 = false;
+                tracing::info!(path = %self.file.display(), "Log offsets saved again.");
+            }
+            Ok(()) => {}
+            Err(e) => {
+                w.0 = true;
+                if let Some(n) = w.1.note(1, std::time::Duration::from_secs(60)) {
+                    tracing::warn!(path = %self.file.display(), error = %e, failures = n,
+                        "Saving log offsets failed; retried every second (at most one warning a minute).");
+                }
+            }
+        }
+    }
+
     pub fn save(&self) -> io::Result<()> {
         let _writer = self.save_lock.lock().unwrap_or_else(|e| e.into_inner());
         let bytes = {
@@ -353,12 +375,15 @@ fn set_aside(file: &Path, why: &str) -> io::Result<()> {
 
 fn write_atomically(file: &Path, bytes: &[u8]) -> io::Result<()> {
     let tmp = file.with_extension("json.tmp");
-    {
-        let mut f = File::create(&tmp)?;
+    let written = File::create(&tmp).and_then(|mut f| {
         f.write_all(bytes)?;
-        f.sync_all()?;
+        f.sync_all()
+    });
+    if let Err(e) = written.and_then(|()| fs::rename(&tmp, file)) {
+        // No half-written file left behind (a full disk).
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
     }
-    fs::rename(&tmp, file)?;
     if let Some(dir) = file.parent() {
         File::open(dir)?.sync_all()?;
     }

@@ -312,9 +312,7 @@ impl Tracker {
                 // Where this file starts (its end, if first seen at startup)
                 // and the rotated entry of the old one must survive a crash
                 // before the consumer's next save.
-                if let Err(e) = self.offsets.save() {
-                    warn!(error = %e, "Saving log offsets failed.");
-                }
+                self.offsets.save_or_warn();
                 true
             }
             Err(e) => {
