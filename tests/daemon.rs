@@ -604,3 +604,31 @@ fn failed_saves_are_warned_once_retried_and_recovered() {
     assert!(!bans_tmp.exists() && !offsets_tmp.exists());
     d.stop(Duration::from_secs(10));
 }
+
+/// Issue 14, item 11: `Unbanned.` is logged for a ban this host held, not
+/// for an address never banned.
+#[test]
+fn unbanned_is_logged_only_for_a_ban_there_was() {
+    let r = ConfigDir::new();
+    r.write(
+        &r.main_config().host_id("unban-host").log_firewall(),
+        &[Rule::new("scraper", &r.log, "{ hits: 3, window: 60s }")],
+    );
+    let mut d = Daemon::start(None, &r.cfg, &r.control);
+    let out = cli(&r.cfg, &["unban", "198.51.100.200"]);
+    assert!(out.stdout.contains("was not banned"), "{}", out.text());
+    let out = cli(&r.cfg, &["ban", "198.51.100.201", "--for", "1h"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    let out = cli(&r.cfg, &["unban", "198.51.100.201"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    let unbanned = |addr: &str| {
+        d.log_text()
+            .lines()
+            .any(|l| l.contains("Unbanned.") && l.contains(&format!("addr={addr}")))
+    };
+    wait_until(Duration::from_secs(10), "the real unban logged", || {
+        unbanned("198.51.100.201")
+    });
+    assert!(!unbanned("198.51.100.200"), "{}", d.log_text());
+    d.stop(Duration::from_secs(10));
+}

@@ -258,8 +258,9 @@ async fn apply(
     stats: &super::stats::Stats,
 ) -> Result<(), EnforceError> {
     let now = crate::now_ms();
-    // One line per unban, whoever asked (manual, another host, the fleet's list).
-    for net in &f.removes {
+    // One line per unban of a ban this host held, whoever asked (manual,
+    // another host, the fleet's list); none for an address never banned.
+    for net in f.removes.iter().filter(|n| enforcer.wants(n)) {
         tracing::info!(addr = %crate::addr::AddrText(net), "Unbanned.");
     }
     let started = std::time::Instant::now();

@@ -237,6 +237,11 @@ impl Book {
     }
 
     /// The wanted nets, in order.
+    /// Whether `net` is one of the bans wanted.
+    pub fn wants(&self, net: &IpNet) -> bool {
+        self.desired.contains_key(net)
+    }
+
     pub fn desired_nets(&self) -> impl Iterator<Item = &IpNet> {
         self.desired.keys()
     }

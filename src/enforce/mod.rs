@@ -296,6 +296,11 @@ impl Enforcer {
         self.len() == 0
     }
 
+    /// Whether `net` is one of the bans wanted (covered ones included).
+    pub fn wants(&self, net: &ipnet::IpNet) -> bool {
+        self.book().wants(net)
+    }
+
     /// The bans wanted (covered ones included), in order.
     pub fn wanted(&self) -> impl Iterator<Item = &ipnet::IpNet> {
         self.book().desired_nets()
