@@ -480,3 +480,50 @@ fn sighup_with_redis_keeps_the_fleet_windows() {
     assert_eq!(d.status()["redis"]["connected"], true);
     assert_eq!(d.status()["redis"]["used"], true);
 }
+
+/// Known limit of issue 14: a reload that changes the list of logs while a
+/// rotated file is still being drained (nginx writing on to its old file
+/// until it reopens) goes on draining it: the lines written there after the
+/// reload are read, none twice.
+#[test]
+fn a_reload_during_a_rotation_goes_on_draining_the_rotated_file() {
+    let r = rig();
+    let log2 = r.empty_log("other.log");
+    let d = Daemon::start(None, &r.cfg, &r.control);
+    // nginx's open file, kept across the rotation.
+    let mut nginx = std::fs::OpenOptions::new().append(true).open(&r.log).unwrap();
+    nginx.write_all(hits("203.0.113.8", 3, "/a", 200).as_bytes()).unwrap();
+    d.wait_lines(3);
+    // logrotate: rename, create; nginx not told yet.
+    std::fs::rename(&r.log, r.log.with_extension("log.1")).unwrap();
+    std::fs::write(&r.log, "").unwrap();
+    nginx.write_all(hits("203.0.113.8", 2, "/b", 200).as_bytes()).unwrap();
+    d.wait_lines(5);
+    wait_until(Duration::from_secs(10), "the rotation seen", || {
+        d.log_text().contains("File rotated; draining the old one.")
+    });
+
+    // A reload that changes the logs, while the old file is drained.
+    r.write_rules(&[
+        scraper_rule(&r.log, 10),
+        Rule::new("other", &log2, "{ hits: 2, window: 10m }"),
+    ]);
+    d.signal(libc::SIGHUP);
+    wait_until(Duration::from_secs(10), "reload applied", || d.status()["reloads"] == 1);
+    nginx.write_all(hits("203.0.113.8", 4, "/c", 200).as_bytes()).unwrap();
+    wait_until(Duration::from_secs(10), "the lines written after the reload", || {
+        d.status()["lines"].as_u64().unwrap_or(0) >= 9
+    });
+    // Then nginx reopens: the new file is read as well, and nothing twice.
+    drop(nginx);
+    append(&r.log, &hits("203.0.113.9", 1, "/d", 200));
+    wait_until(Duration::from_secs(10), "the new file read", || {
+        d.status()["lines"].as_u64().unwrap_or(0) >= 10
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(d.status()["lines"], 10, "{}", d.status());
+    // The new follower took the rotated file up where the old one was.
+    let log = d.log_text();
+    assert!(log.contains("logs_changed=true"), "{log}");
+    assert!(log.contains("Draining a rotated file left unfinished"), "{log}");
+}
