@@ -301,3 +301,30 @@ fn a_hung_nft_stops_the_watchdog_pings_until_it_returns() {
         set_has(&ns, "203.0.113.83")
     });
 }
+
+/// Issue 14, item 4, the counting side: requests from an address the host
+/// takes after the start are not counted from then on (the pipeline reads
+/// the host's addresses again every second), so they ban nobody, in the
+/// fleet's list or here; the same requests from another address do.
+#[test]
+fn requests_from_an_address_the_host_takes_later_are_never_counted() {
+    let ns = NetNs::new("owncount");
+    let r = rig();
+    let mut d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    ns.run(&["ip", "addr", "add", "10.213.98.7/32", "dev", "lo"]);
+    wait_until(Duration::from_secs(10), "the new address seen", || {
+        d.log_text().contains("This host took a new address")
+    });
+    let now = common::now_ms();
+    let lines: String = (0..20)
+        .map(|i| common::combined_line("10.213.98.7", now + i, "/", 200))
+        .chain((0..20).map(|i| common::combined_line("203.0.113.99", now + i, "/", 200)))
+        .collect();
+    common::append(&r.log, &lines);
+    wait_until(Duration::from_secs(10), "the other client banned", || {
+        set_has(&ns, "203.0.113.99")
+    });
+    assert_eq!(d.status()["bans_active"], 1, "{}", d.status());
+    assert!(!set_has(&ns, "10.213.98.7"));
+    d.stop(Duration::from_secs(10));
+}

@@ -296,6 +296,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     let rules = reload::rule_infos(&config, &stats);
     let mut pipeline = Pipeline::new(rules, scanner, limiter, bans, inputs, offsets.clone(), stats.clone());
     pipeline.set_unbannable(crate::bans::Unbannable::of(&config));
+    pipeline.set_own_addresses(crate::detect::OwnAddresses::new(&config.never_banned()).0);
     if opts.bench_one_flight {
         pipeline.set_max_in_flight(1);
     }

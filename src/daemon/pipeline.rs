@@ -123,6 +123,8 @@ pub struct Pipeline {
     max_in_flight: usize,
     /// What no ban command may cover (None: unchecked, as in unit tests).
     unbannable: Option<Unbannable>,
+    /// The host's addresses, followed (`set_own_addresses`).
+    own: Option<crate::detect::OwnAddresses>,
     /// How long without a chunk counts as idle ([`IDLE`]).
     idle: Duration,
     /// When the input counts as idle if no chunk comes first.
@@ -189,10 +191,17 @@ impl Pipeline {
             future_warn: Every::default(),
             max_in_flight: MAX_IN_FLIGHT,
             unbannable: None,
+            own: None,
             idle: idle(),
             idle_at: None,
             drain: false,
         }
+    }
+
+    /// The host's addresses, read again every second: an address it takes
+    /// later (DHCP, a VIP) is never counted from then on.
+    pub fn set_own_addresses(&mut self, own: crate::detect::OwnAddresses) {
+        self.own = Some(own);
     }
 
     /// What no ban command may cover (`bans::Unbannable`).
@@ -338,6 +347,12 @@ impl Pipeline {
     fn save_offsets(&mut self) {
         self.offsets.save_or_warn();
         self.bans.retry_save();
+        if let Some((allow, added)) = self.own.as_mut().and_then(|o| o.refresh()) {
+            for a in &added {
+                tracing::info!(addr = %a, "This host took a new address: never counted from now on.");
+            }
+            self.scanner.set_allow(allow);
+        }
     }
 
     /// The fleet changed the list: this host's view follows, and an

@@ -99,6 +99,11 @@ impl Scanner {
         s
     }
 
+    /// Who is never counted, again (the host's addresses changed).
+    pub fn set_allow(&mut self, allow: AllowList) {
+        self.allow = allow;
+    }
+
     /// New rules (reload), with the counts of the old ones taken.
     pub fn set_plan(&mut self, plan: Plan) {
         self.routes.clear();
