@@ -170,19 +170,14 @@ impl Bans {
                 // base duration; written to the list when it can.
                 self.counters.bans.fetch_add(1, Relaxed);
                 let until = Until::At(now_ms + policy.duration_ms);
-                let rec = BanRecord {
-                    addr: req.addr,
-                    rule: req.rule.clone(),
-                    reason: req.reason.clone(),
-                    host: req.host.clone(),
-                    since: now_ms,
-                    until: match until {
+                let rec = req.record(
+                    now_ms,
+                    match until {
                         Until::At(t) => Some(t),
                         Until::Permanent => None,
                     },
-                    count: 1,
-                    hits: req.hits,
-                };
+                    1,
+                );
                 let mut queued = false;
                 if let Some(q) = &mut self.queue {
                     if e.is_outage() {

@@ -101,19 +101,14 @@ impl BanList {
                 let (new, until, count): (i64, String, i64) = BAN.run(con, &cmd).await?;
                 let until = parse_until(&until).ok_or_else(|| BanListError::Reply(until.clone()))?;
                 Ok(if new == 1 {
-                    Outcome::Banned(BanRecord {
-                        addr: req.addr,
-                        rule: req.rule.clone(),
-                        reason: req.reason.clone(),
-                        host: req.host.clone(),
-                        since: now_ms,
-                        until: match until {
+                    Outcome::Banned(req.record(
+                        now_ms,
+                        match until {
                             Until::At(t) => Some(t),
                             Until::Permanent => None,
                         },
-                        count: u32::try_from(count).unwrap_or(1),
-                        hits: req.hits,
-                    })
+                        u32::try_from(count).unwrap_or(1),
+                    ))
                 } else {
                     Outcome::AlreadyBanned(until)
                 })
@@ -668,16 +663,7 @@ impl MemoryBans {
             Mode::For(ms) => (1, Some(now_ms + ms)),
             Mode::Permanent => (1, None),
         };
-        let rec = BanRecord {
-            addr: req.addr,
-            rule: req.rule.clone(),
-            reason: req.reason.clone(),
-            host: req.host.clone(),
-            since: now_ms,
-            until,
-            count,
-            hits: req.hits,
-        };
+        let rec = req.record(now_ms, until, count);
         self.bans.insert(req.addr, rec.clone());
         Outcome::Banned(rec)
     }

@@ -105,6 +105,21 @@ impl BanRequest {
             mode,
         }
     }
+
+    /// The record of this ban, made at `since` to end at `until` (None:
+    /// permanent), the client's `count`-th offence.
+    pub fn record(&self, since: i64, until: Option<i64>, count: u32) -> BanRecord {
+        BanRecord {
+            addr: self.addr,
+            rule: self.rule.clone(),
+            reason: self.reason.clone(),
+            host: self.host.clone(),
+            since,
+            until,
+            count,
+            hits: self.hits,
+        }
+    }
 }
 
 /// What came of a ban request.
