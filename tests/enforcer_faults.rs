@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{nft_bans, wait_until, ConfigDir, Daemon, NetNs, NftShim, NotifySocket, Rule};
+use common::{nft_bans, wait_until, ConfigDir, Daemon, MainConfig, NetNs, NftShim, NotifySocket, Rule};
 use fleetban::control::{Client, Request, Response};
 
 fn set_has(ns: &NetNs, elem: &str) -> bool {
@@ -26,8 +26,18 @@ fn table_exists(ns: &NetNs) -> bool {
 
 /// An embedded-store daemon's files: one rule on `access.log`.
 fn rig() -> ConfigDir {
+    rig_with(|m| m)
+}
+
+/// As [`rig`], with the log firewall: for daemons run outside a namespace
+/// (the host's own nftables is never touched).
+fn rig_outside() -> ConfigDir {
+    rig_with(MainConfig::log_firewall)
+}
+
+fn rig_with(firewall: impl FnOnce(MainConfig) -> MainConfig) -> ConfigDir {
     let r = ConfigDir::new();
-    let main = r.main_config().host_id("faults");
+    let main = firewall(r.main_config().host_id("faults"));
     r.write(
         &main,
         &[Rule::new("scraper", &r.log, "{ hits: 5, window: 60s }").ban("1h")],
@@ -83,7 +93,7 @@ fn refused(r: &ConfigDir, says: &[&str]) {
 
 #[test]
 fn a_control_path_that_is_a_file_or_a_directory_is_refused_and_left_alone() {
-    let r = rig();
+    let r = rig_outside();
     std::fs::write(&r.control, "precious\n").unwrap();
     let path = r.control.to_string_lossy().into_owned();
     refused(&r, &[&path, "a regular file"]);
@@ -98,7 +108,7 @@ fn a_control_path_that_is_a_file_or_a_directory_is_refused_and_left_alone() {
 
 #[test]
 fn a_stale_control_socket_is_replaced() {
-    let r = rig();
+    let r = rig_outside();
     // A socket nobody answers on: what a killed daemon leaves.
     drop(std::os::unix::net::UnixListener::bind(&r.control).unwrap());
     assert!(r.control.exists());
@@ -108,7 +118,7 @@ fn a_stale_control_socket_is_replaced() {
 
 #[test]
 fn a_second_daemon_on_the_same_state_dir_exits_naming_the_lock_and_the_first_pid() {
-    let r = rig();
+    let r = rig_outside();
     let d = Daemon::start(None, &r.cfg, &r.control);
     let lock = r.state.join("lock").to_string_lossy().into_owned();
     refused(&r, &[&lock, &format!("pid {}", d.pid())]);
@@ -118,11 +128,11 @@ fn a_second_daemon_on_the_same_state_dir_exits_naming_the_lock_and_the_first_pid
 
 #[test]
 fn a_control_socket_another_daemon_answers_on_is_not_taken_over() {
-    let r = rig();
+    let r = rig_outside();
     let d = Daemon::start(None, &r.cfg, &r.control);
     // Its own state dir, the first one's socket.
     let other = r.path().join("other-state");
-    let main = r.main_config().host_id("faults").state_dir(&other);
+    let main = r.main_config().host_id("faults").log_firewall().state_dir(&other);
     main.write(&r.cfg);
     let path = r.control.to_string_lossy().into_owned();
     refused(&r, &[&path, "another daemon answers on it"]);
