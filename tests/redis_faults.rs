@@ -315,3 +315,42 @@ fn a_poisoned_member_is_echoed_capped() {
         "no capped echo"
     );
 }
+
+/// Item 1's third case: the events stream has exhausted its ids (an entry
+/// written by hand at the last possible id), so `ban.lua`'s XADD fails.
+/// That is a refusal, not an outage: the host stays with Redis, enforces
+/// the bans here and queues them, and they are written once the stream
+/// can take entries again.
+#[test]
+fn an_events_stream_out_of_ids_is_a_refusal_not_an_outage() {
+    let redis = Redis::start();
+    let r = rig(&redis, "reconcile_every: 1h");
+    let d = Daemon::start(None, &r.cfg, &r.control);
+    scrape(&r, &["203.0.113.40".into()]);
+    wait_until(Duration::from_secs(10), "a first ban", || {
+        !redis.cli(&["ZSCORE", "{fleetban}:bans", "203.0.113.40"]).is_empty()
+    });
+    let last = "18446744073709551615-18446744073709551615";
+    assert_eq!(redis.cli(&["XADD", "{fleetban}:events", last, "op", "x"]), last);
+
+    scrape(&r, &["203.0.113.41".into()]);
+    wait_until(Duration::from_secs(10), "the ban queued", || {
+        d.status()["redis"]["queued_bans"].as_u64().unwrap_or(0) >= 1
+    });
+    let st = d.status();
+    assert_eq!(st["redis"]["connected"], true, "a refusal is no outage: {st}");
+    let bans = cli(&r.cfg, &["bans"]).stdout;
+    assert!(bans.contains("203.0.113.41"), "enforced here meanwhile: {bans}");
+
+    // The stream can take entries again: the queued ban is written.
+    redis.cli(&["DEL", "{fleetban}:events"]);
+    wait_until(Duration::from_secs(15), "the queued ban written", || {
+        d.status()["redis"]["queued_bans"] == 0
+    });
+    assert!(!redis.cli(&["ZSCORE", "{fleetban}:bans", "203.0.113.41"]).is_empty());
+    assert!(
+        !d.log_text().contains("Redis is down"),
+        "taken for an outage:\n{}",
+        d.log_text()
+    );
+}
