@@ -454,16 +454,21 @@ fn validate(reply: &redis::Value) -> (Vec<(IpNet, Until)>, Vec<Respelled>) {
     let mut out = Vec::with_capacity(if nested { items.len() } else { items.len() / 2 });
     let mut bad = 0usize;
     let mut respelled = Vec::new();
+    // Each member as fleetban writes it, in one buffer: a String is made
+    // only for a member found in another spelling.
+    let mut written = String::new();
     let mut entry = |m: &Value, score: &Value| match (member_of(m), until_of(score)) {
         (Some(n), Some(u)) => {
-            let written = AddrText(&n).to_string();
+            use std::fmt::Write;
+            written.clear();
+            let _ = write!(written, "{}", AddrText(&n));
             let found = match m {
                 Value::BulkString(b) => std::str::from_utf8(b).unwrap_or_default(),
                 Value::SimpleString(s) => s.as_str(),
                 _ => "",
             };
             if found != written {
-                respelled.push((found.to_owned(), written));
+                respelled.push((found.to_owned(), written.clone()));
             }
             out.push((n, u));
         }
