@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
-use crate::detect::{AllowList, Mode, Plan, Scanner};
+use crate::detect::{Mode, Plan, Scanner};
 use crate::enforce::{Changes, EnforceError};
 use crate::source::OffsetStore;
 use pipeline::{Inputs, Pipeline};
@@ -136,7 +136,8 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     let _lock = start::lock_state_dir(&config.state_dir)?;
     let offsets =
         Arc::new(OffsetStore::open(&config.state_dir).map_err(|e| DaemonError::StateDir(config.state_dir.clone(), e))?);
-    let allow = AllowList::new(&config.never_banned());
+    // The pipeline's: read again every second (`Pipeline::set_own_addresses`).
+    let (own_addresses, allow) = crate::detect::OwnAddresses::new(&config.never_banned());
     let token = CancellationToken::new();
     let tracker = TaskTracker::new();
 
@@ -296,7 +297,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     let rules = reload::rule_infos(&config, &stats);
     let mut pipeline = Pipeline::new(rules, scanner, limiter, bans, inputs, offsets.clone(), stats.clone());
     pipeline.set_unbannable(crate::bans::Unbannable::of(&config));
-    pipeline.set_own_addresses(crate::detect::OwnAddresses::new(&config.never_banned()).0);
+    pipeline.set_own_addresses(own_addresses);
     if opts.bench_one_flight {
         pipeline.set_max_in_flight(1);
     }

@@ -307,7 +307,7 @@ impl Pipeline {
             }
             self.stats.held_hits.store(self.limiter.pending_hits() as u64, Relaxed);
             if last_save.elapsed() >= Duration::from_secs(1) {
-                self.save_offsets();
+                self.every_second();
                 last_save = tokio::time::Instant::now();
             }
             self.stats.busy_since_ms.store(0, Relaxed);
@@ -347,6 +347,11 @@ impl Pipeline {
     fn save_offsets(&mut self) {
         self.offsets.save_or_warn();
         self.bans.retry_save();
+    }
+
+    /// Once a second: the saves, and the host's addresses read again.
+    fn every_second(&mut self) {
+        self.save_offsets();
         if let Some((allow, added)) = self.own.as_mut().and_then(|o| o.refresh()) {
             for a in &added {
                 tracing::info!(addr = %a, "This host took a new address: never counted from now on.");
