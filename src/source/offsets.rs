@@ -43,9 +43,10 @@ pub struct OffsetStore {
     /// `state_dir/offsets.json`.
     file: PathBuf,
     inner: Mutex<Inner>,
-    /// Serializes writers of the file, outside the `inner` lock; with
-    /// whether the last save failed and the warnings' rate limit.
-    save_lock: Mutex<(bool, crate::ratelog::Every)>,
+    /// Serializes writers of the file, outside the `inner` lock.
+    save_lock: Mutex<()>,
+    /// Whether the last save failed, and its warnings' rate limit.
+    save_warn: Mutex<(bool, crate::ratelog::Every)>,
 }
 
 #[derive(Debug, Default)]
@@ -159,7 +160,8 @@ impl OffsetStore {
         Ok(OffsetStore {
             file,
             inner: Mutex::new(inner),
-            save_lock: Mutex::new((false, crate::ratelog::Every::default())),
+            save_lock: Mutex::new(()),
+            save_warn: Mutex::new((false, crate::ratelog::Every::default())),
         })
     }
 
@@ -205,7 +207,7 @@ impl OffsetStore {
     /// full disk fails every second's save) and the recovery once.
     pub fn save_or_warn(&self) {
         let result = self.save();
-        let mut w = self.save_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut w = self.save_warn.lock().unwrap_or_else(|e| e.into_inner());
         match result {
             Ok(()) if w.0 => {
                 w.0 = false;
