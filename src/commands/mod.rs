@@ -3,6 +3,7 @@
 //! `main` prints a failure once and exits with its code.
 
 pub mod check;
+pub mod human;
 pub mod list;
 pub mod run;
 pub mod status;
