@@ -140,6 +140,14 @@ impl NftEnforcer {
         self.apply(now_ms).await.map(Some)
     }
 
+    /// Whether nft runs and lists the tables, and whether ours is among
+    /// them (`fleetban check --online`); changes nothing.
+    pub async fn probe(&mut self) -> Result<bool, EnforceError> {
+        let out = self.run("list tables", &["list", "tables"], None).await?;
+        let want = format!("table inet {}", self.opts.table);
+        Ok(String::from_utf8_lossy(&out).lines().any(|l| l.trim() == want))
+    }
+
     pub async fn flush(&mut self) -> Result<(), EnforceError> {
         let text = format!("delete table inet {}\n", self.opts.table);
         match self.run("delete table", &["-f", "-"], Some(text)).await {
