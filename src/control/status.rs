@@ -59,6 +59,18 @@ pub struct SourceStatus {
     pub lag_ms: Option<i64>,
     /// The file's size past `offset`, when it could be read.
     pub bytes_behind: Option<u64>,
+    /// `following` (the file is read), `missing` (no file at the path, or
+    /// a glob matching none: followed once it appears) or `unreadable`
+    /// (see `error`). An older daemon listed only followed files.
+    #[serde(default = "following")]
+    pub state: String,
+    /// Why a `missing` or `unreadable` log is not read; null when followed.
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+fn following() -> String {
+    "following".to_owned()
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -260,6 +260,8 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     // A few chunks of up to 1 MiB: enough to overlap reading with a flush, small
     // enough that a large backlog costs no memory.
     let (chunk_tx, chunk_rx) = tokio::sync::mpsc::channel(4);
+    start::warn_logs(&config);
+    stats.set_log_patterns(config.log_patterns());
     let mut follower = Some(Following::start(config.log_patterns(), &offsets, &chunk_tx, &token));
     // Let the follower take its start positions before anyone is told we
     // are up (control socket, READY=1): a line written after that is read.

@@ -150,9 +150,11 @@ pub async fn reload(
         tracing::warn!("The pipeline stopped during the reload.");
     }
     if restart_follower {
+        super::start::warn_logs(&new);
+        stats.set_log_patterns(patterns.clone());
         *following = Some(Following::start(patterns, offsets, chunk_tx, parent));
     }
     let names: Vec<&str> = new.rules.iter().map(|r| r.name.as_str()).collect();
-    tracing::info!(rules = ?names, logs_changed = restart_follower, "Configuration reloaded.");
+    tracing::info!(rules = %names.join(","), logs_changed = restart_follower, "Configuration reloaded.");
     Some(new)
 }
