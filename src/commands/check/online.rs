@@ -22,7 +22,7 @@ pub fn contact(config: &Config) -> Vec<String> {
     let mut failures = Vec::new();
     match &config.redis {
         None => println!("  redis: none (single host, embedded store)"),
-        Some(r) => match rt.block_on(tokio::time::timeout(WAIT, redis(r))) {
+        Some(r) => match rt.block_on(async { tokio::time::timeout(WAIT, redis(r)).await }) {
             Ok(Ok(found)) => {
                 println!(
                     "  redis: {} (prefix {}): ok, answers PING; the user may run every command fleetban sends",
