@@ -194,3 +194,37 @@ fn execute(command: Command) -> commands::Outcome {
         Command::CompleteRules { config } => completions::rules(&config),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every argument of every subcommand says what it is for in `--help`
+    /// and the man page (clap's own `--help`/`--version` aside).
+    #[test]
+    fn every_argument_of_every_subcommand_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            if cmd.get_about().is_none() && !path.is_empty() {
+                missing.push(format!("{path}: the subcommand itself"));
+            }
+            for a in cmd.get_arguments() {
+                let id = a.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if a.get_help().is_none() && a.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let cmd = Cli::command();
+        cmd.clone().debug_assert();
+        let mut missing = Vec::new();
+        walk(&cmd, "", &mut missing);
+        assert!(missing.is_empty(), "arguments without help: {missing:?}");
+    }
+}
