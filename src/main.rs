@@ -80,7 +80,7 @@ enum Command {
         /// The main configuration file.
         #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
-        /// One JSON object (docs/design.md §6 lists its fields).
+        /// One JSON object: sources, rules, redis, safety, firewall and the counters.
         #[arg(long)]
         json: bool,
     },
