@@ -162,6 +162,23 @@ fn check_online_asks_a_real_redis_and_names_every_right_the_user_lacks() {
     assert!(out.stdout.contains(&ok), "{}", out.stdout);
     assert!(out.stdout.contains("firewall: log backend"), "{}", out.stdout);
 
+    // The window warning takes the server's listpack threshold online, Redis's
+    // default (128) offline.
+    assert_eq!(redis.cli(&["CONFIG", "SET", "zset-max-listpack-entries", "256"]), "OK");
+    let wide = [Rule::new("wide", &c.log, "{ hits: 200, window: 60s }")];
+    c.write(&c.main_config().log_firewall().redis(&redis.url(), ""), &wide);
+    let offline = cli(&c.cfg, &["check"]);
+    assert!(
+        warnings(&offline)
+            .iter()
+            .any(|w| w.contains("wide") && w.contains("(128)")),
+        "{}",
+        offline.stdout
+    );
+    let online = cli(&c.cfg, &["check", "--online"]);
+    assert_eq!(online.code, 0, "{}", online.text());
+    assert!(!online.stdout.contains("listpack"), "{}", online.stdout);
+
     // The shipped ACL user (config/redis-acl.conf) has every right the probe tries.
     redis.add_acl_user(&[]);
     let as_user = format!("{}?user=fleetban&pass={ACL_PASSWORD}", redis.url());
