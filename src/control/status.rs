@@ -138,3 +138,15 @@ pub struct RedisStatus {
     /// Bans the full queue could not keep.
     pub dropped_bans: u64,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::SourceStatus;
+
+    #[test]
+    fn a_source_from_an_older_daemon_reads_as_followed() {
+        let old = r#"{"path":"/var/log/nginx/access.log","offset":10,"lines":2,"lines_per_s":0.0,"lag_ms":null,"bytes_behind":0}"#;
+        let s: SourceStatus = serde_json::from_str(old).unwrap();
+        assert_eq!((s.state.as_str(), s.error), ("following", None));
+    }
+}
