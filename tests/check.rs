@@ -268,6 +268,9 @@ fn the_daemon_warns_about_a_missing_log_lists_it_in_status_and_says_when_it_appe
         &c.main_config().log_firewall(),
         &[Rule::new("web", &later, LIMIT), Rule::new("present", &c.log, LIMIT)],
     );
+    // Seen first at start, so followed from its end: listed before any line is read.
+    common::append(&c.log, &combined_lines("203.0.113.8", 3, "/", 200));
+    let size = std::fs::metadata(&c.log).unwrap().len();
     let daemon = Daemon::start(None, &c.cfg, &c.control);
     let log = daemon.log_text();
     let warn = log
@@ -291,6 +294,11 @@ fn the_daemon_warns_about_a_missing_log_lists_it_in_status_and_says_when_it_appe
     assert_eq!(of(&later)["error"], "no such file");
     assert_eq!(of(&c.log)["state"], "following");
     assert!(of(&c.log)["error"].is_null());
+    assert_eq!(
+        (of(&c.log)["offset"].as_u64(), of(&c.log)["bytes_behind"].as_u64()),
+        (Some(size), Some(0))
+    );
+    assert_eq!(of(&c.log)["lines"], 0);
     let human = cli(&c.cfg, &["status"]);
     assert!(
         human

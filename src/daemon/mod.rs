@@ -261,8 +261,10 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     // enough that a large backlog costs no memory.
     let (chunk_tx, chunk_rx) = tokio::sync::mpsc::channel(4);
     start::warn_logs(&config);
-    stats.set_log_patterns(config.log_patterns());
     let mut follower = Some(Following::start(config.log_patterns(), &offsets, &chunk_tx, &token));
+    if let Some(f) = &follower {
+        stats.set_logs(config.log_patterns(), f.follower.waker());
+    }
     // Let the follower take its start positions before anyone is told we
     // are up (control socket, READY=1): a line written after that is read.
     // Bounded: logs that do not exist yet never show up here.

@@ -151,8 +151,9 @@ pub async fn reload(
     }
     if restart_follower {
         super::start::warn_logs(&new);
-        stats.set_log_patterns(patterns.clone());
-        *following = Some(Following::start(patterns, offsets, chunk_tx, parent));
+        let f = Following::start(patterns.clone(), offsets, chunk_tx, parent);
+        stats.set_logs(patterns, f.follower.waker());
+        *following = Some(f);
     }
     let names: Vec<&str> = new.rules.iter().map(|r| r.name.as_str()).collect();
     tracing::info!(rules = %names.join(","), logs_changed = restart_follower, "Configuration reloaded.");

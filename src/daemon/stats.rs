@@ -76,6 +76,9 @@ pub struct Stats {
     /// The configured logs (paths and globs): `status` lists each, also
     /// one that is missing or unreadable and so has no counters.
     pub log_patterns: Mutex<Vec<String>>,
+    /// The running follower, for where a file nothing was read from yet
+    /// starts (its end, at first sight).
+    pub follower: Mutex<Option<crate::source::WakeHandle>>,
     pub limit: Arc<LimitCounters>,
     pub bans: Arc<BanCounters>,
     /// With Redis: whether it answers.
@@ -117,6 +120,7 @@ impl Stats {
             valve_limit: u64::from(valve_limit),
             sources: Mutex::default(),
             log_patterns: Mutex::default(),
+            follower: Mutex::default(),
             limit,
             bans,
             health,
@@ -213,9 +217,11 @@ impl Stats {
         }
     }
 
-    /// The configured logs, for [`Stats::source_rows`] (start and reload).
-    pub fn set_log_patterns(&self, patterns: Vec<String>) {
+    /// The configured logs and their follower, for [`Stats::source_rows`]
+    /// (start and reload).
+    pub fn set_logs(&self, patterns: Vec<String>, follower: crate::source::WakeHandle) {
         *self.log_patterns.lock().unwrap_or_else(|e| e.into_inner()) = patterns;
+        *self.follower.lock().unwrap_or_else(|e| e.into_inner()) = Some(follower);
     }
 
     /// Per source: its path, position, lines, rate, lag and bytes not yet
@@ -237,6 +243,20 @@ impl Stats {
             state: file.state().to_owned(),
             error: file.problem(),
         };
+        let followed = self
+            .follower
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(crate::source::WakeHandle::stats)
+            .unwrap_or_default();
+        // Nothing read from it yet: where the follower starts it.
+        let start = |path: &str| {
+            followed
+                .iter()
+                .find(|f| f.lines == 0 && f.file.is_some() && f.path.as_os_str() == path)
+                .map(|f| f.offset)
+        };
         let mut rows: Vec<SourceStatus> = Vec::new();
         for file in patterns.iter().flat_map(|p| crate::source::inspect(p)) {
             let path = file.path();
@@ -245,13 +265,18 @@ impl Stats {
             }
             rows.push(match s.iter().find(|c| c.path == path) {
                 Some(c) => row(c, file),
-                None => SourceStatus {
-                    bytes_behind: None,
-                    state: file.state().to_owned(),
-                    error: file.problem(),
-                    path,
-                    ..SourceStatus::default()
-                },
+                None => {
+                    let offset = start(&path);
+                    SourceStatus {
+                        offset: offset.unwrap_or(0),
+                        bytes_behind: offset
+                            .and_then(|o| std::fs::metadata(&path).ok().map(|m| m.len().saturating_sub(o))),
+                        state: file.state().to_owned(),
+                        error: file.problem(),
+                        path,
+                        ..SourceStatus::default()
+                    }
+                }
             });
         }
         for c in s.iter() {
