@@ -80,6 +80,12 @@ fn check_warns_when_a_format_parses_none_of_the_first_lines() {
             Rule::new("reads-junk", &c.log, LIMIT),
             Rule::new("reads-good", &good, LIMIT),
             Rule::new("wrong-format", &good, LIMIT).format("{ log_format: '$remote_addr $status' }"),
+            // access.log by its path and by a glob: tried once.
+            Rule::new(
+                "twice",
+                format!("{}, '{}/*.log'", c.log.display(), c.path().display()),
+                LIMIT,
+            ),
         ],
     );
     let out = cli(&c.cfg, &["check"]);
@@ -96,6 +102,12 @@ fn check_warns_when_a_format_parses_none_of_the_first_lines() {
     );
     assert!(w.iter().any(|l| l.starts_with(&wrong)), "{}", out.text());
     assert!(!w.iter().any(|l| l.contains("reads-good")), "{}", out.text());
+    assert_eq!(
+        w.iter().filter(|l| l.contains("rule twice:")).count(),
+        1,
+        "{}",
+        out.text()
+    );
 }
 
 #[test]

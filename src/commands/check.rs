@@ -108,6 +108,8 @@ fn offline_lines(config: &Config) {
 /// matching nothing (naming every rule that reads it), and per rule and
 /// readable file whose first lines its format parses none of.
 fn warn_logs(config: &Config) {
+    // A file two patterns name (a path and a glob) is tried once per rule.
+    let mut tried: Vec<(&str, std::path::PathBuf)> = Vec::new();
     for pattern in config.log_patterns() {
         let rules: Vec<&Rule> = config.rules.iter().filter(|r| r.logs.contains(&pattern)).collect();
         let names: Vec<&str> = rules.iter().map(|r| r.name.as_str()).collect();
@@ -115,6 +117,10 @@ fn warn_logs(config: &Config) {
             match &file {
                 LogFile::Readable(p) => {
                     for r in &rules {
+                        if tried.contains(&(r.name.as_str(), p.clone())) {
+                            continue;
+                        }
+                        tried.push((r.name.as_str(), p.clone()));
                         if let Some(w) = parses_nothing(r, p, &config.proxies) {
                             println!("warning: {w}");
                         }
