@@ -44,12 +44,13 @@ enum Command {
         #[arg(long, hide = true)]
         bench_one_flight: bool,
     },
-    /// Validate the configuration and the rules; exit 0, or 2 with every error.
+    /// Validate the configuration and the rules; exit 0 (warnings too), or 2 with every error.
     ///
     /// Prints each rule as it will run, then a `warning:` line for every log
     /// that is missing, unreadable, a glob matching nothing, or a file whose
     /// first 1000 lines the rule's format parses none of. Warnings keep exit
-    /// status 0; errors in the files exit 2, each with file:line:column.
+    /// status 0; errors in the files exit 2, each with file:line:column;
+    /// `--online` exits 1 when Redis or the firewall fails.
     Check {
         /// The main configuration file.
         #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
