@@ -6,9 +6,9 @@
 //! either fails; the daemon warns at start, says when the log appears, and
 //! `status` lists it with its state. Its log lines carry no Rust debug dumps.
 //!
-//! Unreadable paths are tested as root can meet them: a path through a
-//! regular file (ENOTDIR) and a directory where a file is expected (mode
-//! 000 stops nobody when the tests run as root).
+//! Unreadable paths: a path through a regular file (ENOTDIR) and a
+//! directory where a file is expected, as root meets them; a mode 000 file
+//! with `check` run as `nobody` (root would read it anyway).
 
 mod common;
 
@@ -65,6 +65,41 @@ fn check_warns_about_every_log_it_cannot_read_and_still_exits_0() {
     let d = find(&format!("log {} ", dir.display()));
     assert!(d.contains("unreadable") && d.contains("a directory"), "{d}");
     assert_eq!(w.len(), 4, "one warning per path, the shared one once:\n{}", out.text());
+}
+
+/// A permission refused, as an unprivileged operator meets it: `check` run
+/// as `nobody` (root reads a mode 000 file anyway).
+#[test]
+fn check_as_an_unprivileged_user_warns_about_a_log_it_may_not_read() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let c = ConfigDir::new();
+    c.write(&c.main_config().log_firewall(), &[Rule::new("web", &c.log, LIMIT)]);
+    let mode = |p: &std::path::Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    mode(c.path(), 0o755);
+    mode(&c.cfg, 0o644);
+    mode(&c.rules, 0o644);
+    mode(&c.log, 0o000);
+    let out = std::process::Command::new(common::fleetban_bin())
+        .args(["check", "-c"])
+        .arg(&c.cfg)
+        .uid(65534)
+        .gid(65534)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let want = format!(
+        "warning: log {} (rule web): unreadable (Permission denied",
+        c.log.display()
+    );
+    assert!(stdout.lines().any(|l| l.starts_with(&want)), "{stdout}");
 }
 
 #[test]
