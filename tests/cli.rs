@@ -205,3 +205,30 @@ fn bash_completes_rule_names_after_rule_from_the_configuration_given() {
     assert!(run(&["completions", "fish"])
         .contains("-l rule -d 'Only this rule (its name in the rule files)' -r -f -a '(__fish_fleetban_rules)'"));
 }
+
+/// The man page's configuration reference keeps up with README's table of
+/// the main file's keys and the rule keys of its example rule.
+#[test]
+fn the_man_page_names_every_configuration_key_the_readme_lists() {
+    let page = run(&["manpage"]);
+    let reference = &page[page.find(".SH CONFIGURATION").expect("CONFIGURATION")..];
+    let reference = &reference[..reference.find(".SH ENVIRONMENT").unwrap_or(reference.len())];
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let config = &readme[readme.find("\n## Configuration").unwrap()..];
+    let config = &config[..config[1..].find("\n## ").map_or(config.len(), |i| i + 1)];
+    let mut keys: Vec<&str> = config
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `")?.split('`').next())
+        .collect();
+    assert!(keys.len() > 20, "README's table: {keys:?}");
+    keys.extend(["name", "logs", "format", "match", "ignore", "limit", "ban", "escalate"]);
+    for key in keys {
+        let leaf = key.rsplit('.').next().unwrap().replace('-', "\\-");
+        assert!(
+            reference.contains(&format!("\\fB{leaf}\\fR"))
+                || reference.contains(&format!(".B {leaf}\n"))
+                || reference.contains(&format!(".B {key}\n")),
+            "the man page's CONFIGURATION lacks {key}"
+        );
+    }
+}
