@@ -255,6 +255,32 @@ fn check_online_asks_a_real_redis_and_names_every_right_the_user_lacks() {
     );
 }
 
+/// On a Redis Cluster, as the shipped ACL user with `+cluster|slots`: the
+/// probe's keys share one slot, its script is loaded where they live.
+#[test]
+fn check_online_asks_a_cluster_as_the_acl_user() {
+    let nodes = Redis::start_cluster();
+    for n in &nodes {
+        n.add_acl_user(&["+cluster|slots"]);
+    }
+    let c = ConfigDir::new();
+    let seed = format!("redis://fleetban:{ACL_PASSWORD}@127.0.0.1:{}", nodes[0].port());
+    c.write(
+        &c.main_config()
+            .log_firewall()
+            .redis_yaml(&format!("redis: {{ cluster: ['{seed}'] }}\n")),
+        &[Rule::new("web", &c.log, LIMIT)],
+    );
+    let out = cli(&c.cfg, &["check", "--online"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    assert!(
+        out.stdout.contains("ok, answers PING; the user may run every command"),
+        "{}",
+        out.stdout
+    );
+    assert!(!out.stdout.contains(ACL_PASSWORD), "{}", out.stdout);
+}
+
 #[test]
 fn check_online_fails_with_exit_1_for_an_unreachable_redis() {
     let c = ConfigDir::new();
