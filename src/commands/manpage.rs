@@ -17,7 +17,7 @@ const REFERENCE: &str = include_str!("manpage.roff");
 /// The whole page, roff.
 pub fn render(cmd: Command) -> std::io::Result<Vec<u8>> {
     let cmd = cmd.disable_help_subcommand(true);
-    let man = clap_mangen::Man::new(cmd.clone()).date(env!("CARGO_PKG_VERSION"));
+    let man = clap_mangen::Man::new(cmd.clone()).source(concat!("fleetban ", env!("CARGO_PKG_VERSION")));
     let mut out = Vec::new();
     man.render_title(&mut out)?;
     man.render_name_section(&mut out)?;
