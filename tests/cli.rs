@@ -33,8 +33,16 @@ fn into_closed_pipe(args: &[&str]) -> std::process::Output {
 }
 
 #[test]
-fn completions_and_manpage_into_a_closed_pipe_exit_quietly() {
-    for args in [&["completions", "bash"][..], &["completions", "zsh"], &["manpage"]] {
+fn completions_manpage_and_check_into_a_closed_pipe_exit_quietly() {
+    let c = ConfigDir::new();
+    c.write(&c.main_config().log_firewall(), &[Rule::new("web", &c.log, LIMIT)]);
+    let cfg = c.cfg.display().to_string();
+    for args in [
+        &["completions", "bash"][..],
+        &["completions", "zsh"],
+        &["manpage"],
+        &["check", "-c", &cfg],
+    ] {
         let out = into_closed_pipe(args);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "fleetban {args:?}: {:?} {stderr}", out.status);

@@ -5,6 +5,15 @@
 //! with configuration errors; with `--online` (Redis and the firewall
 //! asked, `check/online.rs`), 1 when either fails.
 
+/// `writeln!` into the report, which `check` prints whole at its end: a
+/// reader that closed the pipe (`check | head -1`) is no panic.
+macro_rules! say {
+    ($out:expr, $($arg:tt)*) => {{
+        use std::fmt::Write as _;
+        let _ = writeln!($out, $($arg)*);
+    }};
+}
+
 mod online;
 
 use std::path::Path;
@@ -23,9 +32,18 @@ pub const SAMPLE_LINES: usize = 1000;
 
 pub fn check(path: &Path, online: bool) -> Outcome {
     let config = load(path)?;
-    println!("{}: ok, {} rule(s)", path.display(), config.rules.len());
+    let mut report = String::new();
+    let result = report_on(&config, path, online, &mut report);
+    super::completions::write_stdout(report.as_bytes())?;
+    result
+}
+
+/// Everything `check` prints, into `out`; a failure of `--online` after it.
+fn report_on(config: &Config, path: &Path, online: bool, out: &mut String) -> Outcome {
+    say!(out, "{}: ok, {} rule(s)", path.display(), config.rules.len());
     for r in &config.rules {
-        println!(
+        say!(
+            out,
             "  {}: {}, ban {}{}; format {}; logs {}",
             r.name,
             describe_limit(&r.limit),
@@ -44,37 +62,38 @@ pub fn check(path: &Path, online: bool) -> Outcome {
         );
     }
     let failures = match online {
-        true => online::contact(&config),
+        true => online::contact(config, out),
         false => {
-            offline_lines(&config);
+            offline_lines(config, out);
             Vec::new()
         }
     };
     if !config.proxies.is_empty() {
         let nets: Vec<String> = config.proxies.iter().map(|n| n.to_string()).collect();
-        println!(
+        say!(
+            out,
             "  proxies: {} (never counted nor banned; their X-Forwarded-For is believed)",
             nets.join(", ")
         );
     }
     if let Some(h) = &config.http {
-        println!("  http: {} (banned clients get {})", h.listen, h.deny_status);
+        say!(out, "  http: {} (banned clients get {})", h.listen, h.deny_status);
     }
     // Without --online the listpack warning assumes Redis's default; with
     // it, `online` warned with the server's own setting.
     if config.redis.is_some() && !online {
         for r in &config.rules {
             if let Some(w) = fleetban::limit::listpack_warning(&r.limit, fleetban::limit::LISTPACK_DEFAULT) {
-                println!("warning: {}: {}: {w}", r.file.display(), r.name);
+                say!(out, "warning: {}: {}: {w}", r.file.display(), r.name);
             }
         }
     }
     for w in config.warnings() {
-        println!("warning: {}: {w}", path.display());
+        say!(out, "warning: {}: {w}", path.display());
     }
-    warn_logs(&config);
+    warn_logs(config, out);
     if !config.proxies.is_empty() {
-        proxies_in_the_list(&config);
+        proxies_in_the_list(config, out);
     }
     match failures.is_empty() {
         true => Ok(()),
@@ -86,18 +105,20 @@ pub fn check(path: &Path, online: bool) -> Outcome {
 }
 
 /// Redis and the firewall as configured, not contacted.
-fn offline_lines(config: &Config) {
+fn offline_lines(config: &Config, out: &mut String) {
     match &config.redis {
-        Some(r) => println!(
+        Some(r) => say!(
+            out,
             "  redis: {} (prefix {}): not contacted (--online checks it)",
             online::masked(&r.url),
             r.prefix
         ),
-        None => println!("  redis: none (single host, embedded store)"),
+        None => say!(out, "  redis: none (single host, embedded store)"),
     }
     match config.firewall.backend {
-        Backend::Log => println!("  firewall: log backend (bans are logged, nft is never run)"),
-        _ => println!(
+        Backend::Log => say!(out, "  firewall: log backend (bans are logged, nft is never run)"),
+        _ => say!(
+            out,
             "  firewall: nftables, table inet {}: not contacted (--online checks it)",
             config.firewall.table
         ),
@@ -107,7 +128,7 @@ fn offline_lines(config: &Config) {
 /// One `warning:` per log path that is missing, unreadable or a glob
 /// matching nothing (naming every rule that reads it), and per rule and
 /// readable file whose first lines its format parses none of.
-fn warn_logs(config: &Config) {
+fn warn_logs(config: &Config, out: &mut String) {
     // A file two patterns name (a path and a glob) is tried once per rule.
     let mut tried: Vec<(&str, std::path::PathBuf)> = Vec::new();
     for pattern in config.log_patterns() {
@@ -122,21 +143,24 @@ fn warn_logs(config: &Config) {
                         }
                         tried.push((r.name.as_str(), p.clone()));
                         if let Some(w) = parses_nothing(r, p, &config.proxies) {
-                            println!("warning: {w}");
+                            say!(out, "warning: {w}");
                         }
                     }
                 }
-                LogFile::Missing(_) => println!(
+                LogFile::Missing(_) => say!(
+                    out,
                     "warning: log {} ({}): missing (no such file); the daemon follows it once it appears",
                     file.path(),
                     rules_named(&names)
                 ),
-                LogFile::NoMatch(_) => println!(
+                LogFile::NoMatch(_) => say!(
+                    out,
                     "warning: log {} ({}): the glob matches no file; the daemon follows the files it matches later",
                     file.path(),
                     rules_named(&names)
                 ),
-                LogFile::Unreadable(_, e) => println!(
+                LogFile::Unreadable(_, e) => say!(
+                    out,
                     "warning: log {} ({}): unreadable ({e}); the daemon retries it",
                     file.path(),
                     rules_named(&names)
@@ -184,7 +208,7 @@ fn parses_nothing(r: &Rule, file: &Path, proxies: &[ipnet::IpNet]) -> Option<Str
 /// the proxy's address was read as the client's): never enforced while it
 /// is trusted, said so with the way out. The list is read as `bans` reads
 /// it; a list that cannot be read is said so, not an error of the file.
-fn proxies_in_the_list(config: &Config) {
+fn proxies_in_the_list(config: &Config, out: &mut String) {
     let now = fleetban::now_ms();
     let active = match &config.redis {
         Some(r) => runtime().block_on(async {
@@ -205,7 +229,8 @@ fn proxies_in_the_list(config: &Config) {
         Ok(bans) => {
             for (net, _) in bans {
                 if let Some(proxy) = config.proxies.iter().find(|p| p.contains(&net) || net.contains(*p)) {
-                    println!(
+                    say!(
+                        out,
                         "warning: {} is banned but overlaps the trusted proxy network {proxy}: the ban is not \
                          enforced while `proxies` lists it; lift it with `fleetban unban {}`",
                         AddrText(&net),
@@ -214,7 +239,10 @@ fn proxies_in_the_list(config: &Config) {
                 }
             }
         }
-        Err(e) => println!("  ban list: not read ({e}), so bans of trusted proxies were not looked for"),
+        Err(e) => say!(
+            out,
+            "  ban list: not read ({e}), so bans of trusted proxies were not looked for"
+        ),
     }
 }
 

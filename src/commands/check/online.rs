@@ -17,31 +17,32 @@ use super::super::runtime;
 const WAIT: Duration = Duration::from_secs(5);
 
 /// Prints a line for Redis and one for the firewall; returns what failed.
-pub fn contact(config: &Config) -> Vec<String> {
+pub fn contact(config: &Config, out: &mut String) -> Vec<String> {
     let rt = runtime();
     let mut failures = Vec::new();
     match &config.redis {
-        None => println!("  redis: none (single host, embedded store)"),
+        None => say!(out, "  redis: none (single host, embedded store)"),
         Some(r) => match rt.block_on(async { tokio::time::timeout(WAIT, redis(r)).await }) {
             Ok(Ok(found)) => {
-                println!(
+                say!(
+                    out,
                     "  redis: {} (prefix {}): ok, answers PING; the user may run every command fleetban sends",
                     masked(&r.url),
                     r.prefix
                 );
                 for rule in &config.rules {
                     if let Some(w) = fleetban::limit::listpack_warning(&rule.limit, found) {
-                        println!("warning: {}: {}: {w}", rule.file.display(), rule.name);
+                        say!(out, "warning: {}: {}: {w}", rule.file.display(), rule.name);
                     }
                 }
             }
             Ok(Err(e)) => {
-                println!("  redis: {}: FAILED: {e}", masked(&r.url));
+                say!(out, "  redis: {}: FAILED: {e}", masked(&r.url));
                 failures.push(format!("redis {}: {e}", masked(&r.url)));
             }
             Err(_) => {
                 let e = format!("no answer within {}s", WAIT.as_secs());
-                println!("  redis: {}: FAILED: {e}", masked(&r.url));
+                say!(out, "  redis: {}: FAILED: {e}", masked(&r.url));
                 failures.push(format!("redis {}: {e}", masked(&r.url)));
             }
         },
@@ -60,13 +61,21 @@ pub fn contact(config: &Config) -> Vec<String> {
             })
         });
     match probed {
-        Ok(None) => println!("  firewall: log backend (bans are logged, nft is never run): nothing to contact"),
-        Ok(Some(true)) => println!("  firewall: nftables: ok, nft lists the tables; table inet {table} is there"),
-        Ok(Some(false)) => println!(
-            "  firewall: nftables: ok, nft lists the tables; table inet {table} not there yet (the daemon creates it)"
+        Ok(None) => say!(
+            out,
+            "  firewall: log backend (bans are logged, nft is never run): nothing to contact"
+        ),
+        Ok(Some(true)) => say!(
+            out,
+            "  firewall: nftables: ok, nft lists the tables; table inet {table} is there"
+        ),
+        Ok(Some(false)) => say!(
+            out,
+            "  firewall: nftables: ok, nft lists the tables; table inet {table} not there yet \
+             (the daemon creates it)"
         ),
         Err(e) => {
-            println!("  firewall: nftables: FAILED: {e}");
+            say!(out, "  firewall: nftables: FAILED: {e}");
             failures.push(format!("firewall: {e}"));
         }
     }
