@@ -143,6 +143,17 @@ fn check_warns_when_a_format_parses_none_of_the_first_lines() {
         "{}",
         out.text()
     );
+
+    // A rotated, compressed log a glob matches: said to be gzip.
+    let gz = c.path().join("access.log.2.gz");
+    std::fs::write(&gz, [0x1f, 0x8b, 0x08, 0x00, 0, 0, 0, 0, 0, 0x03, b'\n', 0xff]).unwrap();
+    c.write(
+        &c.main_config().log_firewall(),
+        &[Rule::new("rotated", format!("'{}/*.gz'", c.path().display()), LIMIT)],
+    );
+    let out = cli(&c.cfg, &["check"]);
+    let want = format!("warning: rule rotated: {}: gzip-compressed", gz.display());
+    assert!(warnings(&out).iter().any(|l| l.starts_with(&want)), "{}", out.text());
 }
 
 #[test]

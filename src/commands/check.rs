@@ -185,6 +185,13 @@ fn parses_nothing(r: &Rule, file: &Path, proxies: &[ipnet::IpNet]) -> Option<Str
         Ok(l) => l,
         Err(e) => return Some(format!("log {}: reading it failed: {e}", file.display())),
     };
+    if lines.first().is_some_and(|l| l.starts_with(&[0x1f, 0x8b])) {
+        return Some(format!(
+            "rule {}: {}: gzip-compressed, not log lines (a glob matching rotated .gz files?)",
+            r.name,
+            file.display()
+        ));
+    }
     let lines: Vec<&[u8]> = lines.iter().map(Vec::as_slice).filter(|l| !l.is_empty()).collect();
     if lines.is_empty() {
         return None;
