@@ -32,6 +32,9 @@ echo "== installed files"
 in_root test -d /var/lib/fleetban
 in_root test -f /lib/systemd/system/fleetban.service
 in_root test -f /usr/share/man/man1/fleetban.1.gz
+echo "== the man page renders without a warning"
+warnings=$(in_root env MANWIDTH=80 man --warnings=all -l /usr/share/man/man1/fleetban.1.gz 2>&1 >/dev/null)
+[ -z "$warnings" ] || { echo "$warnings" >&2; exit 1; }
 in_root test -f /usr/share/bash-completion/completions/fleetban
 in_root test -f /usr/share/fleetban/rules/nginx-limit-req.yaml
 echo "== nginx -t with the shipped snippet in Debian's nginx.conf"

@@ -8,13 +8,17 @@ use clap::{CommandFactory, Parser, Subcommand};
 mod commands;
 
 use commands::list::BanArgs;
-use commands::{check, list, run, status, test, Failure};
+use commands::{check, completions, list, manpage, run, status, test};
 
 #[derive(Parser)]
 #[command(
     name = "fleetban",
     version,
-    about = "Fleet-wide ban daemon for nginx: Redis sliding windows, shared ban list, nftables"
+    about = "Fleet-wide ban daemon for nginx: Redis sliding windows, shared ban list, nftables",
+    long_about = "Fleet-wide ban daemon for nginx: Redis sliding windows, shared ban list, nftables.\n\n\
+        Every web host runs `fleetban run`: it follows the nginx logs, counts each client's requests \
+        in sliding windows (in Redis for a fleet, embedded for one host) and bans a client over a \
+        rule's limit in a ban list every host mirrors into a local nftables set."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -25,7 +29,8 @@ struct Cli {
 enum Command {
     /// Run the daemon (Type=notify under systemd).
     Run {
-        #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
+        /// The main configuration file.
+        #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
         /// Decide and record bans, but never touch the firewall.
         #[arg(long)]
@@ -39,71 +44,106 @@ enum Command {
         #[arg(long, hide = true)]
         bench_one_flight: bool,
     },
-    /// Validate the configuration and the rules; exit 0, or 2 with every error.
+    /// Validate the configuration and the rules; exit 0 (warnings too), or 2 with every error.
+    ///
+    /// Prints each rule as it will run, then a `warning:` line for every log
+    /// that is missing, unreadable, a glob matching nothing, or a file whose
+    /// first 1000 lines the rule's format parses none of. Warnings keep exit
+    /// status 0; errors in the files exit 2, each with file:line:column;
+    /// `--online` exits 1 when Redis or the firewall fails.
     Check {
-        #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
+        /// The main configuration file.
+        #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
+        /// Also contact Redis (connect, PING, every command fleetban sends
+        /// tried against the user's ACL) and the firewall (`nft list
+        /// tables`); exit 1 when either fails.
+        #[arg(long)]
+        online: bool,
     },
     /// Replay log files through the rules with log time and the embedded store.
     Test {
-        #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
+        /// The main configuration file.
+        #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
-        /// Only this rule.
-        #[arg(long)]
+        /// Only this rule (its name in the rule files).
+        #[arg(long, value_name = "RULE")]
         rule: Option<String>,
         /// JSON Lines: one line per ban decided, then a summary.
         #[arg(long)]
         json: bool,
-        #[arg(required = true)]
+        /// Log files to replay, read to their end.
+        #[arg(required = true, value_name = "LOGS")]
         logs: Vec<PathBuf>,
     },
     /// The running daemon's state, through its control socket.
     Status {
-        #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
+        /// The main configuration file.
+        #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
+        /// One JSON object: sources, rules, redis, safety, firewall and the counters.
         #[arg(long)]
         json: bool,
     },
     /// Active bans, fleet-wide.
     Bans {
-        #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
+        /// The main configuration file.
+        #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
+        /// JSON Lines: one object per ban.
         #[arg(long)]
         json: bool,
     },
     /// Ban an address or network on every host.
     Ban {
-        #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
+        /// The main configuration file.
+        #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
-        /// ADDR or CIDR.
+        /// The address or network to ban (ADDR or CIDR).
+        #[arg(value_name = "TARGET")]
         target: String,
         /// How long, e.g. 1h, 30m, 7d (default 1h).
-        #[arg(long = "for", conflicts_with = "permanent")]
+        #[arg(long = "for", value_name = "DURATION", conflicts_with = "permanent")]
         duration: Option<String>,
         /// Until unbanned.
         #[arg(long)]
         permanent: bool,
-        #[arg(long, default_value = "")]
+        /// Why, kept in the ban's record (`fleetban bans`).
+        #[arg(long, value_name = "TEXT", default_value = "")]
         reason: String,
     },
     /// Lift a ban on every host.
     Unban {
-        #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
+        /// The main configuration file.
+        #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
-        /// ADDR or CIDR.
+        /// The address or network to unban (ADDR or CIDR).
+        #[arg(value_name = "TARGET")]
         target: String,
     },
     /// Remove this host's nftables table and every ban in it.
     Flush {
-        #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
+        /// The main configuration file.
+        #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
     },
-    /// Print a shell completion script (packaging).
-    #[command(hide = true)]
-    Completions { shell: clap_complete::Shell },
-    /// Print the man page, roff (packaging).
-    #[command(hide = true)]
+    /// Print a shell completion script (bash, zsh, fish, ...): `--rule`
+    /// completes the rule names of the configuration.
+    Completions {
+        /// The shell to complete for.
+        #[arg(value_name = "SHELL")]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page, roff (`fleetban manpage | man -l -`).
     Manpage,
+    /// The rule names of a configuration, one a line: what the completion
+    /// scripts offer after `--rule`.
+    #[command(name = "__complete-rules", hide = true)]
+    CompleteRules {
+        /// The main configuration file.
+        #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
+        config: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -124,7 +164,7 @@ fn execute(command: Command) -> commands::Outcome {
             bench_one_call_per_hit,
             bench_one_flight,
         } => run::run(&config, dry_run, bench_one_call_per_hit, bench_one_flight),
-        Command::Check { config } => check::check(&config),
+        Command::Check { config, online } => check::check(&config, online),
         Command::Test {
             config,
             rule,
@@ -150,12 +190,42 @@ fn execute(command: Command) -> commands::Outcome {
         ),
         Command::Unban { config, target } => list::unban(&config, &target),
         Command::Flush { config } => run::flush(&config),
-        Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "fleetban", &mut std::io::stdout());
-            Ok(())
+        Command::Completions { shell } => completions::print(shell, Cli::command()),
+        Command::Manpage => manpage::print(Cli::command()),
+        Command::CompleteRules { config } => completions::rules(&config),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every argument of every subcommand says what it is for in `--help`
+    /// and the man page (clap's own `--help`/`--version` aside).
+    #[test]
+    fn every_argument_of_every_subcommand_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            if cmd.get_about().is_none() && !path.is_empty() {
+                missing.push(format!("{path}: the subcommand itself"));
+            }
+            for a in cmd.get_arguments() {
+                let id = a.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if a.get_help().is_none() && a.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
         }
-        Command::Manpage => clap_mangen::Man::new(Cli::command())
-            .render(&mut std::io::stdout())
-            .map_err(|e| Failure::Runtime(anyhow::Error::new(e).context("fleetban"))),
+        let cmd = Cli::command();
+        cmd.clone().debug_assert();
+        let mut missing = Vec::new();
+        walk(&cmd, "", &mut missing);
+        assert!(missing.is_empty(), "arguments without help: {missing:?}");
     }
 }

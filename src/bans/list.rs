@@ -636,7 +636,7 @@ impl MemoryBans {
             Err(e) => {
                 self.unsaved = true;
                 if let Some(n) = self.save_warn.note(1, std::time::Duration::from_secs(60)) {
-                    tracing::warn!(error = %e, failures = n, file = ?self.file,
+                    tracing::warn!(error = %e, failures = n, file = %self.file.as_deref().map(|p| p.display().to_string()).unwrap_or_default(),
                         "Saving the ban list failed; the bans stay enforced, saving is retried every second (at most one warning a minute).");
                 }
             }

@@ -1,27 +1,59 @@
-//! `fleetban check`: the configuration, validated, and what each rule does.
+//! `fleetban check`: the configuration, validated, what each rule does,
+//! and a `warning:` line for everything that would make the daemon quietly
+//! do less than the files say: a log missing or unreadable, a glob matching
+//! nothing, a log its rule's format cannot read. Exit 0 with warnings, 2
+//! with configuration errors; with `--online` (Redis and the firewall
+//! asked, `check/online.rs`), 1 when either fails.
+
+/// `writeln!` into the report, which `check` prints whole at its end: a
+/// reader that closed the pipe (`check | head -1`) is no panic.
+macro_rules! say {
+    ($out:expr, $($arg:tt)*) => {{
+        use std::fmt::Write as _;
+        let _ = writeln!($out, $($arg)*);
+    }};
+}
+
+mod online;
 
 use std::path::Path;
 use std::time::Duration;
 
 use fleetban::addr::AddrText;
 use fleetban::bans::BanList;
-use fleetban::config::{Algorithm, Config, Limit};
-use fleetban::parse::Format;
+use fleetban::config::{Algorithm, Backend, Config, Limit, Rule};
+use fleetban::parse::{Format, Parser};
+use fleetban::source::LogFile;
 
-use super::{load, runtime, Outcome};
+use super::{load, runtime, Failure, Outcome};
 
-pub fn check(path: &Path) -> Outcome {
+/// Lines of each log `check` tries its rules' formats on.
+pub const SAMPLE_LINES: usize = 1000;
+
+pub fn check(path: &Path, online: bool) -> Outcome {
     let config = load(path)?;
-    println!("{}: ok, {} rule(s)", path.display(), config.rules.len());
+    let mut report = String::new();
+    let result = report_on(&config, path, online, &mut report);
+    super::completions::write_stdout(report.as_bytes())?;
+    result
+}
+
+/// Everything `check` prints, into `out`; a failure of `--online` after it.
+fn report_on(config: &Config, path: &Path, online: bool, out: &mut String) -> Outcome {
+    say!(out, "{}: ok, {} rule(s)", path.display(), config.rules.len());
     for r in &config.rules {
-        let ban = humantime::format_duration(Duration::from_millis(r.ban.duration_ms as u64));
-        println!(
+        say!(
+            out,
             "  {}: {}, ban {}{}; format {}; logs {}",
             r.name,
             describe_limit(&r.limit),
-            ban,
+            duration(r.ban.duration_ms),
             if r.ban.factor > 1.0 {
-                format!(" (x{} for repeat offenders)", r.ban.factor)
+                format!(
+                    " (x{} for repeat offenders, at most {})",
+                    r.ban.factor,
+                    duration(r.ban.max_ms)
+                )
             } else {
                 String::new()
             },
@@ -29,39 +61,161 @@ pub fn check(path: &Path) -> Outcome {
             r.logs.join(", ")
         );
     }
-    for r in &config.rules {
-        if let Some(w) = fleetban::limit::listpack_warning(&r.limit, fleetban::limit::LISTPACK_DEFAULT) {
-            println!("warning: {}: {}: {w}", r.file.display(), r.name);
+    let failures = match online {
+        true => online::contact(config, out),
+        false => {
+            offline_lines(config, out);
+            Vec::new()
         }
-    }
-    match &config.redis {
-        Some(r) => println!("  redis: {} (prefix {})", r.url, r.prefix),
-        None => println!("  redis: none (single host, embedded store)"),
-    }
+    };
     if !config.proxies.is_empty() {
         let nets: Vec<String> = config.proxies.iter().map(|n| n.to_string()).collect();
-        println!(
+        say!(
+            out,
             "  proxies: {} (never counted nor banned; their X-Forwarded-For is believed)",
             nets.join(", ")
         );
     }
     if let Some(h) = &config.http {
-        println!("  http: {} (banned clients get {})", h.listen, h.deny_status);
+        say!(out, "  http: {} (banned clients get {})", h.listen, h.deny_status);
+    }
+    // Without --online the listpack warning assumes Redis's default; with
+    // it, `online` warned with the server's own setting.
+    if config.redis.is_some() && !online {
+        for r in &config.rules {
+            if let Some(w) = fleetban::limit::listpack_warning(&r.limit, fleetban::limit::LISTPACK_DEFAULT) {
+                say!(out, "warning: {}: {}: {w}", r.file.display(), r.name);
+            }
+        }
     }
     for w in config.warnings() {
-        println!("warning: {}: {w}", path.display());
+        say!(out, "warning: {}: {w}", path.display());
     }
+    warn_logs(config, out);
     if !config.proxies.is_empty() {
-        proxies_in_the_list(&config);
+        proxies_in_the_list(config, out);
     }
-    Ok(())
+    match failures.is_empty() {
+        true => Ok(()),
+        false => Err(Failure::Runtime(anyhow::anyhow!(
+            "check --online failed: {}",
+            failures.join("; ")
+        ))),
+    }
+}
+
+/// Redis and the firewall as configured, not contacted.
+fn offline_lines(config: &Config, out: &mut String) {
+    match &config.redis {
+        Some(r) => say!(
+            out,
+            "  redis: {} (prefix {}): not contacted (--online checks it)",
+            online::masked(&r.url),
+            r.prefix
+        ),
+        None => say!(out, "  redis: none (single host, embedded store)"),
+    }
+    match config.firewall.backend {
+        Backend::Log => say!(out, "  firewall: log backend (bans are logged, nft is never run)"),
+        _ => say!(
+            out,
+            "  firewall: nftables, table inet {}: not contacted (--online checks it)",
+            config.firewall.table
+        ),
+    }
+}
+
+/// One `warning:` per log path that is missing, unreadable or a glob
+/// matching nothing (naming every rule that reads it), and per rule and
+/// readable file whose first lines its format parses none of.
+fn warn_logs(config: &Config, out: &mut String) {
+    // A file two patterns name (a path and a glob) is tried once per rule.
+    let mut tried: Vec<(&str, std::path::PathBuf)> = Vec::new();
+    for pattern in config.log_patterns() {
+        let rules: Vec<&Rule> = config.rules.iter().filter(|r| r.logs.contains(&pattern)).collect();
+        let names: Vec<&str> = rules.iter().map(|r| r.name.as_str()).collect();
+        for file in fleetban::source::inspect(&pattern) {
+            match &file {
+                LogFile::Readable(p) => {
+                    for r in &rules {
+                        if tried.contains(&(r.name.as_str(), p.clone())) {
+                            continue;
+                        }
+                        tried.push((r.name.as_str(), p.clone()));
+                        if let Some(w) = parses_nothing(r, p, &config.proxies) {
+                            say!(out, "warning: {w}");
+                        }
+                    }
+                }
+                LogFile::Missing(_) => say!(
+                    out,
+                    "warning: log {} ({}): missing (no such file); the daemon follows it once it appears",
+                    file.path(),
+                    rules_named(&names)
+                ),
+                LogFile::NoMatch(_) => say!(
+                    out,
+                    "warning: log {} ({}): the glob matches no file; the daemon follows the files it matches later",
+                    file.path(),
+                    rules_named(&names)
+                ),
+                LogFile::Unreadable(_, e) => say!(
+                    out,
+                    "warning: log {} ({}): unreadable ({e}); the daemon retries it",
+                    file.path(),
+                    rules_named(&names)
+                ),
+            }
+        }
+    }
+}
+
+/// `rule a` or `rules a, b`.
+fn rules_named(names: &[&str]) -> String {
+    match names {
+        [one] => format!("rule {one}"),
+        many => format!("rules {}", many.join(", ")),
+    }
+}
+
+/// The warning when rule `r`'s format parses none of the first lines of
+/// `file` (an empty file is no evidence either way: nothing).
+fn parses_nothing(r: &Rule, file: &Path, proxies: &[ipnet::IpNet]) -> Option<String> {
+    let lines = match fleetban::source::first_lines(file, SAMPLE_LINES) {
+        Ok(l) => l,
+        Err(e) => return Some(format!("log {}: reading it failed: {e}", file.display())),
+    };
+    if lines.first().is_some_and(|l| l.starts_with(&[0x1f, 0x8b])) {
+        return Some(format!(
+            "rule {}: {}: gzip-compressed, not log lines (a glob matching rotated .gz files?)",
+            r.name,
+            file.display()
+        ));
+    }
+    let lines: Vec<&[u8]> = lines.iter().map(Vec::as_slice).filter(|l| !l.is_empty()).collect();
+    if lines.is_empty() {
+        return None;
+    }
+    // Config::load built this parser already: it cannot fail here.
+    let parser = Parser::trusting(&r.format, &fleetban::addr::NetSet::new(proxies)).ok()?;
+    if lines.iter().any(|l| parser.parse(l).is_some()) {
+        return None;
+    }
+    Some(format!(
+        "rule {}: {}: parses none of the first {} lines with format {} (first line: {})",
+        r.name,
+        file.display(),
+        lines.len(),
+        format_name(&r.format),
+        fleetban::ratelog::cap(&String::from_utf8_lossy(lines[0]))
+    ))
 }
 
 /// Bans of a trusted proxy (typically made before `proxies:` was set, when
 /// the proxy's address was read as the client's): never enforced while it
 /// is trusted, said so with the way out. The list is read as `bans` reads
 /// it; a list that cannot be read is said so, not an error of the file.
-fn proxies_in_the_list(config: &Config) {
+fn proxies_in_the_list(config: &Config, out: &mut String) {
     let now = fleetban::now_ms();
     let active = match &config.redis {
         Some(r) => runtime().block_on(async {
@@ -82,7 +236,8 @@ fn proxies_in_the_list(config: &Config) {
         Ok(bans) => {
             for (net, _) in bans {
                 if let Some(proxy) = config.proxies.iter().find(|p| p.contains(&net) || net.contains(*p)) {
-                    println!(
+                    say!(
+                        out,
                         "warning: {} is banned but overlaps the trusted proxy network {proxy}: the ban is not \
                          enforced while `proxies` lists it; lift it with `fleetban unban {}`",
                         AddrText(&net),
@@ -91,24 +246,39 @@ fn proxies_in_the_list(config: &Config) {
                 }
             }
         }
-        Err(e) => println!("  ban list: not read ({e}), so bans of trusted proxies were not looked for"),
+        Err(e) => say!(
+            out,
+            "  ban list: not read ({e}), so bans of trusted proxies were not looked for"
+        ),
     }
 }
 
-/// `100 hits per 1m (sliding_window)`, `burst 20, rate 5/s (token_bucket)`.
+/// A duration exactly as the configuration holds it, in the largest unit
+/// that divides it (`90s`, `1500ms`, `7d`): never rounded.
+pub fn duration(ms: i64) -> String {
+    const UNITS: [(i64, &str); 4] = [(86_400_000, "d"), (3_600_000, "h"), (60_000, "m"), (1_000, "s")];
+    UNITS
+        .iter()
+        .find(|(u, _)| ms != 0 && ms % u == 0)
+        .map_or(format!("{ms}ms"), |(u, name)| format!("{}{name}", ms / u))
+}
+
+/// `100 hits per 1m (sliding_window)`, `burst 20, one token every 200ms (token_bucket)`.
 fn describe_limit(l: &Limit) -> String {
-    let window = humantime::format_duration(Duration::from_millis(l.window_ms as u64));
     match l.algorithm {
         Algorithm::TokenBucket => format!(
             "burst {}, one token every {} ({})",
             l.hits,
-            humantime::format_duration(Duration::from_micros(l.interval_us as u64)),
+            match l.interval_us % 1000 {
+                0 => duration(l.interval_us / 1000),
+                _ => format!("{}µs", l.interval_us),
+            },
             l.algorithm.name()
         ),
         a => format!(
             "{} hits per {}{} ({})",
             l.hits,
-            window,
+            duration(l.window_ms),
             l.prefilter.map_or(String::new(), |f| format!(", prefilter {f}")),
             a.name()
         ),

@@ -3,8 +3,10 @@
 //! `main` prints a failure once and exits with its code.
 
 pub mod check;
+pub mod completions;
 pub mod human;
 pub mod list;
+pub mod manpage;
 pub mod run;
 pub mod status;
 pub mod test;

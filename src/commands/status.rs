@@ -51,7 +51,15 @@ fn render(s: &Status) -> String {
         );
     }
     out += "sources:\n";
-    for src in &s.sources {
+    for src in s.sources.iter().filter(|src| src.state != "following") {
+        out += &format!(
+            "  {}  {} ({})\n",
+            src.path,
+            src.state,
+            src.error.as_deref().unwrap_or("-")
+        );
+    }
+    for src in s.sources.iter().filter(|src| src.state == "following") {
         out += &format!(
             "  {}  offset {}  lines {}  {} lines/s  lag {} ms  {} bytes behind\n",
             src.path,

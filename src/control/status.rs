@@ -59,6 +59,18 @@ pub struct SourceStatus {
     pub lag_ms: Option<i64>,
     /// The file's size past `offset`, when it could be read.
     pub bytes_behind: Option<u64>,
+    /// `following` (the file is read), `missing` (no file at the path, or
+    /// a glob matching none: followed once it appears) or `unreadable`
+    /// (see `error`). An older daemon listed only followed files.
+    #[serde(default = "following")]
+    pub state: String,
+    /// Why a `missing` or `unreadable` log is not read; null when followed.
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+fn following() -> String {
+    "following".to_owned()
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -125,4 +137,16 @@ pub struct RedisStatus {
     pub queued_bans: u64,
     /// Bans the full queue could not keep.
     pub dropped_bans: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SourceStatus;
+
+    #[test]
+    fn a_source_from_an_older_daemon_reads_as_followed() {
+        let old = r#"{"path":"/var/log/nginx/access.log","offset":10,"lines":2,"lines_per_s":0.0,"lag_ms":null,"bytes_behind":0}"#;
+        let s: SourceStatus = serde_json::from_str(old).unwrap();
+        assert_eq!((s.state.as_str(), s.error), ("following", None));
+    }
 }

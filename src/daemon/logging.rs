@@ -1,6 +1,6 @@
 //! Where the daemon's log lines go: the journal, with native fields
 //! (`RULE=`, `ADDR=`, `HITS=`, ...), when it runs under systemd, stderr
-//! otherwise.
+//! otherwise (coloured only on a terminal without `NO_COLOR`).
 
 /// Logs to the journal, with native fields (`RULE=`, `ADDR=`, `HITS=`, ...),
 /// when stderr is connected to it (systemd sets `JOURNAL_STREAM` to the
@@ -29,11 +29,21 @@ pub fn init_logging() {
         }
     }
     // Colours only on a terminal: a file or a pipe gets plain `key=value`.
+    let colour = wants_colour(
+        std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(colour)
         .with_writer(std::io::stderr)
         .try_init();
+}
+
+/// Colour on stderr: only on a terminal, and never when `NO_COLOR` is set
+/// to anything but the empty string (<https://no-color.org>).
+pub fn wants_colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// Whether to log to the journal: `FLEETBAN_LOG` decides when set, else
@@ -60,4 +70,18 @@ fn stderr_id() -> Option<(u64, u64)> {
     let fd = std::io::stderr().as_fd().try_clone_to_owned().ok()?;
     let m = std::fs::File::from(fd).metadata().ok()?;
     Some((m.dev(), m.ino()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wants_colour;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(wants_colour(true, None));
+        assert!(wants_colour(true, Some(OsStr::new(""))));
+        assert!(!wants_colour(true, Some(OsStr::new("1"))));
+        assert!(!wants_colour(false, None));
+    }
 }

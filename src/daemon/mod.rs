@@ -260,7 +260,11 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     // A few chunks of up to 1 MiB: enough to overlap reading with a flush, small
     // enough that a large backlog costs no memory.
     let (chunk_tx, chunk_rx) = tokio::sync::mpsc::channel(4);
+    start::warn_logs(&config);
     let mut follower = Some(Following::start(config.log_patterns(), &offsets, &chunk_tx, &token));
+    if let Some(f) = &follower {
+        stats.set_logs(config.log_patterns(), f.follower.waker());
+    }
     // Let the follower take its start positions before anyone is told we
     // are up (control socket, READY=1): a line written after that is read.
     // Bounded: logs that do not exist yet never show up here.

@@ -150,9 +150,12 @@ pub async fn reload(
         tracing::warn!("The pipeline stopped during the reload.");
     }
     if restart_follower {
-        *following = Some(Following::start(patterns, offsets, chunk_tx, parent));
+        super::start::warn_logs(&new);
+        let f = Following::start(patterns.clone(), offsets, chunk_tx, parent);
+        stats.set_logs(patterns, f.follower.waker());
+        *following = Some(f);
     }
     let names: Vec<&str> = new.rules.iter().map(|r| r.name.as_str()).collect();
-    tracing::info!(rules = ?names, logs_changed = restart_follower, "Configuration reloaded.");
+    tracing::info!(rules = %names.join(","), logs_changed = restart_follower, "Configuration reloaded.");
     Some(new)
 }

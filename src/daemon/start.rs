@@ -223,3 +223,28 @@ async fn connect_until_up(r: &RedisConfig) -> (store::Conn, store::Conn) {
         }
     }
 }
+
+/// One warning per configured log that is not read now: missing (followed
+/// once it appears; the follower logs when it does), unreadable, or a glob
+/// matching nothing, with the rules that name it.
+pub fn warn_logs(config: &Config) {
+    for pattern in config.log_patterns() {
+        let rules: Vec<&str> = config
+            .rules
+            .iter()
+            .filter(|r| r.logs.contains(&pattern))
+            .map(|r| r.name.as_str())
+            .collect();
+        for file in crate::source::inspect(&pattern) {
+            if let Some(problem) = file.problem() {
+                tracing::warn!(
+                    path = %file.path(),
+                    rules = %rules.join(","),
+                    state = %file.state(),
+                    error = %problem,
+                    "Log not read; followed once it can be."
+                );
+            }
+        }
+    }
+}

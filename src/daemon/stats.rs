@@ -73,6 +73,12 @@ pub struct Stats {
     /// `safety.max_bans_per_minute`.
     pub valve_limit: u64,
     pub sources: Mutex<Vec<SourceCounters>>,
+    /// The configured logs (paths and globs): `status` lists each, also
+    /// one that is missing or unreadable and so has no counters.
+    pub log_patterns: Mutex<Vec<String>>,
+    /// The running follower, for where a file nothing was read from yet
+    /// starts (its end, at first sight).
+    pub follower: Mutex<Option<crate::source::WakeHandle>>,
     pub limit: Arc<LimitCounters>,
     pub bans: Arc<BanCounters>,
     /// With Redis: whether it answers.
@@ -113,6 +119,8 @@ impl Stats {
             rules: Mutex::default(),
             valve_limit: u64::from(valve_limit),
             sources: Mutex::default(),
+            log_patterns: Mutex::default(),
+            follower: Mutex::default(),
             limit,
             bans,
             health,
@@ -209,21 +217,74 @@ impl Stats {
         }
     }
 
-    /// Per source: its path, position, lines, rate, lag and bytes not yet read.
+    /// The configured logs and their follower, for [`Stats::source_rows`]
+    /// (start and reload).
+    pub fn set_logs(&self, patterns: Vec<String>, follower: crate::source::WakeHandle) {
+        *self.log_patterns.lock().unwrap_or_else(|e| e.into_inner()) = patterns;
+        *self.follower.lock().unwrap_or_else(|e| e.into_inner()) = Some(follower);
+    }
+
+    /// Per source: its path, position, lines, rate, lag and bytes not yet
+    /// read, and its state now; in the configuration's order, every
+    /// configured log included (a missing one, a glob matching nothing),
+    /// then files read earlier that no pattern names now.
     pub fn source_rows(&self) -> Vec<SourceStatus> {
+        let patterns = self.log_patterns.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let s = self.sources.lock().unwrap_or_else(|e| e.into_inner());
-        s.iter()
-            .map(|c| SourceStatus {
-                path: c.path.clone(),
-                offset: c.offset,
-                lines: c.lines,
-                lines_per_s: (c.lines_per_s() * 10.0).round() / 10.0,
-                lag_ms: c.lag_ms,
-                bytes_behind: std::fs::metadata(&c.path)
-                    .ok()
-                    .map(|m| m.len().saturating_sub(c.offset)),
-            })
-            .collect()
+        let row = |c: &SourceCounters, file: crate::source::LogFile| SourceStatus {
+            path: c.path.clone(),
+            offset: c.offset,
+            lines: c.lines,
+            lines_per_s: (c.lines_per_s() * 10.0).round() / 10.0,
+            lag_ms: c.lag_ms,
+            bytes_behind: std::fs::metadata(&c.path)
+                .ok()
+                .map(|m| m.len().saturating_sub(c.offset)),
+            state: file.state().to_owned(),
+            error: file.problem(),
+        };
+        let followed = self
+            .follower
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(crate::source::WakeHandle::stats)
+            .unwrap_or_default();
+        // Nothing read from it yet: where the follower starts it.
+        let start = |path: &str| {
+            followed
+                .iter()
+                .find(|f| f.lines == 0 && f.file.is_some() && f.path.as_os_str() == path)
+                .map(|f| f.offset)
+        };
+        let mut rows: Vec<SourceStatus> = Vec::new();
+        for file in patterns.iter().flat_map(|p| crate::source::inspect(p)) {
+            let path = file.path();
+            if rows.iter().any(|r| r.path == path) {
+                continue;
+            }
+            rows.push(match s.iter().find(|c| c.path == path) {
+                Some(c) => row(c, file),
+                None => {
+                    let offset = start(&path);
+                    SourceStatus {
+                        offset: offset.unwrap_or(0),
+                        bytes_behind: offset
+                            .and_then(|o| std::fs::metadata(&path).ok().map(|m| m.len().saturating_sub(o))),
+                        state: file.state().to_owned(),
+                        error: file.problem(),
+                        path,
+                        ..SourceStatus::default()
+                    }
+                }
+            });
+        }
+        for c in s.iter() {
+            if !rows.iter().any(|r| r.path == c.path) {
+                rows.push(row(c, crate::source::inspect_path(std::path::Path::new(&c.path))));
+            }
+        }
+        rows
     }
 
     /// What `fleetban status` shows.

@@ -45,7 +45,16 @@ impl LogEnforcer {
         let expired = self.book.set_desired(desired, now_ms);
         let mut stats = self.apply(now_ms);
         stats.expired = expired;
-        info!(?stats, "dry run: reconciled");
+        info!(
+            added = stats.added,
+            refreshed = stats.refreshed,
+            removed = stats.removed,
+            unchanged = stats.unchanged,
+            covered = stats.covered,
+            deferred = stats.deferred,
+            expired = stats.expired,
+            "dry run: reconciled"
+        );
         stats
     }
 

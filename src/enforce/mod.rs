@@ -276,6 +276,16 @@ impl Enforcer {
     }
 
     /// Deletes the whole table (every ban); fine if it is absent.
+    /// `fleetban check --online`: for nftables, whether `nft list tables`
+    /// runs and names this table (`Some(present)`); `None` for the dry run,
+    /// which runs nothing. Changes nothing.
+    pub async fn probe(&mut self) -> Result<Option<bool>, EnforceError> {
+        match self {
+            Enforcer::Nft(e) => e.probe().await.map(Some),
+            Enforcer::Log(_) => Ok(None),
+        }
+    }
+
     pub async fn flush(&mut self) -> Result<(), EnforceError> {
         match self {
             Enforcer::Nft(e) => e.flush().await,

@@ -78,7 +78,7 @@ impl NftEnforcer {
         self.reload(now_ms).await?;
         self.book.desire_applied();
         if let Some(p) = self.preamble {
-            info!(table = %self.opts.table, ?p, "creating or repairing the nftables table");
+            info!(table = %self.opts.table, work = %p, "creating or repairing the nftables table");
             self.transact(&Plan::default(), now_ms).await?;
         }
         info!(
@@ -114,7 +114,17 @@ impl NftEnforcer {
         }
         let mut stats = self.apply(now_ms).await?;
         stats.expired = expired;
-        info!(table = %self.opts.table, ?stats, "nftables reconciled");
+        info!(
+            table = %self.opts.table,
+            added = stats.added,
+            refreshed = stats.refreshed,
+            removed = stats.removed,
+            unchanged = stats.unchanged,
+            covered = stats.covered,
+            deferred = stats.deferred,
+            expired = stats.expired,
+            "nftables reconciled"
+        );
         Ok(stats)
     }
 
@@ -138,6 +148,14 @@ impl NftEnforcer {
         }
         self.stale = true;
         self.apply(now_ms).await.map(Some)
+    }
+
+    /// Whether nft runs and lists the tables, and whether ours is among
+    /// them (`fleetban check --online`); changes nothing.
+    pub async fn probe(&mut self) -> Result<bool, EnforceError> {
+        let out = self.run("list tables", &["list", "tables"], None).await?;
+        let want = format!("table inet {}", self.opts.table);
+        Ok(String::from_utf8_lossy(&out).lines().any(|l| l.trim() == want))
     }
 
     pub async fn flush(&mut self) -> Result<(), EnforceError> {

@@ -59,6 +59,30 @@ pub(crate) struct Preamble {
     pub rules: bool,
 }
 
+/// What the preamble does, for the log: `rules`, `chain flushed`,
+/// `chain re-created`, `set v4 re-created`, comma-separated (or `nothing`).
+impl std::fmt::Display for Preamble {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts: Vec<String> = Vec::new();
+        if self.flush_chain_first {
+            parts.push("chain flushed".to_owned());
+        }
+        if self.delete_chain {
+            parts.push("chain re-created".to_owned());
+        }
+        for (i, _) in self.delete_sets.iter().enumerate().filter(|(_, d)| **d) {
+            parts.push(format!("set {} re-created", SETS[i].0));
+        }
+        if self.rules {
+            parts.push("rules installed".to_owned());
+        }
+        match parts.is_empty() {
+            true => f.write_str("nothing"),
+            false => f.write_str(&parts.join(", ")),
+        }
+    }
+}
+
 impl Preamble {
     /// For a table that does not exist.
     pub fn create() -> Preamble {

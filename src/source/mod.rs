@@ -42,10 +42,12 @@
 //! `reader.rs` (one open file), `patterns.rs` (paths and globs),
 //! `tracker.rs` (which file each path names, rotation, draining),
 //! `follow.rs` (the task, backpressure, stats), `watch.rs` (inotify wake-ups),
-//! `offsets.rs` (persistence).
+//! `offsets.rs` (persistence), `inspect.rs` (what a pattern names now:
+//! readable, missing, unreadable; for `check`, the start's warnings, `status`).
 
 mod follow;
 mod identity;
+mod inspect;
 mod offsets;
 mod once;
 mod patterns;
@@ -61,6 +63,7 @@ use std::time::Duration;
 
 pub use follow::{spawn, Follower};
 pub use identity::{fingerprint, FileId, FINGERPRINT_BYTES};
+pub use inspect::{first_lines, inspect, inspect_path, LogFile};
 pub use offsets::OffsetStore;
 pub use once::read_file;
 pub use shared::WakeHandle;

@@ -29,6 +29,16 @@ pub(crate) enum Start {
     Beginning,
 }
 
+impl std::fmt::Display for Start {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Start::Resumed => "resumed",
+            Start::End => "end",
+            Start::Beginning => "beginning",
+        })
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Reader {
     /// Pattern index, for the chunks.

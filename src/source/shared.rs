@@ -41,6 +41,13 @@ impl WakeHandle {
         self.0.wake.notify_one();
     }
 
+    /// What the follower knows about each path, as [`Follower::stats`](super::Follower::stats).
+    pub fn stats(&self) -> Vec<SourceStat> {
+        let mut v: Vec<SourceStat> = self.0.lock_stats().values().cloned().collect();
+        v.sort_by(|a, b| (a.source, &a.path).cmp(&(b.source, &b.path)));
+        v
+    }
+
     /// Files may have appeared: expand the globs and poll now.
     pub fn rescan(&self) {
         self.0.rescan.store(true, Ordering::Relaxed);

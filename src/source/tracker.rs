@@ -42,6 +42,10 @@ struct Tracked {
     /// Existed at startup and not opened yet: the start-of-day rules apply
     /// (saved offset, else the end of the file).
     initial: bool,
+    /// Seen with nothing at the path since its last file was opened: the
+    /// next file there is announced as having appeared (a log missing at
+    /// start, warned about then, is said to be read when it is).
+    absent: bool,
     errors: Throttle,
 }
 
@@ -208,6 +212,7 @@ impl Tracker {
                     matched: true,
                     current: None,
                     initial: first,
+                    absent: false,
                     errors: Throttle::default(),
                 });
             }
@@ -264,6 +269,8 @@ impl Tracker {
         };
         if missing.kind() != io::ErrorKind::NotFound {
             t.errors.warn(&t.path, &missing, now);
+        } else {
+            t.absent = true;
         }
         t.initial = false;
         if let Some(r) = t.current.take() {
@@ -305,7 +312,12 @@ impl Tracker {
         );
         match opened {
             Ok((r, start)) => {
-                info!(path = %t.path.display(), offset = r.position(), start = ?start, "Following file.");
+                if t.absent {
+                    info!(path = %t.path.display(), offset = r.position(), start = %start, "Log file appeared; following it.");
+                } else {
+                    info!(path = %t.path.display(), offset = r.position(), start = %start, "Following file.");
+                }
+                t.absent = false;
                 t.initial = false;
                 t.errors.clear(&t.path);
                 t.current = Some(r);

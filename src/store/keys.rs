@@ -146,6 +146,14 @@ impl Keys {
         matches!(kind, "win" | "fixed" | "tb" | "sc") && tagged.starts_with('{') && !tagged.starts_with(&ours)
     }
 
+    /// The two keys `lua/probe.lua` writes and deletes (`check --online`):
+    /// one of the windows' pattern (`PREFIX:*`), one of the list's
+    /// (`{PREFIX}:*`), in one slot.
+    pub fn probe(&self) -> [String; 2] {
+        let p = &self.prefix;
+        [format!("{p}:probe:{{{p}}}"), format!("{{{p}}}:probe")]
+    }
+
     pub fn bans(&self) -> String {
         format!("{{{}}}:bans", self.prefix)
     }

@@ -1,7 +1,8 @@
 //! Everything about talking to Redis that is not a semantics of its own:
 //! the connection ([`Conn`], `conn.rs`), whether Redis answers as this host
 //! sees it ([`Health`], `health.rs`), the key names (`keys.rs`) and the
-//! embedded Lua scripts (`scripts.rs`). What the scripts decide belongs to
+//! embedded Lua scripts (`scripts.rs`), and whether the user may run what
+//! fleetban sends (`probe.rs`, `check --online`). What the scripts decide belongs to
 //! `limit` and `bans`.
 
 use std::time::Duration;
@@ -11,14 +12,16 @@ use crate::config::RedisConfig;
 mod conn;
 mod health;
 mod keys;
+mod probe;
 mod scripts;
 
 pub use conn::Conn;
 pub use health::{is_oom, is_outage, Health};
 pub use keys::{slot, Keys, ADDRESS_BUCKETS, STREAM_MAXLEN};
+pub use probe::{probe, Probe};
 pub use scripts::{
-    is_noscript, value_is_noscript, LuaScript, BAN, CANON, FIXED_WINDOW, RESTORE, SLIDING_COUNTER, SLIDING_WINDOW,
-    TOKEN_BUCKET, UNBAN,
+    is_noscript, value_is_noscript, LuaScript, BAN, CANON, FIXED_WINDOW, PROBE, RESTORE, SLIDING_COUNTER,
+    SLIDING_WINDOW, TOKEN_BUCKET, UNBAN,
 };
 
 /// Connects now (fails if Redis does not answer); every command times out

@@ -48,6 +48,11 @@ pub static CANON: std::sync::LazyLock<LuaScript> =
 pub static RESTORE: std::sync::LazyLock<LuaScript> =
     std::sync::LazyLock::new(|| LuaScript::new("restore", include_str!("../../lua/restore.lua").to_owned()));
 
+/// `lua/probe.lua`: the commands fleetban needs that the user may not run
+/// (`fleetban check --online`, `store::probe`).
+pub static PROBE: std::sync::LazyLock<LuaScript> =
+    std::sync::LazyLock::new(|| LuaScript::new("probe", include_str!("../../lua/probe.lua").to_owned()));
+
 impl LuaScript {
     fn new(name: &'static str, src: String) -> LuaScript {
         let sha = redis::Script::new(&src).get_hash().to_owned();
