@@ -8,7 +8,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 mod commands;
 
 use commands::list::BanArgs;
-use commands::{check, list, run, status, test, Failure};
+use commands::{check, explain, list, run, status, test, Failure};
 
 #[derive(Parser)]
 #[command(
@@ -57,46 +57,71 @@ enum Command {
         #[arg(required = true)]
         logs: Vec<PathBuf>,
     },
-    /// The running daemon's state, through its control socket.
+    /// The running daemon's state, through its control socket (works while
+    /// a rule file has errors: only the main file is needed).
     Status {
         #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
+        /// One JSON object (docs/design.md: the `status` fields).
         #[arg(long)]
         json: bool,
     },
-    /// Active bans, fleet-wide.
+    /// Active bans, fleet-wide: address, rule, since, until, time left,
+    /// offence count, host, reason.
     Bans {
         #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
+        /// JSON Lines, one ban each, RFC 3339 times, fields in a fixed order.
         #[arg(long)]
         json: bool,
     },
-    /// Ban an address or network on every host.
+    /// Ban an address or network on every host. An active ban is never
+    /// shortened (the later end wins) unless --replace is given.
     Ban {
         #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
-        /// ADDR or CIDR.
+        /// ADDR or CIDR (no host bits set), e.g. 192.0.2.7, 2001:db8::/64.
         target: String,
-        /// How long, e.g. 1h, 30m, 7d (default 1h).
+        /// How long, e.g. 1h, 30m, 7d (default 1h; at least 1s).
         #[arg(long = "for", conflicts_with = "permanent")]
         duration: Option<String>,
         /// Until unbanned.
         #[arg(long)]
         permanent: bool,
+        /// Why, kept in the ban's record (an active ban keeps its reason
+        /// unless a new one is given).
         #[arg(long, default_value = "")]
         reason: String,
+        /// Replace an active ban even if this one ends sooner.
+        #[arg(long)]
+        replace: bool,
     },
-    /// Lift a ban on every host.
+    /// Lift a ban on every host; says which wider bans still cover it.
     Unban {
         #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
-        /// ADDR or CIDR.
+        /// ADDR or CIDR, as `ban` takes it.
         target: String,
     },
-    /// Remove this host's nftables table and every ban in it.
+    /// Why an address is or is not banned: its ban, wider bans, its count
+    /// in each rule's window, and what keeps it from ever being banned.
+    Explain {
+        #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
+        config: PathBuf,
+        /// ADDR or CIDR, as `ban` takes it.
+        target: String,
+        /// One JSON object (docs/design.md: the `explain` fields).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove this host's nftables table and every ban in it; refused
+    /// while a daemon runs on this configuration unless --force.
     Flush {
         #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
+        /// Flush even though a daemon runs (it re-creates the table within ~5 s).
+        #[arg(long)]
+        force: bool,
     },
     /// Print a shell completion script (packaging).
     #[command(hide = true)]
@@ -139,6 +164,7 @@ fn execute(command: Command) -> commands::Outcome {
             duration,
             permanent,
             reason,
+            replace,
         } => list::ban(
             &config,
             &BanArgs {
@@ -146,10 +172,12 @@ fn execute(command: Command) -> commands::Outcome {
                 duration,
                 permanent,
                 reason,
+                replace,
             },
         ),
         Command::Unban { config, target } => list::unban(&config, &target),
-        Command::Flush { config } => run::flush(&config),
+        Command::Explain { config, target, json } => explain::explain(&config, &target, json),
+        Command::Flush { config, force } => run::flush(&config, force),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "fleetban", &mut std::io::stdout());
             Ok(())

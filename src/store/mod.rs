@@ -14,7 +14,7 @@ mod keys;
 mod scripts;
 
 pub use conn::Conn;
-pub use health::{is_oom, is_outage, Health};
+pub use health::{heartbeat, is_oom, is_outage, Health};
 pub use keys::{slot, Keys, ADDRESS_BUCKETS, STREAM_MAXLEN};
 pub use scripts::{
     is_noscript, value_is_noscript, LuaScript, BAN, CANON, FIXED_WINDOW, RESTORE, SLIDING_COUNTER, SLIDING_WINDOW,
