@@ -20,7 +20,10 @@ use common::{append, cli, combined_lines, fleetban_bin, now_ms, wait_until, Conf
 fn rig() -> ConfigDir {
     let r = ConfigDir::new();
     r.write(
-        &r.main_config().host_id("ops-host").allow("[192.0.2.0/24]").log_firewall(),
+        &r.main_config()
+            .host_id("ops-host")
+            .allow("[192.0.2.0/24]")
+            .log_firewall(),
         &[Rule::new("scraper", &r.log, "{ hits: 5, window: 60s }").ban("1h")],
     );
     r
@@ -91,7 +94,11 @@ fn flush_says_there_was_nothing_and_refuses_while_a_daemon_runs() {
     let mut d = Daemon::start(None, &r.cfg, &r.control);
     let out = cli(&r.cfg, &["flush"]);
     assert_eq!(out.code, 2, "{}", out.text());
-    assert!(out.stderr.contains("daemon is running") && out.stderr.contains("--force"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("daemon is running") && out.stderr.contains("--force"),
+        "{}",
+        out.stderr
+    );
     let out = cli(&r.cfg, &["flush", "--force"]);
     assert_eq!(out.code, 0, "{}", out.text());
     assert!(out.stdout.contains("re-creates the table"), "{}", out.stdout);
@@ -124,7 +131,10 @@ fn flush_counts_the_bans_of_the_table_it_removes() {
         "{first}"
     );
     let second = flush();
-    assert!(second.contains("nothing to remove: there is no table inet fleetban"), "{second}");
+    assert!(
+        second.contains("nothing to remove: there is no table inet fleetban"),
+        "{second}"
+    );
 }
 
 #[test]
@@ -156,7 +166,10 @@ pub fn rebanning_never_shortens(r: &ConfigDir) {
     let out = ban(&["--for", "5h", "--reason", "again"]);
     assert!(out.contains("extended to"), "{out}");
     let (five_hours, reason) = until(r).unwrap();
-    assert!(five_hours.as_str().unwrap() > two_hours.as_str().unwrap(), "{five_hours} {two_hours}");
+    assert!(
+        five_hours.as_str().unwrap() > two_hours.as_str().unwrap(),
+        "{five_hours} {two_hours}"
+    );
     assert_eq!(reason, "again");
     // Permanent stays permanent.
     assert!(ban(&["--permanent"]).contains("extended to forever"));
@@ -185,8 +198,7 @@ pub fn unban_names_the_wider_ban(r: &ConfigDir) {
     assert_eq!(out.code, 0, "{}", out.text());
     assert!(out.stdout.contains("unbanned 198.51.100.5"), "{}", out.stdout);
     assert!(
-        out.stdout.contains("still banned: 198.51.100.0/24")
-            && out.stdout.contains("fleetban unban 198.51.100.0/24"),
+        out.stdout.contains("still banned: 198.51.100.0/24") && out.stdout.contains("fleetban unban 198.51.100.0/24"),
         "{}",
         out.stdout
     );
@@ -198,7 +210,11 @@ pub fn unban_names_the_wider_ban(r: &ConfigDir) {
     for cmd in ["ban", "unban"] {
         let out = cli(&r.cfg, &[cmd, "2001:db8:5::1/64"]);
         assert_eq!(out.code, 2, "{cmd}: {}", out.text());
-        assert!(out.stderr.contains("host bits set") && out.stderr.contains("`2001:db8:5::/64`"), "{}", out.stderr);
+        assert!(
+            out.stderr.contains("host bits set") && out.stderr.contains("`2001:db8:5::/64`"),
+            "{}",
+            out.stderr
+        );
     }
     let out = cli(&r.cfg, &["unban", "2001:db8:5::/64"]);
     assert!(out.stdout.contains("unbanned 2001:db8:5::/64"), "{}", out.stdout);
@@ -212,16 +228,29 @@ fn status_and_bans_print_aligned_tables_and_bans_json_has_rfc3339_times() {
     let d = Daemon::start(None, &r.cfg, &r.control);
     append(&r.log, &combined_lines("203.0.113.20", 1, "/", 200));
     d.wait_lines(1);
-    assert_eq!(cli(&r.cfg, &["ban", "198.51.100.8", "--for", "2h", "--reason", "by hand"]).code, 0);
+    assert_eq!(
+        cli(&r.cfg, &["ban", "198.51.100.8", "--for", "2h", "--reason", "by hand"]).code,
+        0
+    );
     let out = cli(&r.cfg, &["status"]);
     assert_eq!(out.code, 0, "{}", out.text());
     assert!(out.stdout.starts_with("redis:     embedded"), "{}", out.stdout);
     assert!(out.stdout.contains("\nfirewall:  ok"), "{}", out.stdout);
-    let rules: Vec<&str> = out.stdout.lines().skip_while(|l| *l != "rules:").skip(1).take(2).collect();
+    let rules: Vec<&str> = out
+        .stdout
+        .lines()
+        .skip_while(|l| *l != "rules:")
+        .skip(1)
+        .take(2)
+        .collect();
     assert_eq!(rules[0].trim_end(), "  RULE     HITS  BANS", "{}", out.stdout);
     assert!(rules[1].starts_with("  scraper     1     0"), "{}", out.stdout);
     let sources: Vec<&str> = out.stdout.lines().skip_while(|l| *l != "sources:").skip(1).collect();
-    assert!(sources[0].starts_with("  FILE") && sources[0].ends_with("LAG  BEHIND"), "{}", out.stdout);
+    assert!(
+        sources[0].starts_with("  FILE") && sources[0].ends_with("LAG  BEHIND"),
+        "{}",
+        out.stdout
+    );
     assert!(sources[1].contains("access.log"), "{}", out.stdout);
 
     let out = cli(&r.cfg, &["bans"]);
@@ -235,17 +264,28 @@ fn status_and_bans_print_aligned_tables_and_bans_json_has_rfc3339_times() {
     let b = ban_of(&r, "198.51.100.8").unwrap();
     // The documented field order, as printed.
     let line = cli(&r.cfg, &["bans", "--json"]).stdout;
-    let at: Vec<usize> = ["addr", "rule", "reason", "host", "since", "until", "left_s", "count", "hits", "enforced"]
-        .iter()
-        .map(|k| line.find(&format!("\"{k}\":")).unwrap_or_else(|| panic!("{k} in {line}")))
-        .collect();
+    let at: Vec<usize> = [
+        "addr", "rule", "reason", "host", "since", "until", "left_s", "count", "hits", "enforced",
+    ]
+    .iter()
+    .map(|k| {
+        line.find(&format!("\"{k}\":"))
+            .unwrap_or_else(|| panic!("{k} in {line}"))
+    })
+    .collect();
     assert!(at.windows(2).all(|w| w[0] < w[1]), "{line}");
     for t in ["since", "until"] {
         let s = b[t].as_str().unwrap();
-        assert!(s.len() >= 20 && s.ends_with('Z') && s.as_bytes()[10] == b'T', "{t}: {s}");
+        assert!(
+            s.len() >= 20 && s.ends_with('Z') && s.as_bytes()[10] == b'T',
+            "{t}: {s}"
+        );
     }
     assert!(b["left_s"].as_i64().unwrap() > 7000, "{b}");
-    assert_eq!((b["host"].as_str(), b["count"].as_u64(), b["enforced"].as_bool()), (Some("ops-host"), Some(1), Some(true)));
+    assert_eq!(
+        (b["host"].as_str(), b["count"].as_u64(), b["enforced"].as_bool()),
+        (Some("ops-host"), Some(1), Some(true))
+    );
 }
 
 #[test]
@@ -278,7 +318,10 @@ pub fn explain_cases(r: &ConfigDir) {
     assert!(human.starts_with("203.0.113.9: not banned"), "{human}");
     assert!(human.contains("scraper  sliding_window      3      5"), "{human}");
 
-    assert_eq!(cli(&r.cfg, &["ban", "198.51.100.0/24", "--reason", "net abuse"]).code, 0);
+    assert_eq!(
+        cli(&r.cfg, &["ban", "198.51.100.0/24", "--reason", "net abuse"]).code,
+        0
+    );
     let e = explain("198.51.100.7");
     assert_eq!(e["banned"], true, "{e}");
     assert_eq!(e["ban"], serde_json::Value::Null);
@@ -299,7 +342,11 @@ fn rebanning_never_shortens_a_ban_and_keeps_its_reason_over_redis() {
     rebanning_never_shortens(&r);
     let rec: serde_json::Value =
         serde_json::from_str(&redis.cli(&["HGET", "{fleetban}:banrec", "198.51.100.7"])).unwrap();
-    assert_eq!((rec["reason"].as_str(), rec["rule"].as_str()), (Some("again"), Some("manual")), "{rec}");
+    assert_eq!(
+        (rec["reason"].as_str(), rec["rule"].as_str()),
+        (Some("again"), Some("manual")),
+        "{rec}"
+    );
 }
 
 #[test]
@@ -335,7 +382,11 @@ fn ban_and_unban_while_redis_is_down_go_through_the_daemon_and_reach_redis_in_or
         let out = cli(&r.cfg, &["ban", addr, "--for", "2h", "--reason", reason]);
         assert_eq!(out.code, 0, "{}", out.text());
         assert!(out.stdout.contains(&format!("banned {addr} until")), "{}", out.stdout);
-        assert!(out.stdout.contains("Redis is down: the daemon enforces it"), "{}", out.stdout);
+        assert!(
+            out.stdout.contains("Redis is down: the daemon enforces it"),
+            "{}",
+            out.stdout
+        );
     };
     ban("198.51.100.31", "gone again");
     let out = cli(&r.cfg, &["unban", "198.51.100.31"]);
@@ -349,7 +400,9 @@ fn ban_and_unban_while_redis_is_down_go_through_the_daemon_and_reach_redis_in_or
 
     redis.restart();
     wait_until(Duration::from_secs(20), "the queued ban written", || {
-        redis.try_cli(&["ZSCORE", "{fleetban}:bans", "198.51.100.32"]).is_some_and(|s| !s.is_empty())
+        redis
+            .try_cli(&["ZSCORE", "{fleetban}:bans", "198.51.100.32"])
+            .is_some_and(|s| !s.is_empty())
     });
     wait_until(Duration::from_secs(10), "the queue empty", || {
         d.status()["redis"]["queued_bans"] == 0
@@ -400,6 +453,9 @@ fn status_says_redis_is_down_within_about_a_second_deciding_locally_or_paused() 
         assert!(since_ms >= killed - 1000, "down since {since_ms}, killed at {killed}");
         let out = cli(&r.cfg, &["status"]);
         let line = out.stdout.lines().next().unwrap_or_default().to_owned();
-        assert!(line.starts_with("redis:     down since ") && line.contains(&format!("({mode})")), "{line}");
+        assert!(
+            line.starts_with("redis:     down since ") && line.contains(&format!("({mode})")),
+            "{line}"
+        );
     }
 }

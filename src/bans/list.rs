@@ -99,8 +99,7 @@ impl BanList {
                     .arg(mode)
                     .arg(STREAM_MAXLEN)
                     .arg(if req.mode.replaces() { "1" } else { "0" });
-                let (code, until, count, effect, was): (i64, String, i64, String, String) =
-                    BAN.run(con, &cmd).await?;
+                let (code, until, count, effect, was): (i64, String, i64, String, String) = BAN.run(con, &cmd).await?;
                 let until = parse_until(&until).ok_or_else(|| BanListError::Reply(until.clone()))?;
                 let count = u32::try_from(count).unwrap_or(1);
                 match code {

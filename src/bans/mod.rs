@@ -90,7 +90,10 @@ impl Mode {
 
     /// An operator's ban that may shorten an active one.
     pub fn replaces(&self) -> bool {
-        matches!(self, Mode::For { replace: true, .. } | Mode::Permanent { replace: true })
+        matches!(
+            self,
+            Mode::For { replace: true, .. } | Mode::Permanent { replace: true }
+        )
     }
 }
 
@@ -224,4 +227,46 @@ pub fn overlapping<'a>(records: &'a [BanRecord], net: &IpNet) -> (Vec<&'a BanRec
         .filter(|r| r.addr != *net && net.contains(&r.addr))
         .collect();
     (wider, narrower)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ban_unban_and_explain_take_one_form_of_target() {
+        let net = |s: &str| s.parse::<IpNet>().unwrap();
+        assert_eq!(parse_target(" 192.0.2.7 "), Ok(net("192.0.2.7/32")));
+        assert_eq!(parse_target("::ffff:192.0.2.7"), Ok(net("192.0.2.7/32")));
+        assert_eq!(parse_target("2001:db8::/64"), Ok(net("2001:db8::/64")));
+        assert_eq!(parse_target("2001:db8::1"), Ok(net("2001:db8::1/128")));
+        let e = parse_target("2001:db8::1/64").unwrap_err();
+        assert!(
+            e.contains("host bits set") && e.contains("`2001:db8::/64`") && e.contains("`2001:db8::1`"),
+            "{e}"
+        );
+        assert!(parse_target("192.0.2.300").unwrap_err().contains("not an address"));
+    }
+
+    #[test]
+    fn overlapping_bans_are_the_wider_and_the_narrower_ones() {
+        let rec = |a: &str| {
+            BanRequest::manual(a.parse().unwrap(), Mode::Permanent { replace: false }, "", "h").record(0, None, 1)
+        };
+        let recs = vec![
+            rec("198.51.100.0/24"),
+            rec("198.51.100.5/32"),
+            rec("198.51.0.0/16"),
+            rec("203.0.113.1/32"),
+        ];
+        let (wider, narrower) = overlapping(&recs, &"198.51.100.0/24".parse().unwrap());
+        assert_eq!(
+            wider.iter().map(|r| r.addr.to_string()).collect::<Vec<_>>(),
+            ["198.51.0.0/16"]
+        );
+        assert_eq!(
+            narrower.iter().map(|r| r.addr.to_string()).collect::<Vec<_>>(),
+            ["198.51.100.5/32"]
+        );
+    }
 }

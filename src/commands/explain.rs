@@ -14,8 +14,9 @@ use serde::Serialize;
 
 use fleetban::addr::{client_key, loopback, AddrText};
 use fleetban::bans::{BanList, BanRecord};
-use fleetban::config::{Algorithm, Config, Scope};
+use fleetban::config::Config;
 use fleetban::control::{Client, WindowCount};
+use fleetban::limit::RuleLimit;
 use fleetban::store::Keys;
 
 use super::human::{local, relative, span, Table};
@@ -78,9 +79,7 @@ pub fn explain(path: &Path, addr: &str, json: bool) -> Outcome {
         Some(r) => {
             let rt = runtime();
             rt.block_on(async {
-                let mut list = BanList::connect(r)
-                    .await
-                    .with_context(|| format!("redis {}", r.url))?;
+                let mut list = BanList::connect(r).await.with_context(|| format!("redis {}", r.url))?;
                 let records = list.records(now).await.map_err(failed)?;
                 let windows = match &mut list {
                     BanList::Redis { con, keys } => redis_windows(&config, con, keys, &key, now)
@@ -133,14 +132,16 @@ fn never_banned(config: &Config, net: &IpNet) -> Vec<String> {
         out.push(format!("proxies: {} (a trusted proxy)", AddrText(n)));
     }
     let (_, own) = fleetban::detect::OwnAddresses::new(&[]);
-    if net.prefix_len() == net.max_prefix_len() && loopback().iter().all(|n| !n.contains(net)) && own.contains(net.addr())
+    if net.prefix_len() == net.max_prefix_len()
+        && loopback().iter().all(|n| !n.contains(net))
+        && own.contains(net.addr())
     {
         out.push("this host's own address".to_owned());
     }
     out
 }
 
-/// Each rule's state of `key` in Redis, as the limiter names and reads it.
+/// Each rule's count of `key` in Redis (`limit::peek`).
 async fn redis_windows(
     config: &Config,
     con: &mut fleetban::store::Conn,
@@ -148,98 +149,23 @@ async fn redis_windows(
     key: &IpNet,
     now: i64,
 ) -> redis::RedisResult<Vec<WindowCount>> {
-    let mut out = Vec::new();
-    for r in &config.rules {
-        let host = (r.limit.scope == Scope::Host).then_some(config.host_id.as_str());
-        let (l, w) = (&r.limit, r.limit.window_ms.max(1));
-        let fixed = |con: &mut fleetban::store::Conn| {
-            let k = format!("{}:{}", keys.fixed(key, &r.name, host), now.div_euclid(w));
-            let mut con = con.clone();
-            async move {
-                let c: Option<u64> = redis::cmd("HGET").arg(k).arg("c").query_async(&mut con).await?;
-                Ok::<u64, redis::RedisError>(c.unwrap_or(0))
-            }
-        };
-        let count = match l.algorithm {
-            Algorithm::FixedWindow => fixed(con).await?,
-            Algorithm::SlidingWindow => {
-                let members: u64 = redis::cmd("ZCOUNT")
-                    .arg(keys.window(key, &r.name, host))
-                    .arg(format!("({}", now - w))
-                    .arg(now)
-                    .query_async(con)
-                    .await?;
-                let pre = u64::from(prefilter_hits(l));
-                match pre {
-                    0 => members,
-                    _ => match fixed(con).await? {
-                        f if f < pre => f,
-                        _ => pre + members,
-                    },
-                }
-            }
-            Algorithm::TokenBucket => {
-                let t: Option<String> = redis::cmd("HGET")
-                    .arg(keys.bucket(key, &r.name, host))
-                    .arg("t")
-                    .query_async(con)
-                    .await?;
-                let tat = t.and_then(|t| t.parse::<f64>().ok()).unwrap_or(0.0) as i64;
-                let d = tat - now.saturating_mul(1000);
-                let interval = l.interval_us.max(1);
-                if d <= 0 {
-                    0
-                } else {
-                    ((d + interval - 1) / interval) as u64
-                }
-            }
-            Algorithm::SlidingCounter => {
-                let v: Vec<Option<String>> = redis::cmd("HMGET")
-                    .arg(keys.counter(key, &r.name, host))
-                    .arg("n")
-                    .arg("c")
-                    .arg("p")
-                    .query_async(con)
-                    .await?;
-                let num = |i: usize| {
-                    v.get(i)
-                        .cloned()
-                        .flatten()
-                        .and_then(|s| s.parse::<f64>().ok())
-                        .map(|f| f as i64)
-                };
-                match (num(0), num(1).unwrap_or(0), num(2).unwrap_or(0)) {
-                    (Some(cur), c, p) => {
-                        let n = now.div_euclid(w);
-                        let (c, p) = match n - cur {
-                            0 => (c, p),
-                            1 => (0, c),
-                            _ => (0, 0),
-                        };
-                        ((p * (w - (now - n * w)) + c * w) / w).max(0) as u64
-                    }
-                    _ => 0,
-                }
-            }
-        };
-        out.push(WindowCount {
-            rule: r.name.clone(),
-            algorithm: l.algorithm.name().to_owned(),
+    let rules = RuleLimit::of(&config.rules);
+    let counts = fleetban::limit::peek::redis_counts(con, keys, &rules, &config.host_id, key, now).await?;
+    Ok(rules
+        .into_iter()
+        .zip(counts)
+        .map(|(r, count)| WindowCount {
+            rule: r.name,
+            algorithm: r.algorithm.name().to_owned(),
             count,
-            limit: u64::from(l.hits),
-            window_ms: l.window_ms,
-        });
-    }
-    Ok(out)
-}
-
-/// A sliding window's prefilter as the limiter counts it: floor(fraction x hits).
-fn prefilter_hits(l: &fleetban::config::Limit) -> u32 {
-    l.prefilter.map_or(0, |f| fleetban::limit::RuleLimit::threshold(f, l.hits))
+            limit: u64::from(r.hits),
+            window_ms: r.window_ms,
+        })
+        .collect())
 }
 
 fn render(e: &Explanation, own: Option<&BanRecord>, covering: &[&BanRecord], now: i64) -> String {
-    let mut out = format!("{}", e.addr);
+    let mut out = e.addr.clone();
     if e.key != e.addr {
         out += &format!(" (counted and banned as {})", e.key);
     }

@@ -15,8 +15,9 @@ use serde::Serialize;
 
 use fleetban::addr::AddrText;
 use fleetban::bans::list::until_ms;
-use fleetban::bans::{overlapping, parse_target, Applied, BanList, BanRecord, BanRequest, Bans, Effect, Mode, Unbannable,
-    MANUAL_MIN_MS};
+use fleetban::bans::{
+    overlapping, parse_target, Applied, BanList, BanRecord, BanRequest, Bans, Effect, Mode, Unbannable, MANUAL_MIN_MS,
+};
 use fleetban::config::{Config, Dur, RedisConfig};
 use fleetban::control::{BanAnswer, Client, Cover, Request};
 use fleetban::enforce::Changes;
@@ -81,7 +82,11 @@ pub fn bans(path: &Path, json: bool) -> Outcome {
         }
         None => match Client::new(&config.control).call(&Request::Bans).map_err(failed)? {
             fleetban::control::Response::Bans { bans, not_enforced } => (bans, Some(not_enforced)),
-            other => return Err(Failure::Runtime(anyhow::anyhow!("bad answer from the daemon: {other:?}"))),
+            other => {
+                return Err(Failure::Runtime(anyhow::anyhow!(
+                    "bad answer from the daemon: {other:?}"
+                )))
+            }
         },
     };
     let mut records = records;
@@ -122,7 +127,11 @@ pub fn bans(path: &Path, json: bool) -> Outcome {
                 r.until.map_or("forever".to_owned(), local),
                 r.until.map_or("-".to_owned(), |u| relative(u, now)),
                 r.count.to_string(),
-                if r.host.is_empty() { "?".to_owned() } else { r.host.clone() },
+                if r.host.is_empty() {
+                    "?".to_owned()
+                } else {
+                    r.host.clone()
+                },
                 r.reason.clone(),
             ]);
         }
@@ -170,12 +179,17 @@ pub fn ban(path: &Path, args: &BanArgs) -> Outcome {
             let now = fleetban::now_ms();
             let direct = rt.block_on(async {
                 let list = BanList::connect(r).await.map_err(fleetban::bans::BanListError::from)?;
-                Bans::new(list, &config.host_id, Changes::default()).ban(req, now, now).await
+                Bans::new(list, &config.host_id, Changes::default())
+                    .ban(req, now, now)
+                    .await
             });
             match direct {
                 Ok(applied) => answer_of(applied),
                 Err(e) if e.is_outage() => {
-                    eprintln!("Redis {} is down ({e}); asking the daemon to ban it here and queue it.", r.url);
+                    eprintln!(
+                        "Redis {} is down ({e}); asking the daemon to ban it here and queue it.",
+                        r.url
+                    );
                     via_daemon().map_err(|d| {
                         Failure::Runtime(anyhow::anyhow!(
                             "not banned: Redis is down ({e}) and the daemon could not take it ({d})"
@@ -262,7 +276,10 @@ pub fn unban(path: &Path, t: &str) -> Outcome {
                     (u.removed, false, wider, narrower)
                 }
                 Err(e) if e.is_outage() => {
-                    eprintln!("Redis {} is down ({e}); asking the daemon to lift it here and queue it.", r.url);
+                    eprintln!(
+                        "Redis {} is down ({e}); asking the daemon to lift it here and queue it.",
+                        r.url
+                    );
                     let (removed, queued, wider) = via_daemon().map_err(|d| {
                         Failure::Runtime(anyhow::anyhow!(
                             "not unbanned: Redis is down ({e}) and the daemon could not take it ({d})"
@@ -290,7 +307,7 @@ pub fn unban(path: &Path, t: &str) -> Outcome {
     let now = fleetban::now_ms();
     for w in &wider {
         println!(
-            "still banned: {} (until {}) covers {addr}; lift it with `fleetban unban {}`",
+            "still banned: {} covers {addr} until {}; lift it with `fleetban unban {}`",
             AddrText(&w.addr),
             until_human(w.until, now),
             AddrText(&w.addr)

@@ -39,7 +39,10 @@ pub fn flush(path: &Path, force: bool) -> Outcome {
     let flushed = runtime().block_on(enforcer.flush()).map_err(failed)?;
     let table = &config.firewall.table;
     if flushed.table {
-        println!("removed table inet {table} and the {} ban(s) in its sets", flushed.elements);
+        println!(
+            "removed table inet {table} and the {} ban(s) in its sets",
+            flushed.elements
+        );
     } else if matches!(config.firewall.backend, fleetban::config::Backend::Log) {
         println!("nothing to remove: the log firewall backend keeps no nftables table");
     } else {

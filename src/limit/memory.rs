@@ -200,7 +200,9 @@ impl MemoryLimiter {
     /// count until that is full), a fixed window's count, a sliding
     /// counter's estimate, a token bucket's tokens in use. Reads only.
     pub fn peek(&self, rule_index: usize, key: &IpNet, now: i64) -> u64 {
-        let Some(rule) = self.rules.get(rule_index) else { return 0 };
+        let Some(rule) = self.rules.get(rule_index) else {
+            return 0;
+        };
         let w = rule.window_ms.max(1);
         let live = self.windows.get(&(rule_index, *key)).filter(|e| e.expires_at > now);
         let fixed = |n: i64| {
@@ -235,14 +237,7 @@ impl MemoryLimiter {
                 }
             }
             (Algorithm::SlidingCounter, Some(&State::Counter { cur, c, p, .. })) => {
-                let n = now.div_euclid(w);
-                let (c, p) = match n - cur {
-                    0 => (c, p),
-                    1 => (0, c),
-                    _ => (0, 0),
-                };
-                let elapsed = now - n * w;
-                ((p * (w - elapsed) + c * w) / w).max(0) as u64
+                super::peek::estimate(cur, c, p, now, w)
             }
             _ => 0,
         }

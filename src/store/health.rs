@@ -194,7 +194,9 @@ pub async fn heartbeat(mut con: super::Conn, health: Health, shutdown: tokio_uti
             }
             Err(_) => {
                 if health.failed() {
-                    tracing::warn!("Redis did not answer a PING within 500 ms (heartbeat); deciding as redis.on_down says.");
+                    tracing::warn!(
+                        "Redis did not answer a PING within 500 ms (heartbeat); deciding as redis.on_down says."
+                    );
                 }
             }
         }
