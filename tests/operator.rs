@@ -119,6 +119,28 @@ fn flush_counts_the_bans_of_the_table_it_removes() {
     for a in ["198.51.100.1", "198.51.100.2", "2001:db8:7::/64"] {
         assert_eq!(cli(&r.cfg, &["ban", a]).code, 0);
     }
+    // A ban extended, then shortened with --replace: the kernel's element
+    // takes each new end.
+    let timeout = || {
+        common::nft_bans(&ns, "fleetban", "v4")
+            .into_iter()
+            .find(|(e, _)| e == "198.51.100.1")
+            .and_then(|(_, t)| t)
+            .unwrap_or(0)
+    };
+    assert!(timeout() <= 3_600_000, "{}", timeout());
+    assert!(cli(&r.cfg, &["ban", "198.51.100.1", "--for", "5h"])
+        .stdout
+        .contains("extended"));
+    wait_until(Duration::from_secs(5), "the element's timeout extended", || {
+        timeout() > 4 * 3_600_000
+    });
+    assert!(cli(&r.cfg, &["ban", "198.51.100.1", "--for", "10m", "--replace"])
+        .stdout
+        .contains("replaced"));
+    wait_until(Duration::from_secs(5), "the element's timeout shortened", || {
+        (1..=600_000).contains(&timeout())
+    });
     d.stop(Duration::from_secs(10));
     let flush = || {
         let out = ns.run(&[fleetban_bin().to_str().unwrap(), "flush", "-c", r.cfg.to_str().unwrap()]);
@@ -135,6 +157,36 @@ fn flush_counts_the_bans_of_the_table_it_removes() {
         second.contains("nothing to remove: there is no table inet fleetban"),
         "{second}"
     );
+}
+
+#[test]
+fn a_ban_nft_refused_is_said_not_enforced_by_ban_and_bans() {
+    let ns = NetNs::new("opsnft");
+    let r = ConfigDir::new();
+    r.write(
+        &r.main_config().host_id("ops-host"),
+        &[Rule::new("scraper", &r.log, "{ hits: 5, window: 60s }")],
+    );
+    let shim = common::NftShim::new();
+    let _d = Daemon::start_with_env(Some(&ns), &r.cfg, &r.control, &shim.env());
+    let out = cli(&r.cfg, &["ban", "203.0.113.90"]);
+    assert!(!out.stdout.contains("not enforced"), "{}", out.stdout);
+    shim.fail();
+    let out = cli(&r.cfg, &["ban", "203.0.113.91"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    assert!(out.stdout.contains("warning: not enforced yet"), "{}", out.stdout);
+    let listed = cli(&r.cfg, &["bans"]).stdout;
+    assert!(listed.contains("203.0.113.91 (not enforced)"), "{listed}");
+    assert!(!listed.contains("203.0.113.90 (not enforced)"), "{listed}");
+    assert_eq!(ban_of(&r, "203.0.113.91").unwrap()["enforced"], false);
+    let out = cli(&r.cfg, &["status"]);
+    assert!(
+        out.stdout.contains("firewall:  failing (")
+            && out.stdout.contains("1 ban(s) not enforced (retried): 203.0.113.91"),
+        "{}",
+        out.stdout
+    );
+    shim.heal();
 }
 
 #[test]
@@ -371,8 +423,19 @@ fn ban_and_unban_while_redis_is_down_go_through_the_daemon_and_reach_redis_in_or
     let mut redis = Redis::start();
     let r = redis_rig(&redis, "");
     let d = Daemon::start(None, &r.cfg, &r.control);
+    // A second host of the fleet, which gets the ban once it is written.
+    let other = ConfigDir::new();
+    other.write(
+        &other
+            .main_config()
+            .host_id("ops-host-2")
+            .log_firewall()
+            .redis(&redis.url(), ""),
+        &[Rule::new("scraper", &other.log, "{ hits: 5, window: 60s }").ban("1h")],
+    );
+    let d2 = Daemon::start(None, &other.cfg, &other.control);
     wait_until(Duration::from_secs(10), "Redis connected", || {
-        d.status()["redis"]["state"] == "connected"
+        d.status()["redis"]["state"] == "connected" && d2.status()["redis"]["state"] == "connected"
     });
     redis.kill();
     wait_until(Duration::from_secs(10), "Redis seen down", || {
@@ -414,6 +477,9 @@ fn ban_and_unban_while_redis_is_down_go_through_the_daemon_and_reach_redis_in_or
     assert_eq!(redis.cli(&["ZSCORE", "{fleetban}:bans", "198.51.100.31"]), "");
     assert_eq!(ban_of(&r, "198.51.100.31"), None);
     assert!(ban_of(&r, "198.51.100.32").is_some());
+    wait_until(Duration::from_secs(20), "the other host to hold the ban", || {
+        d2.status()["bans_active"] == 1
+    });
 }
 
 #[test]
