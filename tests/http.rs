@@ -127,8 +127,8 @@ fn embedded_store_denies_the_banned_and_allows_the_rest() {
     let text = cli(&r.cfg, &["status"]);
     assert!(
         text.stdout
-            .contains(&format!("http: unix:{}   checks: ", sock.display()))
-            && text.stdout.contains(&format!("answered within: p50 {p50} µs, p99 ")),
+            .contains(&format!("http:      unix:{}; ", sock.display()))
+            && text.stdout.contains(&format!("answered within p50 {p50} µs, p99 ")),
         "{}",
         text.text()
     );

@@ -81,7 +81,7 @@ fn render(s: &Status, now: i64) -> String {
     }
     out.push('\n');
     out += &format!(
-        "bans:      {} active, {} applied by this host; safety valve {} ({} refused, limit {}/min)\n",
+        "bans:      {} active, {} applied by this host; safety valve: {} ({} refused, limit {}/min)\n",
         s.bans_active, s.bans, s.safety.state, s.safety.refused, s.safety.max_bans_per_minute
     );
     out += &format!(
