@@ -60,6 +60,7 @@ enum Command {
     /// The running daemon's state, through its control socket (works while
     /// a rule file has errors: only the main file is needed).
     Status {
+        /// The main configuration file (rule files with errors are a warning here).
         #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
         /// One JSON object (docs/design.md: the `status` fields).
@@ -69,6 +70,7 @@ enum Command {
     /// Active bans, fleet-wide: address, rule, since, until, time left,
     /// offence count, host, reason.
     Bans {
+        /// The main configuration file (rule files with errors are a warning here).
         #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
         /// JSON Lines, one ban each, RFC 3339 times, fields in a fixed order.
@@ -78,6 +80,7 @@ enum Command {
     /// Ban an address or network on every host. An active ban is never
     /// shortened (the later end wins) unless --replace is given.
     Ban {
+        /// The main configuration file (rule files with errors are a warning here).
         #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
         /// ADDR or CIDR (no host bits set), e.g. 192.0.2.7, 2001:db8::/64.
@@ -98,6 +101,7 @@ enum Command {
     },
     /// Lift a ban on every host; says which wider bans still cover it.
     Unban {
+        /// The main configuration file (rule files with errors are a warning here).
         #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
         /// ADDR or CIDR, as `ban` takes it.
@@ -106,6 +110,7 @@ enum Command {
     /// Why an address is or is not banned: its ban, wider bans, its count
     /// in each rule's window, and what keeps it from ever being banned.
     Explain {
+        /// The main configuration file (rule files with errors are a warning here).
         #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
         /// ADDR or CIDR, as `ban` takes it.
@@ -117,6 +122,7 @@ enum Command {
     /// Remove this host's nftables table and every ban in it; refused
     /// while a daemon runs on this configuration unless --force.
     Flush {
+        /// The main configuration file (rule files with errors are a warning here).
         #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
         /// Flush even though a daemon runs (it re-creates the table within ~5 s).

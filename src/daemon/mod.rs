@@ -206,11 +206,9 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     if let Some(r) = &config.redis {
         stats = stats.with_on_down(r.on_down);
         // `status` says `down` within about a second, traffic or not.
-        if let (Some(h), Ok(con)) = (
-            &stats.health,
-            crate::store::connect_lazy(r, Some(Duration::from_millis(500))),
-        ) {
-            tracker.spawn(crate::store::heartbeat(con, h.clone(), token.clone()));
+        let wait = r.timeout.max(Duration::from_millis(500));
+        if let (Some(h), Ok(con)) = (&stats.health, crate::store::connect_lazy(r, Some(wait))) {
+            tracker.spawn(crate::store::heartbeat(con, h.clone(), wait, token.clone()));
         }
     }
     let stats = Arc::new(stats);

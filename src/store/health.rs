@@ -162,10 +162,17 @@ const QUIET: Duration = Duration::from_millis(500);
 
 /// Keeps `health` true within about a second: each time Redis has not
 /// answered anyone for [`QUIET`], one `PING` on `con` (a connection of its
-/// own) with [`QUIET`] to answer. A failure that is an outage starts one
+/// own) with `wait` to answer (`redis.timeout`, at least [`QUIET`]: a
+/// slower Redis counts as down, as for any command). A failure that is an outage starts one
 /// (the limiter and the ban list stop paying timeouts); an answer ends one
 /// (the queue then writes what it holds).
-pub async fn heartbeat(mut con: super::Conn, health: Health, shutdown: tokio_util::sync::CancellationToken) {
+pub async fn heartbeat(
+    mut con: super::Conn,
+    health: Health,
+    wait: Duration,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let wait = wait.max(QUIET);
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -177,7 +184,7 @@ pub async fn heartbeat(mut con: super::Conn, health: Health, shutdown: tokio_uti
             continue;
         }
         let cmd = redis::cmd("PING");
-        match tokio::time::timeout(QUIET, cmd.query_async::<String>(&mut con)).await {
+        match tokio::time::timeout(wait, cmd.query_async::<String>(&mut con)).await {
             Ok(Ok(_)) => {
                 if health.succeeded() {
                     tracing::info!("Redis answers again (heartbeat).");
