@@ -102,9 +102,37 @@ fn flush_counts_the_bans_of_the_table_it_removes() {
     wait_until(Duration::from_secs(5), "the element's timeout shortened", || {
         (1..=600_000).contains(&timeout())
     });
+    let flush_with = |force: bool| {
+        let mut argv = vec![fleetban_bin().to_str().unwrap().to_owned(), "flush".to_owned()];
+        argv.extend(["-c".to_owned(), r.cfg.to_str().unwrap().to_owned()]);
+        if force {
+            argv.push("--force".to_owned());
+        }
+        ns.exec(&argv).output().expect("run fleetban flush in the namespace")
+    };
+    // With the daemon up: refused; forced, the daemon puts it all back.
+    let out = flush_with(false);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(common::nft_bans(&ns, "fleetban", "v4").len(), 2);
+    let out = flush_with(true);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("removed table inet fleetban and the 3 ban(s)") && text.contains("re-creates the table"),
+        "{text}"
+    );
+    wait_until(
+        Duration::from_secs(15),
+        "the daemon to re-create the table and its bans",
+        || {
+            let listed = ns.run(&["nft", "list", "tables"]);
+            String::from_utf8_lossy(&listed.stdout).contains("table inet fleetban")
+                && common::nft_bans(&ns, "fleetban", "v4").len() == 2
+                && common::nft_bans(&ns, "fleetban", "v6").len() == 1
+        },
+    );
     d.stop(Duration::from_secs(10));
     let flush = || {
-        let out = ns.run(&[fleetban_bin().to_str().unwrap(), "flush", "-c", r.cfg.to_str().unwrap()]);
+        let out = flush_with(false);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8(out.stdout).unwrap()
     };
