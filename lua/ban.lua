@@ -4,12 +4,19 @@
 -- KEYS[3] {prefix}:events   STREAM
 -- KEYS[4] {prefix}:off:ADDR STRING offence count, TTL forget_after
 -- ARGV: addr, now_ms, duration_ms, factor, max_ms, forget_after_ms,
---       rule, reason, host, hits, mode, stream_maxlen
+--       rule, reason, host, hits, mode, stream_maxlen, replace
 -- mode: 'auto'  a rule decided: no-op if a ban is already active; escalates
---       'set'   an operator's ban: replaces any active ban, no escalation
+--       'set'   an operator's ban of duration_ms
 --       'perm'  an operator's permanent ban
--- Returns {1, until, count} for a new ban, {0, until, count} if one was active
--- (with a damaged record, the ban is written anew: {1, ...}).
+-- An operator's ban never shortens an active one: the later end wins (a
+-- permanent ban stays permanent) and the active ban's rule, host, start
+-- and count are kept, its reason too unless a new one is given; with
+-- replace = '1' it is replaced whatever the ends (`ban --replace`).
+-- Returns {code, until, count, effect, was}: code 1 for a new ban (effect
+-- 'new'), 0 if a rule's ban found one active (effect 'active'), 2 for an
+-- operator's ban of an active one (effect 'kept', 'extended' or
+-- 'replaced'; was = the active ban's end). A damaged record (not a JSON
+-- object) is no record: the ban is written anew, keeping the later end.
 local addr = ARGV[1]
 local now = tonumber(ARGV[2])
 local duration = tonumber(ARGV[3])
@@ -17,6 +24,7 @@ local factor = tonumber(ARGV[4])
 local max = tonumber(ARGV[5])
 local forget = tonumber(ARGV[6])
 local mode = ARGV[11]
+local replace = ARGV[13] == '1'
 
 -- Expired entries leave the list (bounded work per call).
 local old = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, 100)
@@ -25,20 +33,35 @@ if #old > 0 then
   redis.call('HDEL', KEYS[2], unpack(old))
 end
 
--- A record that is not a JSON object (damaged, written by hand) is no
--- record: the ban being written replaces it, keeping the later end.
-local keep
-if mode == 'auto' then
-  local cur = redis.call('ZSCORE', KEYS[1], addr)
-  if cur then
-    local rec = redis.call('HGET', KEYS[2], addr)
-    local ok, r = true, nil
-    if rec then ok, r = pcall(cjson.decode, rec) end
-    if not rec or (ok and type(r) == 'table') then
-      local count = (r and tonumber(r['count'])) or 1
-      return {0, cur, count}
-    end
-    keep = cur
+local function fmt(u)
+  if u == 'inf' then return 'inf' end
+  return string.format('%d', u)
+end
+
+-- The active ban, if any: its end ('inf' or a number) and its record
+-- (nil when missing or damaged).
+local cur = redis.call('ZSCORE', KEYS[1], addr)
+if cur == 'inf' or cur == '+inf' then
+  cur = 'inf'
+elseif cur then
+  cur = tonumber(cur)
+  if cur and cur <= now then cur = nil end
+end
+local currec
+if cur then
+  local rec = redis.call('HGET', KEYS[2], addr)
+  if rec then
+    local ok, r = pcall(cjson.decode, rec)
+    if ok and type(r) == 'table' then currec = r end
+  end
+end
+
+if mode == 'auto' and cur then
+  -- Active: nothing new (with a damaged record, written anew below).
+  local rec = redis.call('HGET', KEYS[2], addr)
+  if not rec or currec then
+    local count = (currec and tonumber(currec['count'])) or 1
+    return {0, fmt(cur), count, 'active', fmt(cur)}
   end
 end
 
@@ -56,17 +79,49 @@ else
   untl = now + duration
 end
 
-if keep then
-  if keep == 'inf' then untl = 'inf'
-  elseif untl ~= 'inf' and tonumber(keep) > untl then untl = tonumber(keep) end
+local function later(a, b)
+  if a == 'inf' or b == 'inf' then return 'inf' end
+  if a > b then return a end
+  return b
 end
 
-local until_s = tostring(untl)
-if untl ~= 'inf' then until_s = string.format('%d', untl) end
-redis.call('ZADD', KEYS[1], until_s, addr)
-local rec = cjson.encode({rule = ARGV[7], reason = ARGV[8], host = ARGV[9], since = now,
-  ['until'] = (untl == 'inf') and cjson.null or untl, count = count, hits = tonumber(ARGV[10])})
+local code, effect = 1, 'new'
+local rule, reason, host, since, hits = ARGV[7], ARGV[8], ARGV[9], now, tonumber(ARGV[10])
+if cur then
+  if mode == 'auto' then
+    untl = later(untl, cur)
+  else
+    code = 2
+    if currec and reason == '' then reason = currec['reason'] or '' end
+    if currec and currec['count'] then count = tonumber(currec['count']) or 1 end
+    if replace then
+      effect = 'replaced'
+    else
+      if cur == 'inf' or (untl ~= 'inf' and untl <= cur) then
+        effect = 'kept'
+        untl = cur
+      else
+        effect = 'extended'
+      end
+      if currec then
+        rule = currec['rule'] or rule
+        host = currec['host'] or host
+        since = tonumber(currec['since']) or now
+        hits = tonumber(currec['hits']) or 0
+      end
+    end
+  end
+end
+
+local until_s = fmt(untl)
+local rec = cjson.encode({rule = rule, reason = reason, host = host, since = since,
+  ['until'] = (untl == 'inf') and cjson.null or untl, count = count, hits = hits})
 redis.call('HSET', KEYS[2], addr, rec)
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[12], '*', 'op', 'ban', 'addr', addr,
-  'until', until_s, 'rule', ARGV[7], 'host', ARGV[9])
-return {1, until_s, count}
+if effect ~= 'kept' then
+  redis.call('ZADD', KEYS[1], until_s, addr)
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[12], '*', 'op', 'ban', 'addr', addr,
+    'until', until_s, 'rule', rule, 'host', ARGV[9])
+end
+local was = ''
+if cur then was = fmt(cur) end
+return {code, until_s, count, effect, was}

@@ -8,7 +8,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 mod commands;
 
 use commands::list::BanArgs;
-use commands::{check, completions, list, manpage, run, status, test};
+use commands::{check, completions, explain, list, manpage, run, status, test};
 
 #[derive(Parser)]
 #[command(
@@ -76,56 +76,80 @@ enum Command {
         #[arg(required = true, value_name = "LOGS")]
         logs: Vec<PathBuf>,
     },
-    /// The running daemon's state, through its control socket.
+    /// The running daemon's state, through its control socket (works while
+    /// a rule file has errors: only the main file is needed).
     Status {
-        /// The main configuration file.
+        /// The main configuration file (rule files with errors are a warning here).
         #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
-        /// One JSON object: sources, rules, redis, safety, firewall and the counters.
+        /// One JSON object (docs/design.md: the `status` fields).
         #[arg(long)]
         json: bool,
     },
-    /// Active bans, fleet-wide.
+    /// Active bans, fleet-wide: address, rule, since, until, time left,
+    /// offence count, host, reason.
     Bans {
-        /// The main configuration file.
+        /// The main configuration file (rule files with errors are a warning here).
         #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
-        /// JSON Lines: one object per ban.
+        /// JSON Lines, one ban each, RFC 3339 times, fields in a fixed order.
         #[arg(long)]
         json: bool,
     },
-    /// Ban an address or network on every host.
+    /// Ban an address or network on every host. An active ban is never
+    /// shortened (the later end wins) unless --replace is given.
     Ban {
-        /// The main configuration file.
+        /// The main configuration file (rule files with errors are a warning here).
         #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
-        /// The address or network to ban (ADDR or CIDR).
+        /// ADDR or CIDR (no host bits set), e.g. 192.0.2.7, 2001:db8::/64.
         #[arg(value_name = "TARGET")]
         target: String,
-        /// How long, e.g. 1h, 30m, 7d (default 1h).
+        /// How long, e.g. 1h, 30m, 7d (default 1h; at least 1s).
         #[arg(long = "for", value_name = "DURATION", conflicts_with = "permanent")]
         duration: Option<String>,
         /// Until unbanned.
         #[arg(long)]
         permanent: bool,
-        /// Why, kept in the ban's record (`fleetban bans`).
+        /// Why, kept in the ban's record (an active ban keeps its reason
+        /// unless a new one is given).
         #[arg(long, value_name = "TEXT", default_value = "")]
         reason: String,
+        /// Replace an active ban even if this one ends sooner.
+        #[arg(long)]
+        replace: bool,
     },
-    /// Lift a ban on every host.
+    /// Lift a ban on every host; says which wider bans still cover it.
     Unban {
-        /// The main configuration file.
+        /// The main configuration file (rule files with errors are a warning here).
         #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
-        /// The address or network to unban (ADDR or CIDR).
+        /// ADDR or CIDR, as `ban` takes it.
         #[arg(value_name = "TARGET")]
         target: String,
     },
-    /// Remove this host's nftables table and every ban in it.
-    Flush {
-        /// The main configuration file.
+    /// Why an address is or is not banned: its ban, wider bans, its count
+    /// in each rule's window, and what keeps it from ever being banned.
+    Explain {
+        /// The main configuration file (rule files with errors are a warning here).
         #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
+        /// ADDR or CIDR, as `ban` takes it.
+        #[arg(value_name = "TARGET")]
+        target: String,
+        /// One JSON object (docs/design.md: the `explain` fields).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove this host's nftables table and every ban in it; refused
+    /// while a daemon runs on this configuration unless --force.
+    Flush {
+        /// The main configuration file (rule files with errors are a warning here).
+        #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
+        config: PathBuf,
+        /// Flush even though a daemon runs (it re-creates the table within ~5 s).
+        #[arg(long)]
+        force: bool,
     },
     /// Print a shell completion script (bash, zsh, fish, ...): `--rule`
     /// completes the rule names of the configuration.
@@ -179,6 +203,7 @@ fn execute(command: Command) -> commands::Outcome {
             duration,
             permanent,
             reason,
+            replace,
         } => list::ban(
             &config,
             &BanArgs {
@@ -186,10 +211,12 @@ fn execute(command: Command) -> commands::Outcome {
                 duration,
                 permanent,
                 reason,
+                replace,
             },
         ),
         Command::Unban { config, target } => list::unban(&config, &target),
-        Command::Flush { config } => run::flush(&config),
+        Command::Explain { config, target, json } => explain::explain(&config, &target, json),
+        Command::Flush { config, force } => run::flush(&config, force),
         Command::Completions { shell } => completions::print(shell, Cli::command()),
         Command::Manpage => manpage::print(Cli::command()),
         Command::CompleteRules { config } => completions::rules(&config),

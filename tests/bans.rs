@@ -1,14 +1,16 @@
 //! The ban list's own rules: escalation for repeat offenders (Redis script
-//! and embedded list alike), an active ban not re-banned, the safety valve,
-//! and the host's own addresses never banned.
+//! and embedded list alike), an active ban not re-banned, an operator's
+//! re-ban that never shortens (alike too), the safety valve, and the host's
+//! own addresses never banned.
 
 mod common;
 
 use std::time::Duration;
 
 use common::{append, cli, combined_lines, now_ms, veth_pair, wait_until, ConfigDir, Daemon, NetNs, Redis, Rule};
-use fleetban::bans::{BanList, BanRequest, Mode, Outcome};
+use fleetban::bans::{BanList, BanRequest, Effect, Mode, Outcome};
 use fleetban::config::BanPolicy;
+use fleetban::enforce::Until;
 use fleetban::store::Keys;
 
 fn policy() -> BanPolicy {
@@ -78,6 +80,64 @@ fn escalation_is_the_same_in_redis_and_embedded() {
     let ttl: i64 = redis.cli(&["PTTL", "{fleetban}:off:203.0.113.7"]).parse().unwrap();
     assert!(ttl > 3_500_000, "offence count lives forget_after, got {ttl}");
     assert_eq!(redis.cli(&["XLEN", "{fleetban}:events"]), "4");
+}
+
+/// An operator's bans of one address, one after the other: what each did
+/// (effect, end, reason), whatever the list.
+async fn rebans(list: &mut BanList, t0: i64) -> Vec<(Option<Effect>, Until, String)> {
+    let manual =
+        |mode: Mode, reason: &str| BanRequest::manual("198.51.100.77/32".parse().unwrap(), mode, reason, "ops");
+    let steps = [
+        (Mode::manual(Some(7_200_000), false, false), "first"),
+        (Mode::manual(Some(600_000), false, false), ""),
+        (Mode::manual(Some(18_000_000), false, false), "second"),
+        (Mode::manual(None, true, false), ""),
+        (Mode::manual(Some(3_600_000), false, false), "third"),
+        (Mode::manual(Some(3_600_000), false, true), ""),
+        (Mode::Auto(policy()), ""),
+    ];
+    let mut out = Vec::new();
+    for (i, (mode, reason)) in steps.into_iter().enumerate() {
+        let now = t0 + i as i64 * 1000;
+        out.push(match list.ban(&manual(mode, reason), now).await.unwrap() {
+            Outcome::Banned(rec) => (Some(Effect::New), rec.until(), rec.reason),
+            Outcome::Changed { rec, effect, .. } => (Some(effect), rec.until(), rec.reason),
+            Outcome::AlreadyBanned(u) => (None, u, String::new()),
+        });
+    }
+    out
+}
+
+#[test]
+fn an_operators_reban_never_shortens_in_redis_and_embedded_alike() {
+    let redis = Redis::start();
+    let rt = common::runtime();
+    let con = common::connect(
+        &rt,
+        &redis.config("fleetban", Duration::from_secs(2)),
+        Duration::from_secs(2),
+    );
+    let t0 = now_ms();
+    let (in_redis, embedded) = rt.block_on(async {
+        (
+            rebans(&mut BanList::redis(con, Keys::new("fleetban")), t0).await,
+            rebans(&mut BanList::memory(None), t0).await,
+        )
+    });
+    assert_eq!(in_redis, embedded);
+    let at = |ms: i64| Until::At(ms);
+    assert_eq!(
+        in_redis,
+        vec![
+            (Some(Effect::New), at(t0 + 7_200_000), "first".to_owned()),
+            (Some(Effect::Kept), at(t0 + 7_200_000), "first".to_owned()),
+            (Some(Effect::Extended), at(t0 + 2000 + 18_000_000), "second".to_owned()),
+            (Some(Effect::Extended), Until::Permanent, "second".to_owned()),
+            (Some(Effect::Kept), Until::Permanent, "third".to_owned()),
+            (Some(Effect::Replaced), at(t0 + 5000 + 3_600_000), "third".to_owned()),
+            (None, at(t0 + 5000 + 3_600_000), String::new()),
+        ]
+    );
 }
 
 #[test]

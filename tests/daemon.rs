@@ -480,6 +480,17 @@ fn a_damaged_embedded_ban_list_keeps_what_it_can_and_lifts_nothing_silently() {
     assert!(aside.exists());
 }
 
+/// An operator's ban of `net` for an hour, as the CLI asks the daemon.
+fn ban_request(net: &str) -> fleetban::control::Request {
+    fleetban::control::Request::Ban {
+        addr: net.parse().unwrap(),
+        for_ms: Some(3_600_000),
+        permanent: false,
+        reason: String::new(),
+        replace: false,
+    }
+}
+
 /// The control socket refuses what `fleetban ban` refuses (one check for
 /// every way in): a ban covering loopback (`0.0.0.0/0`) or the allow list
 /// never reaches the list, from a client that skips the CLI.
@@ -490,16 +501,12 @@ fn the_control_socket_refuses_bans_of_allowed_networks_as_the_cli_does() {
     let d = Daemon::start(Some(&ns), &r.cfg, &r.control);
     let client = fleetban::control::Client::new(&r.control);
     for net in ["0.0.0.0/0", "::/0", "192.0.2.5/32", "127.0.0.0/8"] {
-        let e = client
-            .ban(net.parse().unwrap(), Some(3_600_000), false, "")
-            .expect_err(net);
+        let e = client.ban(&ban_request(net)).expect_err(net);
         assert!(e.to_string().contains("allow list"), "{net}: {e}");
     }
     assert_eq!(d.status()["bans_active"], 0);
     assert!(client.bans().unwrap().is_empty());
-    client
-        .ban("203.0.113.70/32".parse().unwrap(), Some(3_600_000), false, "")
-        .unwrap();
+    client.ban(&ban_request("203.0.113.70/32")).unwrap();
     wait_until(Duration::from_secs(5), "the allowed ban", || {
         set_has(&ns, "203.0.113.70")
     });
@@ -616,7 +623,7 @@ fn unbanned_is_logged_only_for_a_ban_there_was() {
     );
     let mut d = Daemon::start(None, &r.cfg, &r.control);
     let out = cli(&r.cfg, &["unban", "198.51.100.200"]);
-    assert!(out.stdout.contains("was not banned"), "{}", out.text());
+    assert!(out.stdout.contains("had no ban of its own"), "{}", out.text());
     let out = cli(&r.cfg, &["ban", "198.51.100.201", "--for", "1h"]);
     assert_eq!(out.code, 0, "{}", out.text());
     let out = cli(&r.cfg, &["unban", "198.51.100.201"]);

@@ -47,12 +47,13 @@ fn rig_with(firewall: impl FnOnce(MainConfig) -> MainConfig) -> ConfigDir {
 
 fn ban(r: &ConfigDir, addr: &str) {
     Client::new(&r.control)
-        .ban(
-            ipnet::IpNet::from(addr.parse::<std::net::IpAddr>().unwrap()),
-            Some(3_600_000),
-            false,
-            "test",
-        )
+        .ban(&Request::Ban {
+            addr: ipnet::IpNet::from(addr.parse::<std::net::IpAddr>().unwrap()),
+            for_ms: Some(3_600_000),
+            permanent: false,
+            reason: "test".into(),
+            replace: false,
+        })
         .unwrap_or_else(|e| panic!("ban {addr}: {e}"));
 }
 
@@ -146,6 +147,7 @@ fn ban_reply(r: &ConfigDir, addr: &str) -> Response {
         for_ms: Some(3_600_000),
         permanent: false,
         reason: "test".into(),
+        replace: false,
     };
     Client::new(&r.control)
         .call(&req)

@@ -126,9 +126,8 @@ fn embedded_store_denies_the_banned_and_allows_the_rest() {
     assert!(p50 >= 10 && p50 <= p99, "{s}");
     let text = cli(&r.cfg, &["status"]);
     assert!(
-        text.stdout
-            .contains(&format!("http: unix:{}   checks: ", sock.display()))
-            && text.stdout.contains(&format!("answered within: p50 {p50} µs, p99 ")),
+        text.stdout.contains(&format!("http:      unix:{}; ", sock.display()))
+            && text.stdout.contains(&format!("answered within p50 {p50} µs, p99 ")),
         "{}",
         text.text()
     );

@@ -267,7 +267,7 @@ fn status_json_and_the_metrics_endpoint_show_sources_rules_and_valve() {
     // The human form carries the same.
     let human = cli(&r.cfg, &["status"]).stdout;
     assert!(human.contains("safety valve: tripped"), "{human}");
-    assert!(human.contains("lines/s"), "{human}");
+    assert!(human.contains("LINES/S"), "{human}");
 
     let resp = http_get(&addr, "/metrics");
     assert!(resp.starts_with("HTTP/1.0 200"), "{resp}");

@@ -13,8 +13,12 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
-use super::queue::{Held, Queue};
-use super::{BanCache, BanList, BanListError, BanRecord, BanRequest, Mode, Outcome, SafetyValve};
+mod operator;
+
+pub use operator::Unbanned;
+
+use super::queue::{Held, Queue, Queued};
+use super::{BanCache, BanList, BanListError, BanRecord, BanRequest, Effect, Mode, Outcome, SafetyValve};
 use crate::addr::AddrText;
 use crate::enforce::{Change, Changes, Element, Until};
 use crate::store::Health;
@@ -46,6 +50,9 @@ pub enum Applied {
     Local(Element),
     /// Already banned until then: nothing new.
     Already(Until),
+    /// An operator's ban of an address banned until `was`: what became of
+    /// that ban (kept, extended, replaced), and its record now.
+    Changed { rec: BanRecord, effect: Effect, was: Until },
     /// The safety valve refused it: not applied.
     Refused,
 }
@@ -135,14 +142,12 @@ impl Bans {
     /// (the hit's time) or when the operator asked. A rule's ban
     /// (`Mode::Auto`) of a client already banned here is `Already`; it goes
     /// through the valve, and when the list cannot take it, it is enforced
-    /// here anyway (`Local`). An operator's ban replaces an active one and
-    /// fails with the list.
+    /// here anyway (`Local`). An operator's ban never shortens an active
+    /// one unless it replaces it (`Changed`); with Redis down it is
+    /// enforced here and queued (`Local`), and fails only without a queue.
     pub async fn ban(&mut self, req: BanRequest, at_ms: i64, now_ms: i64) -> Result<Applied, BanListError> {
         let Mode::Auto(policy) = req.mode else {
-            return match self.list.ban(&req, now_ms).await? {
-                Outcome::Banned(rec) => Ok(self.banned(rec, at_ms, now_ms)),
-                Outcome::AlreadyBanned(u) => Ok(Applied::Already(u)),
-            };
+            return self.manual(req, at_ms, now_ms).await;
         };
         if let Some(u) = self.cache.until(&req.addr).filter(|u| *u > Until::At(now_ms)) {
             return Ok(Applied::Already(u));
@@ -151,17 +156,19 @@ impl Bans {
             return Ok(Applied::Refused);
         }
         // Known down: straight to the local ban and the queue, no timeout paid.
-        let known_down = self
-            .queue
-            .as_ref()
-            .is_some_and(|q| q.health.is_down() && !q.health.due());
-        let outcome = match known_down {
+        let outcome = match self.known_down() {
             true => Err(BanListError::Down),
             false => self.list.ban(&req, now_ms).await,
         };
         match outcome {
             Ok(Outcome::Banned(rec)) => Ok(self.banned(rec, at_ms, now_ms)),
             Ok(Outcome::AlreadyBanned(until)) => {
+                self.enforce(req.addr, until);
+                Ok(Applied::Already(until))
+            }
+            Ok(Outcome::Changed { rec, .. }) => {
+                // Not for a rule's ban (ban.lua answers those 0 or 1).
+                let until = rec.until();
                 self.enforce(req.addr, until);
                 Ok(Applied::Already(until))
             }
@@ -222,7 +229,7 @@ impl Bans {
                 self.enforce(rec.addr, rec.until());
                 Some(rec)
             }
-            Outcome::AlreadyBanned(_) => None,
+            Outcome::AlreadyBanned(_) | Outcome::Changed { .. } => None,
         }
     }
 
@@ -280,19 +287,6 @@ impl Bans {
         self.counters.active.store(self.cache.len() as u64, Relaxed);
     }
 
-    /// Lifts the ban of `net` (true if it had one). With Redis, its state
-    /// under `rules` (name, window ms) is deleted first: once the unban
-    /// event is out, a host counting the next request must find it empty.
-    pub async fn unban(&mut self, net: &IpNet, rules: &[(&str, i64)]) -> Result<bool, BanListError> {
-        let now = crate::now_ms();
-        self.list.forget_windows(net, rules, &self.host, now).await?;
-        let removed = self.list.unban(net, &self.host).await?;
-        self.cache.remove(net);
-        self.publish_active();
-        self.changes.send(Change::Remove(vec![*net]));
-        Ok(removed)
-    }
-
     /// A change to the list made elsewhere (the fleet's events and
     /// reconciles): this host's view follows it.
     pub fn observe(&mut self, change: &Change) {
@@ -344,7 +338,38 @@ impl Bans {
             }
         }
         let now = crate::now_ms();
-        while let Some((req, at, until)) = q.front() {
+        while let Some(item) = q.front() {
+            let (req, at, until) = match item {
+                Queued::Ban(req, at, until) => (req, at, until),
+                Queued::Unban(net, rules) => {
+                    let net = *net;
+                    let rules: Vec<(&str, i64)> = rules.iter().map(|(n, w)| (n.as_str(), *w)).collect();
+                    let written = match self.list.forget_windows(&net, &rules, &self.host, now).await {
+                        Ok(()) => self.list.unban(&net, &self.host).await.map(|_| ()),
+                        Err(e) => Err(e),
+                    };
+                    match written {
+                        Ok(()) => {
+                            q.pop();
+                            q.written();
+                            tracing::info!(addr = %AddrText(&net), "Queued unban written.");
+                            continue;
+                        }
+                        Err(e) if e.is_outage() => {
+                            tracing::warn!(error = %e, queued = q.len(), "Writing queued bans failed; retrying when Redis answers.");
+                            q.health.count_error();
+                            q.health.failed();
+                            break;
+                        }
+                        Err(e) => {
+                            q.health.count_error();
+                            q.refused();
+                            self.refusals.refused(&e, q.len());
+                            break;
+                        }
+                    }
+                }
+            };
             if matches!(until, Until::At(t) if *t <= now) {
                 q.pop();
                 continue;
@@ -352,7 +377,7 @@ impl Bans {
             match self.list.ban(req, *at).await {
                 Ok(out) => {
                     let until = match out {
-                        Outcome::Banned(rec) => rec.until(),
+                        Outcome::Banned(rec) | Outcome::Changed { rec, .. } => rec.until(),
                         Outcome::AlreadyBanned(u) => u,
                     };
                     let net = req.addr;

@@ -109,6 +109,41 @@ impl BanCache {
         own.max(self.wide_covering(|n| n.contains(&addr)))
     }
 
+    /// The ban of exactly `net`, if it has one.
+    pub fn get(&self, net: &IpNet) -> Option<Until> {
+        let net = net.trunc();
+        if is_exact(&net) {
+            self.exact.get(&net).copied()
+        } else {
+            self.wide.iter().find(|(n, _)| *n == net).map(|(_, u)| *u)
+        }
+    }
+
+    /// The bans of wider networks than `net` that cover it (`unban` says
+    /// which still block an address it lifted).
+    pub fn wider(&self, net: &IpNet) -> Vec<(IpNet, Until)> {
+        let mut out: Vec<(IpNet, Until)> = self
+            .wide
+            .iter()
+            .filter(|(n, _)| n != net && n.contains(net))
+            .copied()
+            .collect();
+        if let IpNet::V6(v6) = net {
+            for len in V6_EXACT_MIN..v6.prefix_len() {
+                if self.v6_lengths[usize::from(len)] == 0 {
+                    continue;
+                }
+                if let Ok(p) = Ipv6Net::new(v6.addr(), len) {
+                    let p = IpNet::V6(p.trunc());
+                    if let Some(u) = self.exact.get(&p) {
+                        out.push((p, *u));
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// The latest end of the wide bans `covers` accepts.
     fn wide_covering(&self, covers: impl Fn(&IpNet) -> bool) -> Option<Until> {
         self.wide.iter().filter(|(n, _)| covers(n)).map(|(_, u)| *u).max()

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use ipnet::IpNet;
 
-use super::{BanRecord, BanRequest, Mode, Outcome};
+use super::{BanRecord, BanRequest, Effect, Mode, Outcome};
 use crate::addr::AddrText;
 use crate::enforce::Until;
 use crate::store::{Keys, BAN, RESTORE, STREAM_MAXLEN, UNBAN};
@@ -81,8 +81,8 @@ impl BanList {
             BanList::Redis { con, keys } => {
                 let (duration, factor, max, forget, mode) = match req.mode {
                     Mode::Auto(p) => (p.duration_ms, p.factor, p.max_ms, p.forget_after_ms, "auto"),
-                    Mode::For(ms) => (ms, 1.0, ms, 1, "set"),
-                    Mode::Permanent => (0, 1.0, 0, 1, "perm"),
+                    Mode::For { ms, .. } => (ms, 1.0, ms, 1, "set"),
+                    Mode::Permanent { .. } => (0, 1.0, 0, 1, "perm"),
                 };
                 let addr = AddrText(&req.addr).to_string();
                 let mut cmd = BAN.cmd(&[&keys.bans(), &keys.records(), &keys.events(), &keys.offences(&req.addr)]);
@@ -97,21 +97,31 @@ impl BanList {
                     .arg(&req.host)
                     .arg(req.hits)
                     .arg(mode)
-                    .arg(STREAM_MAXLEN);
-                let (new, until, count): (i64, String, i64) = BAN.run(con, &cmd).await?;
+                    .arg(STREAM_MAXLEN)
+                    .arg(if req.mode.replaces() { "1" } else { "0" });
+                let (code, until, count, effect, was): (i64, String, i64, String, String) = BAN.run(con, &cmd).await?;
                 let until = parse_until(&until).ok_or_else(|| BanListError::Reply(until.clone()))?;
-                Ok(if new == 1 {
-                    Outcome::Banned(req.record(
-                        now_ms,
-                        match until {
-                            Until::At(t) => Some(t),
-                            Until::Permanent => None,
-                        },
-                        u32::try_from(count).unwrap_or(1),
-                    ))
-                } else {
-                    Outcome::AlreadyBanned(until)
-                })
+                let count = u32::try_from(count).unwrap_or(1);
+                match code {
+                    1 => Ok(Outcome::Banned(req.record(now_ms, until_ms(until), count))),
+                    0 => Ok(Outcome::AlreadyBanned(until)),
+                    _ => {
+                        let effect = Effect::parse(&effect).ok_or_else(|| BanListError::Reply(effect.clone()))?;
+                        let was = parse_until(&was).ok_or_else(|| BanListError::Reply(was.clone()))?;
+                        // The record as ban.lua wrote it (rule, host, start kept).
+                        let rec: Option<String> = redis::cmd("HGET")
+                            .arg(keys.records())
+                            .arg(&addr)
+                            .query_async(con)
+                            .await?;
+                        let mut rec = rec
+                            .and_then(|s| serde_json::from_str::<RecordJson>(&s).ok())
+                            .map(|j| j.into_record(req.addr))
+                            .unwrap_or_else(|| req.record(now_ms, None, count));
+                        rec.until = until_ms(until);
+                        Ok(Outcome::Changed { rec, effect, was })
+                    }
+                }
             }
         }
     }
@@ -421,6 +431,14 @@ impl RecordJson {
     }
 }
 
+/// A ban's end as a record holds it (None: permanent).
+pub fn until_ms(u: Until) -> Option<i64> {
+    match u {
+        Until::At(t) => Some(t),
+        Until::Permanent => None,
+    }
+}
+
 /// `inf` or an integer number of ms, as ban.lua and the list store them.
 pub fn parse_until(s: &str) -> Option<Until> {
     match s {
@@ -653,6 +671,38 @@ impl MemoryBans {
         if let (Mode::Auto(_), Some(cur)) = (req.mode, self.bans.get(&req.addr)) {
             return Outcome::AlreadyBanned(cur.until());
         }
+        if let Some(cur) = self.bans.get_mut(&req.addr) {
+            // An operator's ban of an active one: never shorter unless replaced.
+            let was = cur.until();
+            let asked = match req.mode {
+                Mode::For { ms, .. } => Until::At(now_ms + ms),
+                _ => Until::Permanent,
+            };
+            let reason = if req.reason.is_empty() {
+                cur.reason.clone()
+            } else {
+                req.reason.clone()
+            };
+            let effect = if req.mode.replaces() {
+                *cur = BanRecord {
+                    reason,
+                    ..req.record(now_ms, until_ms(asked), cur.count)
+                };
+                Effect::Replaced
+            } else if asked <= was {
+                cur.reason = reason;
+                Effect::Kept
+            } else {
+                cur.reason = reason;
+                cur.until = until_ms(asked);
+                Effect::Extended
+            };
+            return Outcome::Changed {
+                rec: cur.clone(),
+                effect,
+                was,
+            };
+        }
         let (count, until) = match req.mode {
             Mode::Auto(p) => {
                 let e = self.offences.entry(req.addr).or_insert((0, 0));
@@ -665,8 +715,8 @@ impl MemoryBans {
                 let d = if d > p.max_ms as f64 { p.max_ms } else { d as i64 };
                 (e.0, Some(now_ms + d))
             }
-            Mode::For(ms) => (1, Some(now_ms + ms)),
-            Mode::Permanent => (1, None),
+            Mode::For { ms, .. } => (1, Some(now_ms + ms)),
+            Mode::Permanent { .. } => (1, None),
         };
         let rec = req.record(now_ms, until, count);
         self.bans.insert(req.addr, rec.clone());

@@ -1,9 +1,12 @@
-//! Bans decided while Redis was down, waiting to be written to the list.
-//! They are enforced here at once (for the rule's base duration); the queue
-//! writes them when Redis answers again, each with the time it was decided,
-//! so their ends do not move. Until then they are also *held*: a reconcile
-//! with the fleet's list (which lacks them) keeps them in the set rather
-//! than lifting them.
+//! Bans decided while Redis was down, waiting to be written to the list,
+//! and the operators' unbans asked for meanwhile, in the order they came.
+//! Bans are enforced here at once (a rule's for its base duration, an
+//! operator's for what was asked); the queue writes them when Redis answers
+//! again, each with the time it was decided, so their ends do not move.
+//! Until then they are also *held*: a reconcile with the fleet's list
+//! (which lacks them) keeps them in the set rather than lifting them. An
+//! unban is lifted here at once, un-holds the address, and is written
+//! after the bans queued before it.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -26,11 +29,21 @@ const MAX_RETRY: Duration = Duration::from_secs(5);
 /// Local bans not yet in the fleet's list; shared with the fleet sync.
 pub type Held = Arc<Mutex<Vec<Element>>>;
 
+/// One change waiting for the list.
+#[derive(Clone, Debug)]
+pub(super) enum Queued {
+    /// (request, time decided in ms, local end).
+    Ban(BanRequest, i64, Until),
+    /// An operator's unban: the network, and the rules (name, window ms)
+    /// whose windows of it to delete.
+    Unban(ipnet::IpNet, Vec<(String, i64)>),
+}
+
 pub(super) struct Queue {
     /// Whether Redis answers, shared with the limiter.
     pub health: Health,
-    /// (request, time decided in ms, local end) in decision order.
-    items: VecDeque<(BanRequest, i64, Until)>,
+    /// In decision order.
+    items: VecDeque<Queued>,
     pub held: Held,
     /// After a refusal, no attempt before this (an outage is `health`'s).
     retry_at: Instant,
@@ -55,7 +68,18 @@ impl Queue {
             return false;
         }
         self.lock_held().push(Element { net: req.addr, until });
-        self.items.push_back((req, at_ms, until));
+        self.items.push_back(Queued::Ban(req, at_ms, until));
+        true
+    }
+
+    /// Queues an unban for the list, after the bans queued before it; the
+    /// address is no longer held. False if the queue is full.
+    pub fn push_unban(&mut self, net: ipnet::IpNet, rules: Vec<(String, i64)>) -> bool {
+        if self.items.len() >= QUEUE_CAP {
+            return false;
+        }
+        self.lock_held().retain(|e| e.net != net);
+        self.items.push_back(Queued::Unban(net, rules));
         true
     }
 
@@ -63,14 +87,15 @@ impl Queue {
         self.items.len()
     }
 
-    /// The oldest queued ban, to write now.
-    pub fn front(&self) -> Option<&(BanRequest, i64, Until)> {
+    /// The oldest queued change, to write now.
+    pub fn front(&self) -> Option<&Queued> {
         self.items.front()
     }
 
-    /// The oldest queued ban was written (or has ended): no longer held.
+    /// The oldest queued change was written (or, a ban, has ended): its
+    /// address is no longer held.
     pub fn pop(&mut self) {
-        if let Some((req, _, _)) = self.items.pop_front() {
+        if let Some(Queued::Ban(req, _, _)) = self.items.pop_front() {
             self.lock_held().retain(|e| e.net != req.addr);
         }
     }

@@ -1,27 +1,36 @@
 //! `fleetban bans`, `ban` and `unban`: the fleet's ban list, through Redis
 //! when the configuration names it (every host follows), through the
-//! daemon's control socket otherwise (the embedded list lives in it).
+//! daemon's control socket otherwise (the embedded list lives in it) and
+//! while Redis is down (the daemon enforces the change at once and writes
+//! it to Redis when it answers). Every line says what happened: a new ban,
+//! an active one kept or extended (never shortened without `--replace`),
+//! a lift that a wider ban still overrides.
 
 use std::io::Write;
 use std::path::Path;
 
 use anyhow::Context;
 use ipnet::IpNet;
+use serde::Serialize;
 
 use fleetban::addr::AddrText;
-use fleetban::bans::Unbannable;
-use fleetban::bans::{Applied, BanList, BanRecord, BanRequest, Bans, Mode, MANUAL_MIN_MS};
+use fleetban::bans::list::until_ms;
+use fleetban::bans::{
+    overlapping, parse_target, Applied, BanList, BanRecord, BanRequest, Bans, Effect, Mode, Unbannable, MANUAL_MIN_MS,
+};
 use fleetban::config::{Config, Dur, RedisConfig};
-use fleetban::control::Client;
+use fleetban::control::{BanAnswer, Client, Cover, Request};
 use fleetban::enforce::Changes;
 
-use super::{failed, load, runtime, Failure, Outcome};
+use super::human::{local, relative, Table};
+use super::{failed, load_for_cli, runtime, Failure, Outcome};
 
 pub struct BanArgs {
     pub target: String,
     pub duration: Option<String>,
     pub permanent: bool,
     pub reason: String,
+    pub replace: bool,
 }
 
 /// The fleet's bans over Redis, as this host's (no firewall: every host,
@@ -33,54 +42,110 @@ fn redis_bans(config: &Config, r: &RedisConfig, rt: &tokio::runtime::Runtime) ->
     Ok(Bans::new(list, &config.host_id, Changes::default()))
 }
 
-/// An address or network as the operator typed it.
-fn target(s: &str) -> Result<IpNet, Failure> {
-    fleetban::addr::parse_member(s.trim()).ok_or_else(|| {
-        Failure::Usage(format!(
-            "`{s}` is not an address or a network (CIDR with no host bits set)"
-        ))
-    })
+/// An address or network as the operator typed it (`bans::parse_target`).
+pub fn target(s: &str) -> Result<IpNet, Failure> {
+    parse_target(s).map_err(Failure::Usage)
+}
+
+/// One line of `bans --json`, fields in this order (docs/design.md §6).
+#[derive(Serialize)]
+struct BanLine<'a> {
+    addr: String,
+    rule: &'a str,
+    reason: &'a str,
+    host: &'a str,
+    since: String,
+    /// RFC 3339; null for a permanent ban.
+    until: Option<String>,
+    /// Whole seconds left; null for a permanent ban.
+    left_s: Option<i64>,
+    count: u32,
+    hits: u32,
+    /// False: the daemon holds it but the kernel does not (yet); null
+    /// when not known (read from Redis, not from the daemon).
+    enforced: Option<bool>,
+}
+
+/// `until` for people: `2026-12-01 19:20:05 CET (in 52m)`, or `forever`.
+pub fn until_human(until: Option<i64>, now: i64) -> String {
+    until.map_or("forever".to_owned(), |t| format!("{} ({})", local(t), relative(t, now)))
 }
 
 pub fn bans(path: &Path, json: bool) -> Outcome {
-    let config = load(path)?;
-    let records: Vec<BanRecord> = match &config.redis {
+    let config = load_for_cli(path)?;
+    let now = fleetban::now_ms();
+    let (records, not_enforced): (Vec<BanRecord>, Option<Vec<String>>) = match &config.redis {
         Some(r) => {
             let rt = runtime();
             let mut bans = redis_bans(&config, r, &rt)?;
-            rt.block_on(bans.records(fleetban::now_ms())).map_err(failed)?
+            (rt.block_on(bans.records(now)).map_err(failed)?, None)
         }
-        None => Client::new(&config.control).bans().map_err(failed)?,
+        None => match Client::new(&config.control).call(&Request::Bans).map_err(failed)? {
+            fleetban::control::Response::Bans { bans, not_enforced } => (bans, Some(not_enforced)),
+            other => {
+                return Err(Failure::Runtime(anyhow::anyhow!(
+                    "bad answer from the daemon: {other:?}"
+                )))
+            }
+        },
+    };
+    let mut records = records;
+    records.sort_by(|a, b| a.since.cmp(&b.since).then_with(|| a.addr.cmp(&b.addr)));
+    let enforced = |r: &BanRecord| {
+        not_enforced
+            .as_ref()
+            .map(|n| !n.contains(&AddrText(&r.addr).to_string()))
     };
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    for r in &records {
-        if json {
-            let _ = writeln!(out, "{}", serde_json::to_string(r).unwrap_or_default());
-        } else {
-            let _ = writeln!(
-                out,
-                "{:<40} {:<20} until {:<22} by {} on {}{}",
-                AddrText(&r.addr).to_string(),
-                r.rule,
-                r.until.map_or("forever".to_owned(), fleetban::rfc3339),
-                if r.host.is_empty() { "?" } else { &r.host },
-                fleetban::rfc3339(r.since),
-                if r.reason.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({})", r.reason)
-                }
-            );
+    if json {
+        for r in &records {
+            let line = BanLine {
+                addr: AddrText(&r.addr).to_string(),
+                rule: &r.rule,
+                reason: &r.reason,
+                host: &r.host,
+                since: fleetban::rfc3339(r.since),
+                until: r.until.map(fleetban::rfc3339),
+                left_s: r.until.map(|t| (t - now).max(0) / 1000),
+                count: r.count,
+                hits: r.hits,
+                enforced: enforced(r),
+            };
+            let _ = writeln!(out, "{}", serde_json::to_string(&line).map_err(failed)?);
         }
-    }
-    if !json {
+    } else {
+        let mut t = Table::new(&["ADDRESS", "RULE", "SINCE", "UNTIL", "LEFT", "COUNT", "HOST", "REASON"]).right(5);
+        for r in &records {
+            let mut addr = AddrText(&r.addr).to_string();
+            if enforced(r) == Some(false) {
+                addr += " (not enforced)";
+            }
+            t.row(vec![
+                addr,
+                r.rule.clone(),
+                local(r.since),
+                r.until.map_or("forever".to_owned(), local),
+                r.until.map_or("-".to_owned(), |u| relative(u, now)),
+                r.count.to_string(),
+                if r.host.is_empty() {
+                    "?".to_owned()
+                } else {
+                    r.host.clone()
+                },
+                r.reason.clone(),
+            ]);
+        }
+        if !t.is_empty() {
+            let _ = write!(out, "{}", t.render());
+        }
         let _ = writeln!(out, "{} active ban(s)", records.len());
     }
+    let _ = out.flush();
     Ok(())
 }
 
 pub fn ban(path: &Path, args: &BanArgs) -> Outcome {
-    let config = load(path)?;
+    let config = load_for_cli(path)?;
     let net = target(&args.target)?;
     if let Some(why) = Unbannable::of(&config).refusal(&net) {
         return Err(Failure::Usage(why));
@@ -93,49 +158,168 @@ pub fn ban(path: &Path, args: &BanArgs) -> Outcome {
         },
         _ => None,
     };
-    let until = match &config.redis {
+    let via_daemon = || {
+        Client::new(&config.control).ban(&Request::Ban {
+            addr: net,
+            for_ms,
+            permanent: args.permanent,
+            reason: args.reason.clone(),
+            replace: args.replace,
+        })
+    };
+    let answer = match &config.redis {
         Some(r) => {
             let rt = runtime();
-            let mut bans = redis_bans(&config, r, &rt)?;
-            let req = BanRequest::manual(net, Mode::manual(for_ms, args.permanent), &args.reason, &config.host_id);
+            let req = BanRequest::manual(
+                net,
+                Mode::manual(for_ms, args.permanent, args.replace),
+                &args.reason,
+                &config.host_id,
+            );
             let now = fleetban::now_ms();
-            match rt.block_on(bans.ban(req, now, now)).map_err(failed)? {
-                Applied::New(rec) => rec.until,
-                _ => None,
+            let direct = rt.block_on(async {
+                let list = BanList::connect(r).await.map_err(fleetban::bans::BanListError::from)?;
+                Bans::new(list, &config.host_id, Changes::default())
+                    .ban(req, now, now)
+                    .await
+            });
+            match direct {
+                Ok(applied) => answer_of(applied),
+                Err(e) if e.is_outage() => {
+                    eprintln!(
+                        "Redis {} is down ({e}); asking the daemon to ban it here and queue it.",
+                        r.url
+                    );
+                    via_daemon().map_err(|d| {
+                        Failure::Runtime(anyhow::anyhow!(
+                            "not banned: Redis is down ({e}) and the daemon could not take it ({d})"
+                        ))
+                    })?
+                }
+                Err(e) => return Err(failed(e)),
             }
         }
-        None => Client::new(&config.control)
-            .ban(net, for_ms, args.permanent, &args.reason)
-            .map_err(failed)?,
+        None => via_daemon().map_err(failed)?,
     };
-    println!(
-        "banned {} until {}",
-        AddrText(&net),
-        until.map_or("unbanned".to_owned(), fleetban::rfc3339)
-    );
+    print_ban(&net, &answer);
     Ok(())
 }
 
+/// A ban applied here (straight to Redis) as the daemon would answer it.
+fn answer_of(applied: Applied) -> BanAnswer {
+    let (until, effect, was) = match applied {
+        Applied::New(rec) => (rec.until, Effect::New, None),
+        Applied::Changed { rec, effect, was } => (rec.until, effect, until_ms(was)),
+        Applied::Already(u) => (until_ms(u), Effect::Kept, until_ms(u)),
+        Applied::Local(e) => (until_ms(e.until), Effect::New, None),
+        Applied::Refused => (None, Effect::Kept, None),
+    };
+    BanAnswer {
+        banned: true,
+        until,
+        enforced: None,
+        effect: Some(effect),
+        was,
+        queued: false,
+    }
+}
+
+fn print_ban(net: &IpNet, a: &BanAnswer) {
+    let now = fleetban::now_ms();
+    let addr = AddrText(net);
+    let until = until_human(a.until, now);
+    let was = until_human(a.was, now);
+    match a.effect.unwrap_or(Effect::New) {
+        Effect::New => println!("banned {addr} until {until}"),
+        Effect::Kept => println!("{addr} already banned until {until}; kept (shorten it with --replace)"),
+        Effect::Extended => println!("{addr} was banned until {was}; extended to {until}"),
+        Effect::Replaced => println!("{addr} was banned until {was}; replaced: banned until {until}"),
+    }
+    if a.queued {
+        println!("Redis is down: the daemon enforces it on this host now and writes it to Redis when Redis answers");
+    }
+    if a.enforced == Some(false) {
+        println!("warning: not enforced yet: nft failed or did not answer; the daemon retries (see `fleetban status`)");
+    }
+}
+
 pub fn unban(path: &Path, t: &str) -> Outcome {
-    let config = load(path)?;
+    let config = load_for_cli(path)?;
     let net = target(t)?;
-    let removed = match &config.redis {
+    let via_daemon = || Client::new(&config.control).unban(net);
+    let (removed, queued, wider, narrower) = match &config.redis {
         Some(r) => {
             let rt = runtime();
-            let mut bans = redis_bans(&config, r, &rt)?;
             let rules: Vec<(&str, i64)> = config
                 .rules
                 .iter()
                 .map(|r| (r.name.as_str(), r.limit.window_ms))
                 .collect();
-            rt.block_on(bans.unban(&net, &rules)).map_err(failed)?
+            let direct = rt.block_on(async {
+                let list = BanList::connect(r).await.map_err(fleetban::bans::BanListError::from)?;
+                let mut bans = Bans::new(list, &config.host_id, Changes::default());
+                let u = bans.unban(&net, &rules).await?;
+                let records = bans.records(fleetban::now_ms()).await?;
+                Ok::<_, fleetban::bans::BanListError>((u, records))
+            });
+            match direct {
+                Ok((u, records)) => {
+                    let (wider, narrower) = overlapping(&records, &net);
+                    let wider = wider
+                        .iter()
+                        .map(|r| Cover {
+                            addr: r.addr,
+                            until: r.until,
+                        })
+                        .collect();
+                    let narrower = narrower.iter().map(|r| r.addr).collect();
+                    (u.removed, false, wider, narrower)
+                }
+                Err(e) if e.is_outage() => {
+                    eprintln!(
+                        "Redis {} is down ({e}); asking the daemon to lift it here and queue it.",
+                        r.url
+                    );
+                    let (removed, queued, wider) = via_daemon().map_err(|d| {
+                        Failure::Runtime(anyhow::anyhow!(
+                            "not unbanned: Redis is down ({e}) and the daemon could not take it ({d})"
+                        ))
+                    })?;
+                    (removed, queued, wider, Vec::new())
+                }
+                Err(e) => return Err(failed(e)),
+            }
         }
-        None => Client::new(&config.control).unban(net).map_err(failed)?,
+        None => {
+            let (removed, queued, wider) = via_daemon().map_err(failed)?;
+            (removed, queued, wider, Vec::new())
+        }
     };
+    let addr = AddrText(&net);
     if removed {
-        println!("unbanned {}", AddrText(&net));
+        println!("unbanned {addr}");
     } else {
-        println!("{} was not banned", AddrText(&net));
+        println!("{addr} had no ban of its own");
+    }
+    if queued {
+        println!("Redis is down: lifted on this host now; the daemon writes the unban to Redis when Redis answers");
+    }
+    let now = fleetban::now_ms();
+    for w in &wider {
+        println!(
+            "still banned: {} covers {addr} until {}; lift it with `fleetban unban {}`",
+            AddrText(&w.addr),
+            until_human(w.until, now),
+            AddrText(&w.addr)
+        );
+    }
+    if !narrower.is_empty() {
+        let names: Vec<String> = narrower.iter().map(|n| AddrText(n).to_string()).collect();
+        println!(
+            "note: {} narrower ban(s) inside {addr} remain: {}",
+            names.len(),
+            names.join(", ")
+        );
     }
     Ok(())
 }

@@ -4,6 +4,7 @@
 
 pub mod check;
 pub mod completions;
+pub mod explain;
 pub mod human;
 pub mod list;
 pub mod manpage;
@@ -61,6 +62,26 @@ pub type Outcome = Result<(), Failure>;
 /// The configuration at `path`, or every error in it.
 pub fn load(path: &Path) -> Result<Config, Failure> {
     Config::load(path).map_err(Failure::Config)
+}
+
+/// The configuration for a command that talks to the daemon or to Redis
+/// (`Config::load_for_cli`): errors in rule files are a one-line warning on
+/// stderr, not a failure; errors in the main file still fail.
+pub fn load_for_cli(path: &Path) -> Result<Config, Failure> {
+    let (config, rule_errors) = Config::load_for_cli(path).map_err(Failure::Config)?;
+    if let Some(errs) = rule_errors {
+        eprintln!(
+            "warning: the rule files have {} error(s) (run `fleetban check -c {}`); going on with the main file{}",
+            errs.0.len(),
+            path.display(),
+            if config.rules.is_empty() {
+                String::new()
+            } else {
+                format!(" and the {} rule(s) that loaded", config.rules.len())
+            }
+        );
+    }
+    Ok(config)
 }
 
 /// The runtime of the commands that talk to Redis or nft.

@@ -1,47 +1,97 @@
-//! `fleetban status`: the running daemon's counters, through its control socket.
+//! `fleetban status`: the running daemon's state, through its control
+//! socket: a summary, the Redis line (`embedded`, `connected`, `down since
+//! T (deciding locally|paused)`), the firewall line, then the rules and
+//! the sources as aligned tables.
 
 use std::path::Path;
 
-use fleetban::control::{Client, Status};
+use fleetban::control::{Client, RedisStatus, Status};
 
-use super::{failed, load, Outcome};
+use super::human::{local, relative, Table};
+use super::{failed, load_for_cli, Outcome};
 
 pub fn status(path: &Path, json: bool) -> Outcome {
-    let config = load(path)?;
+    let config = load_for_cli(path)?;
     let status = Client::new(&config.control).status().map_err(failed)?;
     if json {
         println!("{}", serde_json::to_string(&status).map_err(failed)?);
     } else {
-        print!("{}", render(&status));
+        print!("{}", render(&status, fleetban::now_ms()));
     }
     Ok(())
 }
 
-/// `fleetban status` for people. An unknown value shows as `null`.
-fn render(s: &Status) -> String {
-    let opt = |v: Option<i64>| v.map_or("null".to_owned(), |v| v.to_string());
+/// The Redis line's words, from `state` (or, from an older daemon, from
+/// `connected` and `used`).
+pub fn redis_words(r: &RedisStatus, now: i64) -> String {
+    let state = match r.state.as_str() {
+        "" if !r.used => "embedded",
+        "" if r.connected => "connected",
+        "" => "down",
+        s => s,
+    };
+    match state {
+        "embedded" => "embedded (single host, no Redis)".to_owned(),
+        "down" => {
+            let since = r
+                .down_since
+                .as_deref()
+                .and_then(parse_time)
+                .map_or("?".to_owned(), |t| format!("{} ({})", local(t), relative(t, now)));
+            let mode = match r.on_down.as_deref() {
+                Some("pause") => "paused",
+                _ => "deciding locally",
+            };
+            format!("down since {since} ({mode})")
+        }
+        other => other.to_owned(),
+    }
+}
+
+/// `fleetban status` for people.
+fn render(s: &Status, now: i64) -> String {
     let mut out = String::new();
+    out += &format!("redis:     {}", redis_words(&s.redis, now));
+    if s.redis.used {
+        out += &format!(
+            "; {} error(s), {} round trip(s), {} decided locally, {} ban(s) queued",
+            s.redis.errors, s.redis.round_trips, s.redis.local_decisions, s.redis.queued_bans
+        );
+        if s.redis.dropped_bans > 0 {
+            out += &format!(", {} dropped (queue full)", s.redis.dropped_bans);
+        }
+    }
+    out.push('\n');
+    let f = &s.firewall;
+    out += "firewall:  ";
+    if f.failing {
+        out += &format!("failing ({})", f.error.as_deref().unwrap_or("nft failed"));
+    } else {
+        out += "ok";
+    }
+    if f.not_enforced > 0 {
+        out += &format!(
+            "; {} ban(s) not enforced (retried): {}",
+            f.not_enforced,
+            f.not_enforced_sample.join(", ")
+        );
+    }
+    if f.recreated > 0 {
+        out += &format!("; table re-created {} time(s)", f.recreated);
+    }
+    out.push('\n');
     out += &format!(
-        "redis: {}   bans active: {}   lag: {} ms   lines: {}   unparsed: {}   stale: {}   future: {}\n",
-        if s.redis.connected {
-            "connected"
-        } else {
-            "not connected / embedded"
-        },
-        s.bans_active,
-        s.lag_ms,
-        s.lines,
-        s.unparsed,
-        s.stale,
-        s.future
+        "bans:      {} active, {} applied by this host; safety valve: {} ({} refused, limit {}/min)\n",
+        s.bans_active, s.bans, s.safety.state, s.safety.refused, s.safety.max_bans_per_minute
     );
     out += &format!(
-        "safety valve: {} ({} refused, limit {}/min)   reloads: {} ({} refused)\n",
-        s.safety.state, s.safety.refused, s.safety.max_bans_per_minute, s.reloads, s.reload_errors
+        "lines:     {} read, {} unparsed, {} stale, {} future, {} longer than 64 KiB; lag {} ms\n",
+        s.lines, s.unparsed, s.stale, s.future, s.skipped_long, s.lag_ms
     );
+    out += &format!("reloads:   {} ({} refused)\n", s.reloads, s.reload_errors);
     if let Some(h) = &s.http {
         out += &format!(
-            "http: {}   checks: {}   denials: {}   malformed: {}   answered within: p50 {}, p99 {}\n",
+            "http:      {}; {} checks, {} denials, {} malformed; answered within p50 {}, p99 {}\n",
             h.listen,
             h.checks,
             h.denials,
@@ -50,31 +100,50 @@ fn render(s: &Status) -> String {
             within(h.p99_us)
         );
     }
-    out += "sources:\n";
-    for src in s.sources.iter().filter(|src| src.state != "following") {
-        out += &format!(
-            "  {}  {} ({})\n",
-            src.path,
-            src.state,
-            src.error.as_deref().unwrap_or("-")
-        );
-    }
-    for src in s.sources.iter().filter(|src| src.state == "following") {
-        out += &format!(
-            "  {}  offset {}  lines {}  {} lines/s  lag {} ms  {} bytes behind\n",
-            src.path,
-            src.offset,
-            src.lines,
-            serde_json::Number::from_f64(src.lines_per_s).map_or("null".to_owned(), |n| n.to_string()),
-            opt(src.lag_ms),
-            opt(src.bytes_behind.map(|b| b as i64)),
-        );
-    }
-    out += "rules:\n";
+    out += "\nrules:\n";
+    let mut rules = Table::new(&["RULE", "HITS", "BANS"]).right(1).right(2);
     for r in &s.rules {
-        out += &format!("  {}  hits {}  bans {}\n", r.name, r.hits, r.bans);
+        rules.row(vec![r.name.clone(), r.hits.to_string(), r.bans.to_string()]);
+    }
+    out += &indent(&rules.render());
+    out += "\nsources:\n";
+    if s.sources.is_empty() {
+        out += "  (none followed)\n";
+    } else {
+        let mut t = Table::new(&["FILE", "STATE", "OFFSET", "LINES", "LINES/S", "LAG", "BEHIND"])
+            .right(2)
+            .right(3)
+            .right(4)
+            .right(5)
+            .right(6);
+        for src in &s.sources {
+            t.row(vec![
+                src.path.clone(),
+                match &src.error {
+                    Some(e) if src.state != "following" => format!("{} ({e})", src.state),
+                    _ => src.state.clone(),
+                },
+                src.offset.to_string(),
+                src.lines.to_string(),
+                format!("{:.1}", src.lines_per_s),
+                src.lag_ms.map_or("-".to_owned(), |l| format!("{l} ms")),
+                src.bytes_behind.map_or("-".to_owned(), |b| format!("{b} B")),
+            ]);
+        }
+        out += &indent(&t.render());
     }
     out
+}
+
+/// An RFC 3339 time as unix ms.
+fn parse_time(s: &str) -> Option<i64> {
+    let t = humantime::parse_rfc3339(s).ok()?;
+    let d = t.duration_since(std::time::UNIX_EPOCH).ok()?;
+    i64::try_from(d.as_millis()).ok()
+}
+
+fn indent(text: &str) -> String {
+    text.lines().map(|l| format!("  {l}\n")).collect()
 }
 
 /// `20 µs`, or `-` before the first check (or past the last bucket).

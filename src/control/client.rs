@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
-use super::{Request, Response, Status};
+use super::{Cover, Request, Response, Status, WindowCount};
 use crate::bans::BanRecord;
 
 #[derive(Debug, thiserror::Error)]
@@ -21,6 +21,17 @@ pub enum ControlError {
     /// The answer was not the one asked for.
     #[error("cannot reach the daemon at {}: bad answer: {detail}", path.display())]
     BadAnswer { path: PathBuf, detail: String },
+}
+
+/// The daemon's answer to a ban (`Response::Ban`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BanAnswer {
+    pub banned: bool,
+    pub until: Option<i64>,
+    pub enforced: Option<bool>,
+    pub effect: Option<crate::bans::Effect>,
+    pub was: Option<i64>,
+    pub queued: bool,
 }
 
 pub struct Client {
@@ -46,30 +57,41 @@ impl Client {
         }
     }
 
-    /// An operator's ban; the ban's end (None: permanent, or already banned).
-    pub fn ban(
-        &self,
-        addr: IpNet,
-        for_ms: Option<i64>,
-        permanent: bool,
-        reason: &str,
-    ) -> Result<Option<i64>, ControlError> {
-        let req = Request::Ban {
-            addr,
-            for_ms,
-            permanent,
-            reason: reason.to_owned(),
-        };
-        match self.call(&req)? {
-            Response::Ban { until, .. } => Ok(until),
+    /// An operator's ban (`Request::Ban`), answered as `Response::Ban`.
+    pub fn ban(&self, req: &Request) -> Result<BanAnswer, ControlError> {
+        match self.call(req)? {
+            Response::Ban {
+                banned,
+                until,
+                enforced,
+                effect,
+                was,
+                queued,
+            } => Ok(BanAnswer {
+                banned,
+                until,
+                enforced,
+                effect,
+                was,
+                queued,
+            }),
             other => Err(self.unexpected(&other)),
         }
     }
 
-    /// True if `addr` had a ban.
-    pub fn unban(&self, addr: IpNet) -> Result<bool, ControlError> {
+    /// Lifts the ban of `addr`: whether it had one, whether Redis was down
+    /// (queued), and the wider bans that still cover it.
+    pub fn unban(&self, addr: IpNet) -> Result<(bool, bool, Vec<Cover>), ControlError> {
         match self.call(&Request::Unban { addr })? {
-            Response::Unban { removed } => Ok(removed),
+            Response::Unban { removed, queued, wider } => Ok((removed, queued, wider)),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
+    /// The embedded store's count of the client key `addr` under each rule.
+    pub fn explain(&self, addr: IpNet) -> Result<Vec<WindowCount>, ControlError> {
+        match self.call(&Request::Explain { addr })? {
+            Response::Explain { windows } => Ok(windows),
             other => Err(self.unexpected(&other)),
         }
     }

@@ -1,17 +1,19 @@
-//! The control protocol: what `fleetban status`, `bans`, `ban` and `unban`
-//! ask the running daemon over its Unix socket (mode 0600), and what it
-//! answers. One request per connection, one JSON line each way, typed on
+//! The control protocol: what `fleetban status`, `bans`, `ban`, `unban`
+//! and `explain` ask the running daemon over its Unix socket (mode 0600),
+//! and what it answers. One request per connection, one JSON line each way, typed on
 //! both ends: the daemon serves [`Request`]s with a [`Handler`]
 //! (`server.rs`), the CLI asks through [`Client`] (`client.rs`). `status`
 //! is answered from the daemon's counters ([`Status`], `status.rs`);
-//! without Redis, `ban`, `unban` and `bans` go through here too, since the
-//! embedded list lives in the daemon.
+//! without Redis, `ban`, `unban`, `bans` and `explain` go through here too,
+//! since the embedded list and windows live in the daemon; with Redis down,
+//! `ban` and `unban` do (the daemon enforces them and queues them for
+//! Redis).
 
 mod client;
 mod server;
 mod status;
 
-pub use client::{Client, ControlError};
+pub use client::{BanAnswer, Client, ControlError};
 pub use server::{bind, serve, Handler};
 pub use status::{FirewallStatus, HttpStatus, RedisStatus, RuleStatus, SafetyStatus, SourceStatus, Status};
 
@@ -39,12 +41,44 @@ pub enum Request {
         permanent: bool,
         #[serde(default)]
         reason: String,
+        /// Shorten an active ban if asked (`ban --replace`); else the
+        /// later end wins.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        replace: bool,
     },
     /// Lifts a ban.
     Unban {
         #[serde(with = "crate::addr::text")]
         addr: IpNet,
     },
+    /// What the embedded store counts of a client key under each rule
+    /// (`fleetban explain`).
+    Explain {
+        #[serde(with = "crate::addr::text")]
+        addr: IpNet,
+    },
+}
+
+/// A wider ban that still covers an unbanned address.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Cover {
+    #[serde(with = "crate::addr::text")]
+    pub addr: IpNet,
+    /// Unix ms; None: permanent.
+    pub until: Option<i64>,
+}
+
+/// One rule's count of a client key, against its limit.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WindowCount {
+    pub rule: String,
+    /// `sliding_window`, `fixed_window`, `sliding_counter`, `token_bucket`.
+    pub algorithm: String,
+    /// Hits counted in the window now (token bucket: tokens in use).
+    pub count: u64,
+    /// The limit (token bucket: the burst).
+    pub limit: u64,
+    pub window_ms: i64,
 }
 
 /// What the daemon answers, one shape per request (or an error).
@@ -63,15 +97,35 @@ pub enum Response {
         not_enforced: Vec<String>,
     },
     Ban {
+        /// The address is banned now (false: nothing was done).
         banned: bool,
+        /// Its end now; None: permanent (or not banned).
         until: Option<i64>,
-        /// For a new ban: whether the kernel holds it (false: nft failed or
-        /// did not answer within 2 s; the ban stands and is retried).
+        /// For a new or changed ban: whether the kernel holds it (false: nft
+        /// failed or did not answer within 2 s; the ban stands and is retried).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         enforced: Option<bool>,
+        /// `new`, `kept`, `extended`, `replaced` (absent from an older daemon).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        effect: Option<crate::bans::Effect>,
+        /// An active ban's end before this one (None: permanent, or none).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        was: Option<i64>,
+        /// Redis was down: enforced here, written to Redis when it answers.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        queued: bool,
     },
     Unban {
         removed: bool,
+        /// Redis was down: lifted here, written to Redis when it answers.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        queued: bool,
+        /// Wider bans that still cover the address.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        wider: Vec<Cover>,
+    },
+    Explain {
+        windows: Vec<WindowCount>,
     },
 }
 
@@ -92,6 +146,7 @@ mod tests {
             for_ms: Some(60_000),
             permanent: false,
             reason: "abuse".into(),
+            replace: false,
         };
         let text = serde_json::to_string(&ban).unwrap();
         assert_eq!(
@@ -110,7 +165,12 @@ mod tests {
         let err = serde_json::to_string(&Response::error("no")).unwrap();
         assert_eq!(err, r#"{"error":"no"}"#);
         assert_eq!(
-            serde_json::to_string(&Response::Unban { removed: true }).unwrap(),
+            serde_json::to_string(&Response::Unban {
+                removed: true,
+                queued: false,
+                wider: Vec::new()
+            })
+            .unwrap(),
             r#"{"removed":true}"#
         );
     }

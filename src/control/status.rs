@@ -111,6 +111,18 @@ pub struct HttpStatus {
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RedisStatus {
+    /// `embedded` (no `redis:`), `connecting` (not answered yet),
+    /// `connected`, or `down` (since `down_since`; deciding as `on_down`
+    /// says). Accurate within about a second (a PING each quiet half
+    /// second). Empty from an older daemon: read `connected` and `used`.
+    #[serde(default)]
+    pub state: String,
+    /// RFC 3339 UTC: when the outage began (null unless `down`).
+    #[serde(default)]
+    pub down_since: Option<String>,
+    /// `redis.on_down`: `local` (deciding locally) or `pause` (null embedded).
+    #[serde(default)]
+    pub on_down: Option<String>,
     /// Redis answered the last time it was asked.
     pub connected: bool,
     /// `redis:` is configured (else the embedded store is used).

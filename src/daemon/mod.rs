@@ -27,6 +27,7 @@ pub mod stats;
 
 pub use logging::{init_logging, wants_journal};
 pub use notify::notify;
+pub use start::LOCK_FILE;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -201,6 +202,14 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     );
     if let Some(http) = &config.http {
         stats = stats.with_http(http.listen.to_string(), http_counters.clone());
+    }
+    if let Some(r) = &config.redis {
+        stats = stats.with_on_down(r.on_down);
+        // `status` says `down` within about a second, traffic or not.
+        let wait = r.timeout.max(Duration::from_millis(500));
+        if let (Some(h), Ok(con)) = (&stats.health, crate::store::connect_lazy(r, Some(wait))) {
+            tracker.spawn(crate::store::heartbeat(con, h.clone(), wait, token.clone()));
+        }
     }
     let stats = Arc::new(stats);
     let enforced = Arc::new(enforcer::Enforced::default());

@@ -371,54 +371,17 @@ impl Pipeline {
         }
     }
 
-    /// A ban command from the control socket.
+    /// A ban command from the control socket (`control::command`).
     async fn command(&mut self, c: Command) {
-        // Refused here as `fleetban ban` refuses it: one check for every way in.
-        if let Request::Ban { addr, .. } = &c.request {
-            if let Some(why) = self.unbannable.as_ref().and_then(|u| u.refusal(addr)) {
-                let _ = c.reply.send(Response::error(why));
-                return;
-            }
-        }
-        let now = crate::now_ms();
-        let answer = match c.request {
-            Request::Bans => match self.bans.records(now).await {
-                Ok(bans) => Response::Bans {
-                    bans,
-                    not_enforced: Vec::new(),
-                },
-                Err(e) => Response::error(e),
-            },
-            Request::Ban {
-                addr,
-                for_ms,
-                permanent,
-                reason,
-            } => {
-                let req = BanRequest::manual(addr, Mode::manual(for_ms, permanent), &reason, self.bans.host());
-                match self.bans.ban(req, now, now).await {
-                    Ok(Applied::New(rec)) => Response::Ban {
-                        banned: true,
-                        until: rec.until,
-                        enforced: None,
-                    },
-                    Ok(_) => Response::Ban {
-                        banned: false,
-                        until: None,
-                        enforced: None,
-                    },
-                    Err(e) => Response::error(e),
-                }
-            }
-            Request::Unban { addr } => match self.bans.unban(&addr, &[]).await {
-                Ok(removed) => {
-                    self.limiter.forget(&addr);
-                    Response::Unban { removed }
-                }
-                Err(e) => Response::error(e),
-            },
-            Request::Status => Response::error("status is answered by the control socket"),
-        };
+        let windows: Vec<(&str, i64)> = self.rules.iter().map(|r| (r.name.as_str(), r.window_ms)).collect();
+        let answer = super::control::command(
+            &mut self.bans,
+            &mut self.limiter,
+            &windows,
+            self.unbannable.as_ref(),
+            c.request,
+        )
+        .await;
         let _ = c.reply.send(answer);
     }
 

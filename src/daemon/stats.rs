@@ -83,6 +83,8 @@ pub struct Stats {
     pub bans: Arc<BanCounters>,
     /// With Redis: whether it answers.
     pub health: Option<Health>,
+    /// `redis.on_down`, for `status` (`with_on_down`).
+    pub on_down: crate::config::OnDown,
     /// One nft transaction, in seconds.
     pub nft_apply: Histogram,
     /// With `http:`: the decision endpoint's counters, counted by it.
@@ -124,6 +126,7 @@ impl Stats {
             limit,
             bans,
             health,
+            on_down: crate::config::OnDown::default(),
             nft_apply: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             http: None,
         };
@@ -137,6 +140,11 @@ impl Stats {
             http: Some(HttpStats { listen, counters }),
             ..self
         }
+    }
+
+    /// With Redis: what the limiter does while it is down (`status`).
+    pub fn with_on_down(self, on_down: crate::config::OnDown) -> Stats {
+        Stats { on_down, ..self }
     }
 
     /// Counters of nothing (tests).
@@ -314,6 +322,21 @@ impl Stats {
                 refused,
             },
             redis: RedisStatus {
+                state: match &self.health {
+                    None => "embedded",
+                    Some(h) if h.is_down() => "down",
+                    Some(h) if h.is_connected() => "connected",
+                    Some(_) => "connecting",
+                }
+                .to_owned(),
+                down_since: self.health.as_ref().and_then(Health::down_since).map(crate::rfc3339),
+                on_down: self.health.as_ref().map(|_| {
+                    match self.on_down {
+                        crate::config::OnDown::Local => "local",
+                        crate::config::OnDown::Pause => "pause",
+                    }
+                    .to_owned()
+                }),
                 connected: self.redis_connected(),
                 used: self.health.is_some(),
                 errors: self.redis_errors(),

@@ -48,6 +48,15 @@ pub enum Until {
     Permanent,
 }
 
+/// What [`Enforcer::flush`] removed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Flushed {
+    /// The table existed and was deleted.
+    pub table: bool,
+    /// Elements its sets held (read just before).
+    pub elements: usize,
+}
+
 /// One ban as the enforcer sees it: a network and its end.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Element {
@@ -275,7 +284,6 @@ impl Enforcer {
         }
     }
 
-    /// Deletes the whole table (every ban); fine if it is absent.
     /// `fleetban check --online`: for nftables, whether `nft list tables`
     /// runs and names this table (`Some(present)`); `None` for the dry run,
     /// which runs nothing. Changes nothing.
@@ -286,12 +294,16 @@ impl Enforcer {
         }
     }
 
-    pub async fn flush(&mut self) -> Result<(), EnforceError> {
+    /// Deletes this host's table (the log backend has none: nothing).
+    pub async fn flush(&mut self) -> Result<Flushed, EnforceError> {
         match self {
             Enforcer::Nft(e) => e.flush().await,
             Enforcer::Log(e) => {
                 e.flush();
-                Ok(())
+                Ok(Flushed {
+                    table: false,
+                    elements: 0,
+                })
             }
         }
     }

@@ -158,19 +158,27 @@ impl NftEnforcer {
         Ok(String::from_utf8_lossy(&out).lines().any(|l| l.trim() == want))
     }
 
-    pub async fn flush(&mut self) -> Result<(), EnforceError> {
+    /// Deletes the table; what was in it (read first, `fleetban flush` says it).
+    pub async fn flush(&mut self) -> Result<super::Flushed, EnforceError> {
+        // A listing that fails (an unreadable table) does not stop the delete.
+        let elements = match self.reload(crate::now_ms()).await {
+            Ok(()) => self.book.applied_len(),
+            Err(_) => 0,
+        };
         let text = format!("delete table inet {}\n", self.opts.table);
-        match self.run("delete table", &["-f", "-"], Some(text)).await {
-            Ok(_) => {}
-            Err(EnforceError::Nft { stderr, .. }) if is_enoent(&stderr) => {}
+        let table = match self.run("delete table", &["-f", "-"], Some(text)).await {
+            Ok(_) => true,
+            Err(EnforceError::Nft { stderr, .. }) if is_enoent(&stderr) => false,
             Err(e) => return Err(e),
-        }
+        };
         self.book.clear();
         self.preamble = Some(Preamble::create());
         self.stale = false;
         self.fresh = None;
-        info!(table = %self.opts.table, "nftables table deleted");
-        Ok(())
+        if table {
+            info!(table = %self.opts.table, elements, "nftables table deleted");
+        }
+        Ok(super::Flushed { table, elements })
     }
 
     pub(super) fn book(&self) -> &Book {

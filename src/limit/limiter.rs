@@ -513,6 +513,21 @@ impl Limiter {
         }
     }
 
+    /// What the embedded store counts of `key` under each rule at `now`
+    /// (`MemoryLimiter::peek`); None with Redis (read there instead).
+    pub fn peek(&self, key: &IpNet, now: i64) -> Option<Vec<(RuleLimit, u64)>> {
+        match &self.backend {
+            Backend::Memory(m) => Some(
+                m.rules()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| (r.clone(), m.peek(i, key, now)))
+                    .collect(),
+            ),
+            Backend::Redis { .. } => None,
+        }
+    }
+
     /// An unbanned address starts fresh windows: the embedded store's and
     /// the fallback's are forgotten here (in Redis `fleetban unban` deleted
     /// them before the event).

@@ -194,6 +194,55 @@ impl MemoryLimiter {
         }
     }
 
+    /// What (rule, key) counts at `now` against the rule's limit, as the
+    /// next hit would find it (`fleetban explain`): a sliding window's
+    /// members in (now - window, now] (with a prefilter, its first tier's
+    /// count until that is full), a fixed window's count, a sliding
+    /// counter's estimate, a token bucket's tokens in use. Reads only.
+    pub fn peek(&self, rule_index: usize, key: &IpNet, now: i64) -> u64 {
+        let Some(rule) = self.rules.get(rule_index) else {
+            return 0;
+        };
+        let w = rule.window_ms.max(1);
+        let live = self.windows.get(&(rule_index, *key)).filter(|e| e.expires_at > now);
+        let fixed = |n: i64| {
+            self.fixed
+                .get(&(rule_index, *key, n))
+                .filter(|f| f.expires_at > now)
+                .map_or(0, |f| u64::from(f.count))
+        };
+        match (rule.algorithm, live.map(|e| &e.state)) {
+            (Algorithm::FixedWindow, _) => fixed(now.div_euclid(w)),
+            (Algorithm::SlidingWindow, state) => {
+                let members = match state {
+                    Some(State::Window(m)) => m.iter().filter(|(t, _)| *t > now - w && *t <= now).count() as u64,
+                    _ => 0,
+                };
+                let pre = u64::from(rule.prefilter);
+                match pre {
+                    0 => members,
+                    _ => match fixed(now.div_euclid(w)) {
+                        f if f < pre => f,
+                        _ => pre + members,
+                    },
+                }
+            }
+            (Algorithm::TokenBucket, Some(&State::Bucket { tat, .. })) => {
+                let d = tat - now.saturating_mul(1000);
+                let interval = rule.interval_us.max(1);
+                if d <= 0 {
+                    0
+                } else {
+                    ((d + interval - 1) / interval) as u64
+                }
+            }
+            (Algorithm::SlidingCounter, Some(&State::Counter { cur, c, p, .. })) => {
+                super::peek::estimate(cur, c, p, now, w)
+            }
+            _ => 0,
+        }
+    }
+
     /// The live entry of (rule, key), if any.
     fn entry(&mut self, rule: usize, key: IpNet, wall_now: i64) -> Option<&mut Entry> {
         self.windows.get_mut(&(rule, key)).filter(|e| e.expires_at > wall_now)

@@ -12,6 +12,7 @@
 mod fallback;
 mod limiter;
 mod memory;
+pub mod peek;
 mod pending;
 mod redis;
 

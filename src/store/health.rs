@@ -4,6 +4,10 @@
 //! (`redis.on_down`) until the backoff says to try again (100 ms, doubling
 //! to 5 s); whichever sees it answer again ends the outage for both.
 //!
+//! With nothing else talking to Redis, [`heartbeat`] asks it (`PING`) each
+//! half second that went by without an answer, so that `status` says
+//! `down since T` within about a second of Redis dying, traffic or not.
+//!
 //! Only an outage counts ([`is_outage`]): no connection, a timeout, a
 //! server that cannot serve (loading, a failover, a cluster down, refused
 //! credentials). Redis answering a call with an error (a script error, OOM
@@ -55,6 +59,10 @@ struct State {
     /// While down, Redis is tried again no earlier than this.
     next_try: Instant,
     backoff: Duration,
+    /// Wall-clock ms the outage began (None while up).
+    down_since_ms: Option<i64>,
+    /// The last time Redis answered (any user).
+    last_answer: Option<Instant>,
 }
 
 impl Default for Health {
@@ -65,6 +73,8 @@ impl Default for Health {
                 down: false,
                 next_try: Instant::now(),
                 backoff: FIRST_BACKOFF,
+                down_since_ms: None,
+                last_answer: None,
             }),
             errors: AtomicU64::new(0),
         }))
@@ -102,6 +112,9 @@ impl Health {
     pub fn failed(&self) -> bool {
         let mut s = self.state();
         let started = !s.down;
+        if started {
+            s.down_since_ms = Some(crate::now_ms());
+        }
         s.down = true;
         s.connected = false;
         s.next_try = Instant::now() + s.backoff;
@@ -114,9 +127,22 @@ impl Health {
         let mut s = self.state();
         let ended = s.down;
         s.down = false;
+        s.down_since_ms = None;
+        s.last_answer = Some(Instant::now());
+        s.next_try = Instant::now();
         s.connected = true;
         s.backoff = FIRST_BACKOFF;
         ended
+    }
+
+    /// When the outage began (wall-clock ms); None while Redis answers.
+    pub fn down_since(&self) -> Option<i64> {
+        self.state().down_since_ms
+    }
+
+    /// Whether Redis answered within the last `d`.
+    pub fn answered_within(&self, d: Duration) -> bool {
+        self.state().last_answer.is_some_and(|t| t.elapsed() < d)
     }
 
     /// Counts one failed operation (`redis.errors` in `status`); returns
@@ -127,6 +153,60 @@ impl Health {
 
     pub fn errors(&self) -> u64 {
         self.0.errors.load(Relaxed)
+    }
+}
+
+/// How long without an answer before [`heartbeat`] asks, and how long it
+/// waits for the answer.
+const QUIET: Duration = Duration::from_millis(500);
+
+/// Keeps `health` true within about a second: each time Redis has not
+/// answered anyone for [`QUIET`], one `PING` on `con` (a connection of its
+/// own) with `wait` to answer (`redis.timeout`, at least [`QUIET`]: a
+/// slower Redis counts as down, as for any command). A failure that is an outage starts one
+/// (the limiter and the ban list stop paying timeouts); an answer ends one
+/// (the queue then writes what it holds).
+pub async fn heartbeat(
+    mut con: super::Conn,
+    health: Health,
+    wait: Duration,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let wait = wait.max(QUIET);
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.cancelled() => return,
+        }
+        if health.answered_within(QUIET) {
+            continue;
+        }
+        let cmd = redis::cmd("PING");
+        match tokio::time::timeout(wait, cmd.query_async::<String>(&mut con)).await {
+            Ok(Ok(_)) => {
+                if health.succeeded() {
+                    tracing::info!("Redis answers again (heartbeat).");
+                }
+            }
+            Ok(Err(e)) if !is_outage(&e) => {
+                // Redis answered, with an error of its own: it is up.
+                health.succeeded();
+            }
+            Ok(Err(e)) => {
+                if health.failed() {
+                    tracing::warn!(error = %e, "Redis does not answer (heartbeat); deciding as redis.on_down says.");
+                }
+            }
+            Err(_) => {
+                if health.failed() {
+                    tracing::warn!(
+                        "Redis did not answer a PING within 500 ms (heartbeat); deciding as redis.on_down says."
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -154,6 +234,7 @@ mod tests {
         let other = h.clone();
         assert!(!h.is_connected() && !h.is_down() && h.due());
         assert!(h.failed(), "starts an outage");
+        assert!(h.down_since().is_some());
         assert!(!other.failed(), "already down");
         assert!(other.is_down() && !other.due());
         tokio::time::advance(Duration::from_millis(250)).await;

@@ -16,7 +16,7 @@ mod probe;
 mod scripts;
 
 pub use conn::Conn;
-pub use health::{is_oom, is_outage, Health};
+pub use health::{heartbeat, is_oom, is_outage, Health};
 pub use keys::{slot, Keys, ADDRESS_BUCKETS, STREAM_MAXLEN};
 pub use probe::{probe, Probe};
 pub use scripts::{

@@ -35,6 +35,7 @@ pub mod model;
 mod netns;
 mod nft;
 mod nginx;
+pub mod operator;
 mod redis;
 pub use access_log::{append, combined_line, combined_lines, now_ms};
 pub use cli::{cli, control_status, CliOutput};

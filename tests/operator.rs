@@ -1,0 +1,268 @@
+//! The operator's commands against a daemon with the embedded store (the
+//! `log` firewall, or nft inside a namespace the test creates), run as the
+//! real binary: they work while a rule file is broken; `flush` says what it
+//! removed and refuses while a daemon runs; re-banning never shortens a
+//! ban; `unban` names the wider bans that still cover an address and takes
+//! what `ban` takes; `status` and `bans` print aligned tables; `explain`
+//! says why an address is or is not banned. The same stories over Redis:
+//! tests/operator_redis.rs.
+
+mod common;
+
+use std::time::Duration;
+
+use common::operator::{ban_of, explain_cases, rebanning_never_shortens, rig, unban_names_the_wider_ban};
+use common::{append, cli, combined_lines, fleetban_bin, wait_until, ConfigDir, Daemon, NetNs, Rule};
+
+#[test]
+fn commands_that_talk_to_the_daemon_work_while_a_rule_file_is_broken() {
+    let r = rig();
+    let _d = Daemon::start(None, &r.cfg, &r.control);
+    // The rules break after the start: the daemon runs on its last good ones.
+    std::fs::write(&r.rules, "rules:\n  - name: scraper\n    limit: { hits: many }\n").unwrap();
+    assert_eq!(cli(&r.cfg, &["check"]).code, 2);
+    for args in [
+        &["status"][..],
+        &["bans"],
+        &["ban", "198.51.100.9", "--for", "1h"],
+        &["explain", "198.51.100.9"],
+        &["unban", "198.51.100.9"],
+    ] {
+        let out = cli(&r.cfg, args);
+        assert_eq!(out.code, 0, "{args:?}: {}", out.text());
+        assert!(
+            out.stderr.contains("the rule files have 1 error(s)") && out.stderr.contains("fleetban check"),
+            "{args:?}: {}",
+            out.stderr
+        );
+    }
+    // An error in the main file still fails, naming it.
+    let main = std::fs::read_to_string(&r.cfg).unwrap();
+    std::fs::write(&r.cfg, format!("{main}bogus_key: 1\n")).unwrap();
+    let out = cli(&r.cfg, &["status"]);
+    assert_eq!(out.code, 2, "{}", out.text());
+    assert!(out.stderr.contains("fleetban.yaml"), "{}", out.stderr);
+}
+
+#[test]
+fn flush_says_there_was_nothing_and_refuses_while_a_daemon_runs() {
+    let r = rig();
+    let out = cli(&r.cfg, &["flush"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    assert!(out.stdout.contains("nothing to remove"), "{}", out.stdout);
+    assert!(!out.stdout.contains("removed table"), "{}", out.stdout);
+
+    let mut d = Daemon::start(None, &r.cfg, &r.control);
+    let out = cli(&r.cfg, &["flush"]);
+    assert_eq!(out.code, 2, "{}", out.text());
+    assert!(
+        out.stderr.contains("daemon is running") && out.stderr.contains("--force"),
+        "{}",
+        out.stderr
+    );
+    let out = cli(&r.cfg, &["flush", "--force"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    assert!(out.stdout.contains("re-creates the table"), "{}", out.stdout);
+    d.stop(Duration::from_secs(10));
+    // Stopped: no refusal.
+    assert_eq!(cli(&r.cfg, &["flush"]).code, 0);
+}
+
+#[test]
+fn flush_counts_the_bans_of_the_table_it_removes() {
+    let ns = NetNs::new("opsflush");
+    let r = ConfigDir::new();
+    r.write(
+        &r.main_config().host_id("ops-host"),
+        &[Rule::new("scraper", &r.log, "{ hits: 5, window: 60s }")],
+    );
+    let mut d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    for a in ["198.51.100.1", "198.51.100.2", "2001:db8:7::/64"] {
+        assert_eq!(cli(&r.cfg, &["ban", a]).code, 0);
+    }
+    // A ban extended, then shortened with --replace: the kernel's element
+    // takes each new end.
+    let timeout = || {
+        common::nft_bans(&ns, "fleetban", "v4")
+            .into_iter()
+            .find(|(e, _)| e == "198.51.100.1")
+            .and_then(|(_, t)| t)
+            .unwrap_or(0)
+    };
+    assert!(timeout() <= 3_600_000, "{}", timeout());
+    assert!(cli(&r.cfg, &["ban", "198.51.100.1", "--for", "5h"])
+        .stdout
+        .contains("extended"));
+    wait_until(Duration::from_secs(5), "the element's timeout extended", || {
+        timeout() > 4 * 3_600_000
+    });
+    assert!(cli(&r.cfg, &["ban", "198.51.100.1", "--for", "10m", "--replace"])
+        .stdout
+        .contains("replaced"));
+    wait_until(Duration::from_secs(5), "the element's timeout shortened", || {
+        (1..=600_000).contains(&timeout())
+    });
+    let flush_with = |force: bool| {
+        let mut argv = vec![fleetban_bin().to_str().unwrap().to_owned(), "flush".to_owned()];
+        argv.extend(["-c".to_owned(), r.cfg.to_str().unwrap().to_owned()]);
+        if force {
+            argv.push("--force".to_owned());
+        }
+        ns.exec(&argv).output().expect("run fleetban flush in the namespace")
+    };
+    // With the daemon up: refused; forced, the daemon puts it all back.
+    let out = flush_with(false);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(common::nft_bans(&ns, "fleetban", "v4").len(), 2);
+    let out = flush_with(true);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("removed table inet fleetban and the 3 ban(s)") && text.contains("re-creates the table"),
+        "{text}"
+    );
+    wait_until(
+        Duration::from_secs(15),
+        "the daemon to re-create the table and its bans",
+        || {
+            let listed = ns.run(&["nft", "list", "tables"]);
+            String::from_utf8_lossy(&listed.stdout).contains("table inet fleetban")
+                && common::nft_bans(&ns, "fleetban", "v4").len() == 2
+                && common::nft_bans(&ns, "fleetban", "v6").len() == 1
+        },
+    );
+    d.stop(Duration::from_secs(10));
+    let flush = || {
+        let out = flush_with(false);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let first = flush();
+    assert!(
+        first.contains("removed table inet fleetban and the 3 ban(s) in its sets"),
+        "{first}"
+    );
+    let second = flush();
+    assert!(
+        second.contains("nothing to remove: there is no table inet fleetban"),
+        "{second}"
+    );
+}
+
+#[test]
+fn a_ban_nft_refused_is_said_not_enforced_by_ban_and_bans() {
+    let ns = NetNs::new("opsnft");
+    let r = ConfigDir::new();
+    r.write(
+        &r.main_config().host_id("ops-host"),
+        &[Rule::new("scraper", &r.log, "{ hits: 5, window: 60s }")],
+    );
+    let shim = common::NftShim::new();
+    let _d = Daemon::start_with_env(Some(&ns), &r.cfg, &r.control, &shim.env());
+    let out = cli(&r.cfg, &["ban", "203.0.113.90"]);
+    assert!(!out.stdout.contains("not enforced"), "{}", out.stdout);
+    shim.fail();
+    let out = cli(&r.cfg, &["ban", "203.0.113.91"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    assert!(out.stdout.contains("warning: not enforced yet"), "{}", out.stdout);
+    let listed = cli(&r.cfg, &["bans"]).stdout;
+    assert!(listed.contains("203.0.113.91 (not enforced)"), "{listed}");
+    assert!(!listed.contains("203.0.113.90 (not enforced)"), "{listed}");
+    assert_eq!(ban_of(&r, "203.0.113.91").unwrap()["enforced"], false);
+    let out = cli(&r.cfg, &["status"]);
+    assert!(
+        out.stdout.contains("firewall:  failing (")
+            && out.stdout.contains("1 ban(s) not enforced (retried): 203.0.113.91"),
+        "{}",
+        out.stdout
+    );
+    shim.heal();
+}
+
+#[test]
+fn rebanning_never_shortens_a_ban_and_keeps_its_reason_in_the_embedded_store() {
+    let r = rig();
+    let _d = Daemon::start(None, &r.cfg, &r.control);
+    rebanning_never_shortens(&r);
+}
+
+#[test]
+fn unban_names_the_wider_ban_that_still_covers_the_address() {
+    let r = rig();
+    let _d = Daemon::start(None, &r.cfg, &r.control);
+    unban_names_the_wider_ban(&r);
+}
+
+#[test]
+fn status_and_bans_print_aligned_tables_and_bans_json_has_rfc3339_times() {
+    let r = rig();
+    let d = Daemon::start(None, &r.cfg, &r.control);
+    append(&r.log, &combined_lines("203.0.113.20", 1, "/", 200));
+    d.wait_lines(1);
+    assert_eq!(
+        cli(&r.cfg, &["ban", "198.51.100.8", "--for", "2h", "--reason", "by hand"]).code,
+        0
+    );
+    let out = cli(&r.cfg, &["status"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    assert!(out.stdout.starts_with("redis:     embedded"), "{}", out.stdout);
+    assert!(out.stdout.contains("\nfirewall:  ok"), "{}", out.stdout);
+    let rules: Vec<&str> = out
+        .stdout
+        .lines()
+        .skip_while(|l| *l != "rules:")
+        .skip(1)
+        .take(2)
+        .collect();
+    assert_eq!(rules[0].trim_end(), "  RULE     HITS  BANS", "{}", out.stdout);
+    assert!(rules[1].starts_with("  scraper     1     0"), "{}", out.stdout);
+    let sources: Vec<&str> = out.stdout.lines().skip_while(|l| *l != "sources:").skip(1).collect();
+    assert!(
+        sources[0].starts_with("  FILE") && sources[0].ends_with("LAG  BEHIND"),
+        "{}",
+        out.stdout
+    );
+    assert!(sources[1].contains("access.log"), "{}", out.stdout);
+
+    let out = cli(&r.cfg, &["bans"]);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert!(lines[0].starts_with("ADDRESS       RULE    SINCE"), "{}", out.stdout);
+    let left = lines[0].find("LEFT").unwrap();
+    assert_eq!(&lines[1][left..left + 6], "in 1h ", "{}", out.stdout);
+    assert!(lines[1].ends_with("by hand"), "{}", out.stdout);
+    assert_eq!(lines.last(), Some(&"1 active ban(s)"));
+
+    let b = ban_of(&r, "198.51.100.8").unwrap();
+    // The documented field order, as printed.
+    let line = cli(&r.cfg, &["bans", "--json"]).stdout;
+    let at: Vec<usize> = [
+        "addr", "rule", "reason", "host", "since", "until", "left_s", "count", "hits", "enforced",
+    ]
+    .iter()
+    .map(|k| {
+        line.find(&format!("\"{k}\":"))
+            .unwrap_or_else(|| panic!("{k} in {line}"))
+    })
+    .collect();
+    assert!(at.windows(2).all(|w| w[0] < w[1]), "{line}");
+    for t in ["since", "until"] {
+        let s = b[t].as_str().unwrap();
+        assert!(
+            s.len() >= 20 && s.ends_with('Z') && s.as_bytes()[10] == b'T',
+            "{t}: {s}"
+        );
+    }
+    assert!(b["left_s"].as_i64().unwrap() > 7000, "{b}");
+    assert_eq!(
+        (b["host"].as_str(), b["count"].as_u64(), b["enforced"].as_bool()),
+        (Some("ops-host"), Some(1), Some(true))
+    );
+}
+
+#[test]
+fn explain_says_why_an_address_is_or_is_not_banned_in_the_embedded_store() {
+    let r = rig();
+    let d = Daemon::start(None, &r.cfg, &r.control);
+    append(&r.log, &combined_lines("203.0.113.9", 3, "/", 200));
+    d.wait_lines(3);
+    explain_cases(&r);
+}
