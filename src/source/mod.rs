@@ -42,8 +42,10 @@
 //! `reader.rs` (one open file), `patterns.rs` (paths and globs),
 //! `tracker.rs` (which file each path names, rotation, draining),
 //! `follow.rs` (the task, backpressure, stats), `watch.rs` (inotify wake-ups),
-//! `offsets.rs` (persistence).
+//! `offsets.rs` (persistence); `once.rs` reads a file once to its end for
+//! `fleetban test` (`compressed.rs`: gzip, other compressions refused).
 
+mod compressed;
 mod follow;
 mod identity;
 mod offsets;
@@ -62,7 +64,7 @@ use std::time::Duration;
 pub use follow::{spawn, Follower};
 pub use identity::{fingerprint, FileId, FINGERPRINT_BYTES};
 pub use offsets::OffsetStore;
-pub use once::read_file;
+pub use once::{read_file, ReadError};
 pub use shared::WakeHandle;
 pub use split::LineSplitter;
 
