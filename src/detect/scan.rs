@@ -101,9 +101,10 @@ pub struct Scanner {
     /// Every rule's groups ([`Mode::Replay`]).
     all: Vec<Group>,
     counts: Vec<RuleCount>,
-    /// Per group of the chunk being read: lines it parsed (scratch space,
-    /// kept to allocate nothing per chunk).
-    parsed: Vec<u64>,
+    /// Per group of the chunk being read: lines it could not parse
+    /// (scratch space, kept to allocate nothing per chunk). Counted on the
+    /// failure path only, which ordinary lines do not take.
+    unparsed: Vec<u64>,
     /// [`Mode::Replay`]: the log times read, `[since, until)`.
     bounds: (i64, i64),
 }
@@ -118,7 +119,7 @@ impl Scanner {
             routes: HashMap::new(),
             all: Vec::new(),
             counts: Vec::new(),
-            parsed: Vec::new(),
+            unparsed: Vec::new(),
             bounds: (i64::MIN, i64::MAX),
         };
         s.set_plan(plan);
@@ -172,7 +173,7 @@ impl Scanner {
             routes,
             all,
             counts,
-            parsed: parsed_by,
+            unparsed: unparsed_by,
             bounds,
         } = self;
         let (mode, ipv6_prefix, (since, until)) = (*mode, *ipv6_prefix, *bounds);
@@ -182,26 +183,34 @@ impl Scanner {
                 .entry(chunk.path.clone())
                 .or_insert_with(|| plan.groups_for(&chunk.path)),
         };
-        parsed_by.clear();
-        parsed_by.resize(groups.len(), 0);
+        unparsed_by.clear();
+        unparsed_by.resize(groups.len(), 0);
         let mut out = Scanned::default();
         'lines: for (offset, line) in chunk.lines() {
             if line.is_empty() {
                 continue;
             }
             let mut parsed = false;
-            for (g, parsed_here) in groups.iter().zip(parsed_by.iter_mut()) {
-                let Some(req) = g.parser.parse(line) else { continue };
+            for (gi, g) in groups.iter().enumerate() {
+                let Some(req) = g.parser.parse(line) else {
+                    if let Some(u) = unparsed_by.get_mut(gi) {
+                        *u += 1;
+                    }
+                    continue;
+                };
                 if !parsed {
                     // The first format that reads the line dates it.
                     if req.time_ms.is_some_and(|t| t < since || t >= until) {
+                        // Not read: nor by the groups before, which failed.
+                        for u in unparsed_by.iter_mut().take(gi) {
+                            *u -= 1;
+                        }
                         out.outside += 1;
                         continue 'lines;
                     }
                     out.lines += 1;
                 }
                 parsed = true;
-                *parsed_here += 1;
                 if allow.contains(req.addr) {
                     continue;
                 }
@@ -241,10 +250,10 @@ impl Scanner {
             }
         }
         // Per rule once per chunk, not per line: what each read and parsed.
-        for (g, &p) in groups.iter().zip(parsed_by.iter()) {
+        for (g, &u) in groups.iter().zip(unparsed_by.iter()) {
             for &ri in &g.rules {
                 counts[ri].lines += out.lines;
-                counts[ri].unparsed += out.lines - p;
+                counts[ri].unparsed += u;
             }
         }
         out
