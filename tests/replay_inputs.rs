@@ -490,6 +490,24 @@ fn since_and_until_bound_the_replay_by_log_time() {
         (Some(4), Some(0))
     );
 
+    // A line outside the bounds is read by no rule: not even as unparsed
+    // by a rule whose format (tried first) does not fit it.
+    r.write(
+        &r.main_config(),
+        &[
+            Rule::new("limit-req", &r.log, "{ hits: 100, window: 60s }").format(LIMIT_REQ_FORMAT),
+            Rule::new("any", &r.log, "{ hits: 100, window: 60s }"),
+        ],
+    );
+    let out = cli(
+        &r.cfg,
+        &["test", "--json", "--since", &since, "--until", &until, s(&r.log)],
+    );
+    let sum = summary(&out);
+    assert_eq!(sum["rules"]["limit-req"]["lines"], 3, "{sum}");
+    assert_eq!(sum["rules"]["limit-req"]["unparsed"], 3, "{sum}");
+    assert_eq!(sum["rules"]["any"]["unparsed"], 0, "{sum}");
+
     let out = cli(&r.cfg, &["test", "--since", "yesterday-ish", s(&r.log)]);
     assert_eq!(out.code, 2, "{}", out.text());
     assert!(out.stderr.contains("--since yesterday-ish"), "{}", out.stderr);
