@@ -241,6 +241,26 @@ mod tests {
     use crate::http::HttpCounters;
 
     #[test]
+    fn each_rule_s_lines_and_unparsed_lines_beside_the_total() {
+        let stats = Stats::detached();
+        let rules = stats.set_rules(&["plain".into(), "limit-req".into()]);
+        stats.unparsed.store(1, Relaxed);
+        for (r, (lines, unparsed)) in rules.iter().zip([(8, 1), (8, 8)]) {
+            r.lines.store(lines, Relaxed);
+            r.unparsed.store(unparsed, Relaxed);
+        }
+        let text = render(&Arc::new(stats));
+        for line in [
+            "fleetban_unparsed_total 1",
+            "fleetban_rule_lines_total{rule=\"plain\"} 8",
+            "fleetban_rule_unparsed_total{rule=\"plain\"} 1",
+            "fleetban_rule_unparsed_total{rule=\"limit-req\"} 8",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
+    }
+
+    #[test]
     fn the_endpoint_s_counters_and_histogram_only_with_http() {
         assert!(!render(&Arc::new(Stats::detached())).contains("fleetban_http"));
         let counters = Arc::new(HttpCounters::default());
