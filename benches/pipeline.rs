@@ -31,8 +31,12 @@ fn bench(c: &mut Criterion) {
     let allow = AllowList::only(&[]);
     let mut g = c.benchmark_group("replay");
     g.throughput(Throughput::Elements(lines));
+    let inputs = fleetban::replay::of_args(&config.rules, &[log]).unwrap().files;
+    let options = fleetban::replay::Options::default();
     g.bench_function("corpus_scraper_rule", |b| {
-        b.iter(|| fleetban::replay::replay(&config.rules, &[log.as_path()], &allow, &config.proxies, 64).unwrap())
+        b.iter(|| {
+            fleetban::replay::replay(&config.rules, &inputs, &allow, &config.proxies, 64, &options, |_| {}).unwrap()
+        })
     });
     g.finish();
 }

@@ -66,14 +66,27 @@ enum Command {
         /// The main configuration file.
         #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
-        /// Only this rule (its name in the rule files).
-        #[arg(long, value_name = "RULE")]
-        rule: Option<String>,
-        /// JSON Lines: one line per ban decided, then a summary.
+        /// Only this rule; repeat for several (default: every rule).
+        #[arg(long = "rule", value_name = "NAME")]
+        rules: Vec<String>,
+        /// Print these lines, each as FILE:LINE: (repeat, or separate with commas).
+        #[arg(long, value_enum, value_delimiter = ',', value_name = "KIND")]
+        print: Vec<test::PrintKind>,
+        /// Only lines dated at or after TIME: RFC 3339 with a zone, or a duration before now (2h).
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+        /// Only lines dated before TIME: RFC 3339 with a zone, or a duration before now (30m).
+        #[arg(long, value_name = "TIME")]
+        until: Option<String>,
+        /// How many clients closest to each rule's limit (not banned) to list.
+        #[arg(long, value_name = "N", default_value_t = fleetban::replay::CLOSEST)]
+        top: usize,
+        /// JSON Lines: printed lines and bans in log order, then a summary.
         #[arg(long)]
         json: bool,
-        /// Log files to replay, read to their end.
-        #[arg(required = true, value_name = "LOGS")]
+        /// Log files, directories (their files, rotated ones oldest first), or - for
+        /// standard input; none: the rules' own logs.
+        #[arg(value_name = "LOG")]
         logs: Vec<PathBuf>,
     },
     /// The running daemon's state, through its control socket (works while
@@ -191,10 +204,25 @@ fn execute(command: Command) -> commands::Outcome {
         Command::Check { config, online } => check::check(&config, online),
         Command::Test {
             config,
-            rule,
+            rules,
+            print,
+            since,
+            until,
+            top,
             json,
             logs,
-        } => test::test(&config, rule.as_deref(), json, &logs),
+        } => test::test(
+            &config,
+            &test::TestArgs {
+                rules,
+                print,
+                since,
+                until,
+                top,
+                json,
+                logs,
+            },
+        ),
         Command::Status { config, json } => status::status(&config, json),
         Command::Bans { config, json } => list::bans(&config, json),
         Command::Ban {

@@ -50,14 +50,31 @@ fn test_reports_the_clients_closest_to_each_limit() {
     };
 
     let human = run(false);
-    assert!(
-        human.contains(
-            "rule pages: 24 matched, 1 ban(s)\n  closest to the limit, not banned: 198.51.100.1 7/10, 198.51.100.3 3/10\n"
-        ),
+    let rows: Vec<Vec<&str>> = human.lines().map(|l| l.split_whitespace().collect()).collect();
+    let after = |header: &[&str]| -> Vec<Vec<&str>> {
+        let at = rows
+            .iter()
+            .position(|r| r[..] == *header)
+            .unwrap_or_else(|| panic!("no {header:?} in\n{human}"));
+        rows[at + 1..].iter().take_while(|r| !r.is_empty()).cloned().collect()
+    };
+    // RULE LINES UNPARSED MATCHED BANS
+    assert_eq!(
+        after(&["RULE", "LINES", "UNPARSED", "MATCHED", "BANS"]),
+        [
+            vec!["pages", "24", "0", "24", "1"],
+            vec!["notfound", "24", "0", "2", "0"]
+        ],
         "{human}"
     );
-    assert!(
-        human.contains("rule notfound: 2 matched, 0 ban(s)\n  closest to the limit, not banned: 198.51.100.3 2/3\n"),
+    // One client per line, fullest first, against its rule's limit.
+    assert_eq!(
+        after(&["RULE", "ADDRESS", "PEAK", "LIMIT"]),
+        [
+            vec!["pages", "198.51.100.1", "7", "10"],
+            vec!["pages", "198.51.100.3", "3", "10"],
+            vec!["notfound", "198.51.100.3", "2", "3"]
+        ],
         "{human}"
     );
 

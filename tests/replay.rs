@@ -111,12 +111,20 @@ fn rule_selection_and_human_output() {
         stderr: err,
     } = run_test(&default_rules(), &["--rule", "notfound"]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("lines: 10000  unparsed: 0"), "{out}");
-    assert!(out.contains("rule notfound:"), "{out}");
-    assert!(!out.contains("rule any:"), "{out}");
+    // The summary last; the rules table names the selected rule only.
+    let last = out.lines().last().unwrap();
+    assert!(last.starts_with("lines: 10000  unparsed: 0  bans: "), "{out}");
+    let rows: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
+    let header = rows
+        .iter()
+        .position(|r| r[..] == ["RULE", "LINES", "UNPARSED", "MATCHED", "BANS"])
+        .unwrap_or_else(|| panic!("no rules table in\n{out}"));
+    assert_eq!(rows[header + 1][..3], ["notfound", "10000", "0"], "{out}");
+    assert!(rows[header + 2].is_empty(), "one rule only:\n{out}");
+    assert!(!out.lines().any(|l| l.starts_with("any ")), "{out}");
     let CliOutput { code, stderr: err, .. } = run_test(&default_rules(), &["--rule", "nosuch"]);
     assert_eq!(code, 2);
-    assert!(err.contains("nosuch"));
+    assert!(err.contains("nosuch") && err.contains("any, notfound"), "{err}");
 }
 
 #[test]

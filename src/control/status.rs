@@ -78,6 +78,12 @@ pub struct RuleStatus {
     pub name: String,
     pub hits: u64,
     pub bans: u64,
+    /// Lines this rule read (absent from an older daemon's status).
+    #[serde(default)]
+    pub lines: u64,
+    /// Of those, the lines its format could not parse.
+    #[serde(default)]
+    pub unparsed: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -11,7 +11,10 @@
 //! `fleetban_safety_refused_total`, `fleetban_bans_active`,
 //! `fleetban_redis_connected`; with `http:`, `fleetban_http_checks_total`,
 //! `fleetban_http_denials_total`, `fleetban_http_malformed_total` and
-//! `fleetban_http_check_seconds` (filled by the endpoint, lock-free).
+//! `fleetban_http_check_seconds` (filled by the endpoint, lock-free); per
+//! rule, `fleetban_rule_lines_total{rule}` (lines it read) and
+//! `fleetban_rule_unparsed_total{rule}` (of those, the ones its format
+//! could not parse: `fleetban_unparsed_total` counts the lines no rule parsed).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -133,10 +136,34 @@ impl prometheus_client::collector::Collector for StatsCollector {
                 ConstCounter::new(r.hits.load(Relaxed)).encode(hits.encode_family(&labels)?)?;
             }
         }
-        let mut bans = e.encode_descriptor("fleetban_bans", "Bans decided per rule.", None, MetricType::Counter)?;
+        {
+            let mut bans = e.encode_descriptor("fleetban_bans", "Bans decided per rule.", None, MetricType::Counter)?;
+            for r in &rules {
+                let labels = [("rule", r.name.as_str())];
+                ConstCounter::new(r.bans.load(Relaxed)).encode(bans.encode_family(&labels)?)?;
+            }
+        }
+        {
+            let mut lines = e.encode_descriptor(
+                "fleetban_rule_lines",
+                "Lines each rule read.",
+                None,
+                MetricType::Counter,
+            )?;
+            for r in &rules {
+                let labels = [("rule", r.name.as_str())];
+                ConstCounter::new(r.lines.load(Relaxed)).encode(lines.encode_family(&labels)?)?;
+            }
+        }
+        let mut unparsed = e.encode_descriptor(
+            "fleetban_rule_unparsed",
+            "Lines each rule read that its format could not parse.",
+            None,
+            MetricType::Counter,
+        )?;
         for r in &rules {
             let labels = [("rule", r.name.as_str())];
-            ConstCounter::new(r.bans.load(Relaxed)).encode(bans.encode_family(&labels)?)?;
+            ConstCounter::new(r.unparsed.load(Relaxed)).encode(unparsed.encode_family(&labels)?)?;
         }
         Ok(())
     }
@@ -212,6 +239,26 @@ mod tests {
 
     use super::{render, Stats};
     use crate::http::HttpCounters;
+
+    #[test]
+    fn each_rule_s_lines_and_unparsed_lines_beside_the_total() {
+        let stats = Stats::detached();
+        let rules = stats.set_rules(&["plain".into(), "limit-req".into()]);
+        stats.unparsed.store(1, Relaxed);
+        for (r, (lines, unparsed)) in rules.iter().zip([(8, 1), (8, 8)]) {
+            r.lines.store(lines, Relaxed);
+            r.unparsed.store(unparsed, Relaxed);
+        }
+        let text = render(&Arc::new(stats));
+        for line in [
+            "fleetban_unparsed_total 1",
+            "fleetban_rule_lines_total{rule=\"plain\"} 8",
+            "fleetban_rule_unparsed_total{rule=\"plain\"} 1",
+            "fleetban_rule_unparsed_total{rule=\"limit-req\"} 8",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
+    }
 
     #[test]
     fn the_endpoint_s_counters_and_histogram_only_with_http() {

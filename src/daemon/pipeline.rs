@@ -406,6 +406,10 @@ impl Pipeline {
             if count.hits > 0 {
                 rule.counters.hits.fetch_add(count.hits, Relaxed);
             }
+            if count.lines > 0 {
+                rule.counters.lines.fetch_add(count.lines, Relaxed);
+                rule.counters.unparsed.fetch_add(count.unparsed, Relaxed);
+            }
         }
         self.stats.lines.fetch_add(seen.lines, Relaxed);
         self.stats.unparsed.fetch_add(seen.unparsed, Relaxed);

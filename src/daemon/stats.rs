@@ -17,6 +17,10 @@ pub struct RuleCounters {
     pub name: String,
     pub hits: AtomicU64,
     pub bans: AtomicU64,
+    /// Lines this rule read, and of those the ones its format could not
+    /// parse (whatever other rules reading the same log parsed).
+    pub lines: AtomicU64,
+    pub unparsed: AtomicU64,
 }
 
 pub struct SourceCounters {
@@ -307,6 +311,8 @@ impl Stats {
                     name: r.name.clone(),
                     hits: r.hits.load(Relaxed),
                     bans: r.bans.load(Relaxed),
+                    lines: r.lines.load(Relaxed),
+                    unparsed: r.unparsed.load(Relaxed),
                 })
                 .collect(),
             lines: self.lines.load(Relaxed),

@@ -80,7 +80,13 @@ impl Plan {
         }))
     }
 
-    /// Every rule in groups: `fleetban test` reads every file with every rule.
+    /// The groups of the rules `rules` (indexes): what `fleetban test`
+    /// routes a file to.
+    pub fn groups_of(&self, rules: &[usize]) -> Vec<Group> {
+        self.group(rules.iter().copied().filter(|&i| i < self.formats.len()))
+    }
+
+    /// Every rule in groups: a file `fleetban test` did not route.
     pub fn all(&self) -> Vec<Group> {
         self.group(0..self.formats.len())
     }

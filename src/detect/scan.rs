@@ -26,8 +26,10 @@ pub enum Mode {
     /// written at the latest when it was read: counted at the wall clock,
     /// and as `future`.
     Live,
-    /// `fleetban test`: every file is read by every rule, with log time
-    /// (wall time for a line without one), and nothing is stale.
+    /// `fleetban test`: a file is read by the rules it was routed to
+    /// ([`Scanner::route`]; by every rule when it was not), with log time
+    /// (wall time for a line without one), and nothing is stale; a line
+    /// dated outside [`Scanner::set_bounds`] is skipped.
     Replay,
 }
 
@@ -43,6 +45,14 @@ pub trait Sink {
     fn is_banned(&self, key: &IpNet, time_ms: i64) -> bool;
     /// One counted hit of rule `rule` (an index into the rules).
     fn hit(&mut self, rule: usize, key: IpNet, hit: Hit);
+    /// The line at `offset` parsed for no group reading it (`fleetban test
+    /// --print unparsed`; the daemon's sink ignores it, and the call
+    /// compiles away).
+    #[inline]
+    fn unparsed(&mut self, _offset: u64) {}
+    /// Rule `rule`'s filter accepted the line at `offset` (`--print matched`).
+    #[inline]
+    fn matched(&mut self, _rule: usize, _offset: u64) {}
 }
 
 /// What one chunk held.
@@ -59,6 +69,9 @@ pub struct Scanned {
     pub future: u64,
     /// The time of the last request a rule accepted.
     pub last_time: Option<i64>,
+    /// Lines dated outside the bounds ([`Scanner::set_bounds`]): not
+    /// counted in `lines`, nor read by any rule.
+    pub outside: u64,
 }
 
 /// Per rule, since the last [`Scanner::take_counts`].
@@ -68,6 +81,12 @@ pub struct RuleCount {
     pub matched: u64,
     /// Hits it counted (not stale, client not banned).
     pub hits: u64,
+    /// Lines it read (of the files it reads; empty ones not counted).
+    pub lines: u64,
+    /// Of those, the lines its format could not parse: a rule whose
+    /// format fits none of its log's lines shows here, whatever the other
+    /// rules reading that log parse.
+    pub unparsed: u64,
 }
 
 pub struct Scanner {
@@ -82,6 +101,12 @@ pub struct Scanner {
     /// Every rule's groups ([`Mode::Replay`]).
     all: Vec<Group>,
     counts: Vec<RuleCount>,
+    /// Per group of the chunk being read: lines it could not parse
+    /// (scratch space, kept to allocate nothing per chunk). Counted on the
+    /// failure path only, which ordinary lines do not take.
+    unparsed: Vec<u64>,
+    /// [`Mode::Replay`]: the log times read, `[since, until)`.
+    bounds: (i64, i64),
 }
 
 impl Scanner {
@@ -94,6 +119,8 @@ impl Scanner {
             routes: HashMap::new(),
             all: Vec::new(),
             counts: Vec::new(),
+            unparsed: Vec::new(),
+            bounds: (i64::MIN, i64::MAX),
         };
         s.set_plan(plan);
         s
@@ -102,6 +129,19 @@ impl Scanner {
     /// Who is never counted, again (the host's addresses changed).
     pub fn set_allow(&mut self, allow: AllowList) {
         self.allow = allow;
+    }
+
+    /// [`Mode::Replay`]: the lines at `path` are read by the rules
+    /// `rules` (indexes into the plan's rules) only.
+    pub fn route(&mut self, path: std::sync::Arc<Path>, rules: &[usize]) {
+        let groups = self.plan.groups_of(rules);
+        self.routes.insert(path, groups);
+    }
+
+    /// [`Mode::Replay`]: only the lines dated in `[since, until)` are read
+    /// (a line without a time is); the others count as `outside`.
+    pub fn set_bounds(&mut self, since: Option<i64>, until: Option<i64>) {
+        self.bounds = (since.unwrap_or(i64::MIN), until.unwrap_or(i64::MAX));
     }
 
     /// New rules (reload), with the counts of the old ones taken.
@@ -133,23 +173,43 @@ impl Scanner {
             routes,
             all,
             counts,
+            unparsed: unparsed_by,
+            bounds,
         } = self;
-        let (mode, ipv6_prefix) = (*mode, *ipv6_prefix);
+        let (mode, ipv6_prefix, (since, until)) = (*mode, *ipv6_prefix, *bounds);
         let groups: &[Group] = match mode {
-            Mode::Replay => all,
+            Mode::Replay => routes.get(&chunk.path).unwrap_or(all),
             Mode::Live => routes
                 .entry(chunk.path.clone())
                 .or_insert_with(|| plan.groups_for(&chunk.path)),
         };
+        unparsed_by.clear();
+        unparsed_by.resize(groups.len(), 0);
         let mut out = Scanned::default();
-        for (offset, line) in chunk.lines() {
+        'lines: for (offset, line) in chunk.lines() {
             if line.is_empty() {
                 continue;
             }
-            out.lines += 1;
             let mut parsed = false;
-            for g in groups {
-                let Some(req) = g.parser.parse(line) else { continue };
+            for (gi, g) in groups.iter().enumerate() {
+                let Some(req) = g.parser.parse(line) else {
+                    if let Some(u) = unparsed_by.get_mut(gi) {
+                        *u += 1;
+                    }
+                    continue;
+                };
+                if !parsed {
+                    // The first format that reads the line dates it.
+                    if req.time_ms.is_some_and(|t| t < since || t >= until) {
+                        // Not read: nor by the groups before, which failed.
+                        for u in unparsed_by.iter_mut().take(gi) {
+                            *u -= 1;
+                        }
+                        out.outside += 1;
+                        continue 'lines;
+                    }
+                    out.lines += 1;
+                }
                 parsed = true;
                 if allow.contains(req.addr) {
                     continue;
@@ -171,6 +231,7 @@ impl Scanner {
                     };
                     out.last_time = Some(time);
                     counts[ri].matched += 1;
+                    sink.matched(ri, offset);
                     if mode == Mode::Live && time <= wall - window_ms {
                         out.stale += 1;
                         continue;
@@ -183,7 +244,16 @@ impl Scanner {
                 }
             }
             if !parsed {
+                out.lines += 1;
                 out.unparsed += 1;
+                sink.unparsed(offset);
+            }
+        }
+        // Per rule once per chunk, not per line: what each read and parsed.
+        for (g, &u) in groups.iter().zip(unparsed_by.iter()) {
+            for &ri in &g.rules {
+                counts[ri].lines += out.lines;
+                counts[ri].unparsed += u;
             }
         }
         out

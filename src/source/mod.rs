@@ -43,8 +43,11 @@
 //! `tracker.rs` (which file each path names, rotation, draining),
 //! `follow.rs` (the task, backpressure, stats), `watch.rs` (inotify wake-ups),
 //! `offsets.rs` (persistence), `inspect.rs` (what a pattern names now:
-//! readable, missing, unreadable; for `check`, the start's warnings, `status`).
+//! readable, missing, unreadable; for `check`, the start's warnings, `status`);
+//! `once.rs` reads a file once to its end for
+//! `fleetban test` (`compressed.rs`: gzip, other compressions refused).
 
+mod compressed;
 mod follow;
 mod identity;
 mod inspect;
@@ -65,7 +68,7 @@ pub use follow::{spawn, Follower};
 pub use identity::{fingerprint, FileId, FINGERPRINT_BYTES};
 pub use inspect::{first_lines, inspect, inspect_path, LogFile};
 pub use offsets::OffsetStore;
-pub use once::read_file;
+pub use once::{read_file, ReadError};
 pub use shared::WakeHandle;
 pub use split::LineSplitter;
 
