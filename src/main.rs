@@ -67,7 +67,7 @@ enum Command {
         #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
         /// Only this rule; repeat for several (default: every rule).
-        #[arg(long = "rule", value_name = "NAME")]
+        #[arg(long = "rule", value_name = "RULE")]
         rules: Vec<String>,
         /// Print these lines, each as FILE:LINE: (repeat, or separate with commas).
         #[arg(long, value_enum, value_delimiter = ',', value_name = "KIND")]

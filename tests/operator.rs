@@ -213,8 +213,17 @@ fn status_and_bans_print_aligned_tables_and_bans_json_has_rfc3339_times() {
         .skip(1)
         .take(2)
         .collect();
-    assert_eq!(rules[0].trim_end(), "  RULE     HITS  BANS", "{}", out.stdout);
-    assert!(rules[1].starts_with("  scraper     1     0"), "{}", out.stdout);
+    assert_eq!(
+        rules[0].trim_end(),
+        "  RULE     LINES  UNPARSED  HITS  BANS",
+        "{}",
+        out.stdout
+    );
+    assert!(
+        rules[1].starts_with("  scraper      1         0     1     0"),
+        "{}",
+        out.stdout
+    );
     let sources: Vec<&str> = out.stdout.lines().skip_while(|l| *l != "sources:").skip(1).collect();
     assert!(
         sources[0].starts_with("  FILE") && sources[0].ends_with("LAG  BEHIND"),

@@ -87,7 +87,7 @@ fn bash(text: &str) -> String {
 fn zsh(text: &str) -> String {
     let mut out = String::new();
     for (i, line) in text.lines().enumerate() {
-        if line.contains("'--rule=[") {
+        if line.contains("--rule=[") {
             out += &line.replace(":RULE:_default'", ":RULE:_fleetban_rules'");
         } else {
             out += line;

@@ -101,11 +101,29 @@ fn render(s: &Status, now: i64) -> String {
         );
     }
     out += "\nrules:\n";
-    let mut rules = Table::new(&["RULE", "HITS", "BANS"]).right(1).right(2);
+    let mut rules = Table::new(&["RULE", "LINES", "UNPARSED", "HITS", "BANS"])
+        .right(1)
+        .right(2)
+        .right(3)
+        .right(4);
     for r in &s.rules {
-        rules.row(vec![r.name.clone(), r.hits.to_string(), r.bans.to_string()]);
+        rules.row(vec![
+            r.name.clone(),
+            r.lines.to_string(),
+            r.unparsed.to_string(),
+            r.hits.to_string(),
+            r.bans.to_string(),
+        ]);
     }
     out += &indent(&rules.render());
+    // A rule that read lines and parsed none of them is the silent failure
+    // the counts exist for: say it in words too.
+    for r in s.rules.iter().filter(|r| r.lines > 0 && r.unparsed == r.lines) {
+        out += &format!(
+            "warning: rule {} parsed none of the {} line(s) it read: check its format (fleetban test --print unparsed --rule {})\n",
+            r.name, r.lines, r.name
+        );
+    }
     out += "\nsources:\n";
     if s.sources.is_empty() {
         out += "  (none followed)\n";
