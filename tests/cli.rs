@@ -33,15 +33,24 @@ fn into_closed_pipe(args: &[&str]) -> std::process::Output {
 }
 
 #[test]
-fn completions_manpage_and_check_into_a_closed_pipe_exit_quietly() {
+fn commands_writing_into_a_closed_pipe_exit_quietly() {
     let c = ConfigDir::new();
     c.write(&c.main_config().log_firewall(), &[Rule::new("web", &c.log, LIMIT)]);
     let cfg = c.cfg.display().to_string();
+    std::fs::write(
+        &c.log,
+        "198.51.100.1 - - [30/Nov/2026:10:00:01 +0000] \"GET / HTTP/1.1\" 200 1 \"-\" \"ua\"\n",
+    )
+    .unwrap();
+    let log = c.log.display().to_string();
     for args in [
         &["completions", "bash"][..],
         &["completions", "zsh"],
         &["manpage"],
         &["check", "-c", &cfg],
+        &["test", "-c", &cfg, &log],
+        &["flush", "-c", &cfg],
+        &["--help"],
     ] {
         let out = into_closed_pipe(args);
         let stderr = String::from_utf8_lossy(&out.stderr);

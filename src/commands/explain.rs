@@ -21,7 +21,7 @@ use fleetban::store::Keys;
 
 use super::human::{local, relative, span, Table};
 use super::list::target;
-use super::{failed, load_for_cli, runtime, Outcome};
+use super::{failed, load_for_cli, runtime, say, Outcome};
 
 /// `explain --json`, fields in this order (docs/design.md §6).
 #[derive(Serialize)]
@@ -111,9 +111,9 @@ pub fn explain(path: &Path, addr: &str, json: bool) -> Outcome {
         windows,
     };
     if json {
-        println!("{}", serde_json::to_string(&e).map_err(failed)?);
+        say!("{}", serde_json::to_string(&e).map_err(failed)?);
     } else {
-        print!("{}", render(&e, own, &covering, now));
+        say!("{}", render(&e, own, &covering, now).trim_end_matches('\n'));
     }
     Ok(())
 }

@@ -23,7 +23,7 @@ use fleetban::control::{BanAnswer, Client, Cover, Request};
 use fleetban::enforce::Changes;
 
 use super::human::{local, relative, Table};
-use super::{failed, load_for_cli, runtime, Failure, Outcome};
+use super::{failed, load_for_cli, runtime, say, Failure, Outcome};
 
 pub struct BanArgs {
     pub target: String,
@@ -230,16 +230,16 @@ fn print_ban(net: &IpNet, a: &BanAnswer) {
     let until = until_human(a.until, now);
     let was = until_human(a.was, now);
     match a.effect.unwrap_or(Effect::New) {
-        Effect::New => println!("banned {addr} until {until}"),
-        Effect::Kept => println!("{addr} already banned until {until}; kept (shorten it with --replace)"),
-        Effect::Extended => println!("{addr} was banned until {was}; extended to {until}"),
-        Effect::Replaced => println!("{addr} was banned until {was}; replaced: banned until {until}"),
+        Effect::New => say!("banned {addr} until {until}"),
+        Effect::Kept => say!("{addr} already banned until {until}; kept (shorten it with --replace)"),
+        Effect::Extended => say!("{addr} was banned until {was}; extended to {until}"),
+        Effect::Replaced => say!("{addr} was banned until {was}; replaced: banned until {until}"),
     }
     if a.queued {
-        println!("Redis is down: the daemon enforces it on this host now and writes it to Redis when Redis answers");
+        say!("Redis is down: the daemon enforces it on this host now and writes it to Redis when Redis answers");
     }
     if a.enforced == Some(false) {
-        println!("warning: not enforced yet: nft failed or did not answer; the daemon retries (see `fleetban status`)");
+        say!("warning: not enforced yet: nft failed or did not answer; the daemon retries (see `fleetban status`)");
     }
 }
 
@@ -297,16 +297,16 @@ pub fn unban(path: &Path, t: &str) -> Outcome {
     };
     let addr = AddrText(&net);
     if removed {
-        println!("unbanned {addr}");
+        say!("unbanned {addr}");
     } else {
-        println!("{addr} had no ban of its own");
+        say!("{addr} had no ban of its own");
     }
     if queued {
-        println!("Redis is down: lifted on this host now; the daemon writes the unban to Redis when Redis answers");
+        say!("Redis is down: lifted on this host now; the daemon writes the unban to Redis when Redis answers");
     }
     let now = fleetban::now_ms();
     for w in &wider {
-        println!(
+        say!(
             "still banned: {} covers {addr} until {}; lift it with `fleetban unban {}`",
             AddrText(&w.addr),
             until_human(w.until, now),
@@ -315,7 +315,7 @@ pub fn unban(path: &Path, t: &str) -> Outcome {
     }
     if !narrower.is_empty() {
         let names: Vec<String> = narrower.iter().map(|n| AddrText(n).to_string()).collect();
-        println!(
+        say!(
             "note: {} narrower ban(s) inside {addr} remain: {}",
             names.len(),
             names.join(", ")

@@ -59,6 +59,31 @@ pub fn failed(e: impl std::error::Error + Send + Sync + 'static) -> Failure {
 
 pub type Outcome = Result<(), Failure>;
 
+/// `println!` for the commands' output: a reader that closed the pipe
+/// (`fleetban bans | head -1`) ends the command quietly with exit 0, as
+/// the default SIGPIPE would (fleetban ignores SIGPIPE: nft's stdin and the
+/// sockets need the error instead); what the command was to do is done.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::commands::say_line(format_args!($($arg)*))
+    };
+}
+pub(crate) use say;
+
+/// One line on stdout (the body of [`say!`]).
+pub fn say_line(line: std::fmt::Arguments) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{line}").and_then(|()| out.flush()) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(e) => {
+            eprintln!("fleetban: writing the output: {e}");
+            std::process::exit(1)
+        }
+    }
+}
+
 /// The configuration at `path`, or every error in it.
 pub fn load(path: &Path) -> Result<Config, Failure> {
     Config::load(path).map_err(Failure::Config)

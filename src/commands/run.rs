@@ -4,7 +4,7 @@ use std::path::Path;
 
 use fleetban::daemon;
 
-use super::{failed, load, load_for_cli, runtime, Failure, Outcome};
+use super::{failed, load, load_for_cli, runtime, say, Failure, Outcome};
 
 pub fn run(path: &Path, dry_run: bool, bench_one_call_per_hit: bool, bench_one_flight: bool) -> Outcome {
     daemon::prepare_process();
@@ -39,17 +39,17 @@ pub fn flush(path: &Path, force: bool) -> Outcome {
     let flushed = runtime().block_on(enforcer.flush()).map_err(failed)?;
     let table = &config.firewall.table;
     if flushed.table {
-        println!(
+        say!(
             "removed table inet {table} and the {} ban(s) in its sets",
             flushed.elements
         );
     } else if matches!(config.firewall.backend, fleetban::config::Backend::Log) {
-        println!("nothing to remove: the log firewall backend keeps no nftables table");
+        say!("nothing to remove: the log firewall backend keeps no nftables table");
     } else {
-        println!("nothing to remove: there is no table inet {table}");
+        say!("nothing to remove: there is no table inet {table}");
     }
     if running.is_some() {
-        println!("the running daemon re-creates the table and its bans within ~5 s");
+        say!("the running daemon re-creates the table and its bans within ~5 s");
     }
     Ok(())
 }

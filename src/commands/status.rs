@@ -8,15 +8,15 @@ use std::path::Path;
 use fleetban::control::{Client, RedisStatus, Status};
 
 use super::human::{local, relative, Table};
-use super::{failed, load_for_cli, Outcome};
+use super::{failed, load_for_cli, say, Outcome};
 
 pub fn status(path: &Path, json: bool) -> Outcome {
     let config = load_for_cli(path)?;
     let status = Client::new(&config.control).status().map_err(failed)?;
     if json {
-        println!("{}", serde_json::to_string(&status).map_err(failed)?);
+        say!("{}", serde_json::to_string(&status).map_err(failed)?);
     } else {
-        print!("{}", render(&status, fleetban::now_ms()));
+        say!("{}", render(&status, fleetban::now_ms()).trim_end_matches('\n'));
     }
     Ok(())
 }
