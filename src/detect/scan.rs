@@ -82,6 +82,8 @@ pub struct Scanner {
     /// Every rule's groups ([`Mode::Replay`]).
     all: Vec<Group>,
     counts: Vec<RuleCount>,
+    /// Where JSON values with escapes are decoded, reused line after line.
+    scratch: Vec<u8>,
 }
 
 impl Scanner {
@@ -94,6 +96,7 @@ impl Scanner {
             routes: HashMap::new(),
             all: Vec::new(),
             counts: Vec::new(),
+            scratch: Vec::new(),
         };
         s.set_plan(plan);
         s
@@ -133,6 +136,7 @@ impl Scanner {
             routes,
             all,
             counts,
+            scratch,
         } = self;
         let (mode, ipv6_prefix) = (*mode, *ipv6_prefix);
         let groups: &[Group] = match mode {
@@ -149,7 +153,7 @@ impl Scanner {
             out.lines += 1;
             let mut parsed = false;
             for g in groups {
-                let Some(req) = g.parser.parse(line) else { continue };
+                let Some(req) = g.parser.parse_in(line, scratch) else { continue };
                 parsed = true;
                 if allow.contains(req.addr) {
                     continue;
