@@ -63,6 +63,7 @@ pub(super) fn load_rule_file(
         Ok(t) => t,
         Err(e) => return errors.push(ConfigError::whole_file(file, format!("cannot read: {e}"))),
     };
+    let before = errors.len();
     let specs: Vec<schema::RuleSpec> = match serde_saphyr::from_str::<schema::RuleFile>(&text) {
         Ok(p) => p.rules,
         // A bad rule must not hide the next: each rule is read again on
@@ -75,6 +76,8 @@ pub(super) fn load_rule_file(
             rules.push(rule);
         }
     }
+    // In the order of the file, whichever pass found them.
+    errors[before..].sort_by_key(|e| (e.line, e.column));
 }
 
 /// One rule validated; every problem found in it is pushed to `errors`
@@ -160,12 +163,14 @@ fn rule_of(
                 .into(),
         );
     }
-    let esc = spec.ban.escalate.as_ref();
-    let duration_ms = spec.ban.duration.as_ms();
+    let ban_at = spec.ban.as_ref().map_or(spec.name.referenced, |b| b.referenced);
+    let ban = spec.ban.map(|b| b.value).unwrap_or_default();
+    let esc = ban.escalate.as_ref();
+    let duration_ms = ban.duration.as_ms();
     let at_least_a_second = |what: &str, d: Dur, error: &mut dyn FnMut(Location, String)| {
         if d.as_ms() < 1000 {
             error(
-                spec.limit.referenced,
+                ban_at,
                 format!(
                     "`{what}` is {}, below a second: a ban lasts at least 1s (write e.g. `1s`)",
                     humantime::format_duration(d.0)
@@ -173,10 +178,10 @@ fn rule_of(
             );
         }
     };
-    at_least_a_second("ban.duration", spec.ban.duration, &mut error);
+    at_least_a_second("ban.duration", ban.duration, &mut error);
     let factor = esc.map_or(1.0, |e| e.factor);
     if !(factor.is_finite() && (1.0..=1000.0).contains(&factor)) {
-        error(spec.limit.referenced, "`escalate.factor` must be between 1 and 1000".into());
+        error(ban_at, "`escalate.factor` must be between 1 and 1000".into());
     }
     let week = 7 * 86_400_000;
     let max_ms = match esc.and_then(|e| e.max) {
@@ -184,12 +189,12 @@ fn rule_of(
             at_least_a_second("escalate.max", max, &mut error);
             if max.as_ms() < duration_ms {
                 error(
-                    spec.limit.referenced,
+                    ban_at,
                     format!(
                         "`escalate.max` ({}) is shorter than `ban.duration` ({}): a repeat offender's ban \
                          would be shorter than a first one's",
                         humantime::format_duration(max.0),
-                        humantime::format_duration(spec.ban.duration.0)
+                        humantime::format_duration(ban.duration.0)
                     ),
                 );
             }

@@ -186,8 +186,32 @@ pub struct RuleSpec {
     #[serde(default)]
     pub ignore: MatchSpec,
     pub limit: Spanned<LimitSpec>,
-    #[serde(default)]
-    pub ban: BanSpec,
+    pub ban: Option<Spanned<BanSpec>>,
+}
+
+/// A rule file read key by key (`split.rs`): every key optional, so that
+/// each key of a rule is checked alone and a rule's every error is found.
+/// Only deserialized for its errors: the values are never read.
+#[allow(dead_code)]
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleKeysFile {
+    pub rules: Vec<RuleKeys>,
+}
+
+/// [`RuleSpec`] with every key optional.
+#[allow(dead_code)]
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleKeys {
+    pub name: Option<Spanned<String>>,
+    pub logs: Option<Spanned<List<String>>>,
+    pub format: Option<Spanned<FormatSpec>>,
+    #[serde(rename = "match")]
+    pub match_: Option<MatchSpec>,
+    pub ignore: Option<MatchSpec>,
+    pub limit: Option<Spanned<LimitSpec>>,
+    pub ban: Option<Spanned<BanSpec>>,
 }
 
 /// `match:` / `ignore:` — every key given must match (AND); values in a list are alternatives (OR).

@@ -6,6 +6,8 @@
 //! `-` at one indentation), and each item is deserialized alone from a copy
 //! of the file in which every other item's lines are blanked: lines and
 //! columns stay those of the file, so each error names its real place. A
+//! rule that does not deserialize is then read key by key the same way
+//! (its other keys blanked), so that its every key's error is found. A
 //! file this does not understand (a flow-style list, anchors shared between
 //! rules) is reported as before, by its first error.
 
@@ -47,9 +49,18 @@ pub(super) fn each_rule(
         match serde_saphyr::from_str::<schema::RuleFile>(&doc.join("\n")) {
             Ok(one) => specs.extend(one.rules),
             Err(e) => {
+                let mut mine = key_errors(file, &doc, start, end);
                 let e = ConfigError::from_yaml(file, &e);
-                if !found.contains(&e) {
-                    found.push(e);
+                // A missing key is said by `key_errors`, at the rule's first key.
+                if !e.message.starts_with("missing field")
+                    && !mine.iter().any(|k| (k.line, k.column) == (e.line, e.column))
+                {
+                    mine.push(e);
+                }
+                for e in mine {
+                    if !found.contains(&e) {
+                        found.push(e);
+                    }
                 }
             }
         }
@@ -62,6 +73,55 @@ pub(super) fn each_rule(
     }
     errors.extend(found);
     specs
+}
+
+/// The errors of each key of the item at lines `[start, end)` of `doc`
+/// (where it is the only item), each key read with the others blanked.
+fn key_errors(file: &Path, doc: &[&str], start: usize, end: usize) -> Vec<ConfigError> {
+    let first = doc[start];
+    let dash = first.len() - first.trim_start().len();
+    let after = &first[dash + 1..];
+    let key_col = dash + 1 + (after.len() - after.trim_start().len());
+    let mut keys: Vec<usize> = vec![start];
+    for (i, line) in doc.iter().enumerate().take(end).skip(start + 1) {
+        let body = line.trim_start();
+        if !body.is_empty() && !body.starts_with('#') && line.len() - body.len() == key_col {
+            keys.push(i);
+        }
+    }
+    let mut out = Vec::new();
+    let names: Vec<&str> = keys
+        .iter()
+        .map(|&i| doc[i][key_col.min(doc[i].len())..].split(':').next().unwrap_or_default().trim())
+        .collect();
+    for required in ["name", "logs", "limit"] {
+        if !names.contains(&required) {
+            let message = format!("missing field `{required}`");
+            out.push(ConfigError {
+                file: file.to_path_buf(),
+                line: start as u64 + 1,
+                column: key_col as u64 + 1,
+                message,
+            });
+        }
+    }
+    for (k, &from) in keys.iter().enumerate() {
+        let to = keys.get(k + 1).copied().unwrap_or(end);
+        let blank_first = format!("{}-", " ".repeat(dash));
+        let one: Vec<&str> = doc
+            .iter()
+            .enumerate()
+            .map(|(i, l)| match i {
+                i if i == start && from != start => blank_first.as_str(),
+                i if (start..end).contains(&i) && !(from..to).contains(&i) && i != start => "",
+                _ => l,
+            })
+            .collect();
+        if let Err(e) = serde_saphyr::from_str::<schema::RuleKeysFile>(&one.join("\n")) {
+            out.push(ConfigError::from_yaml(file, &e));
+        }
+    }
+    out
 }
 
 /// The line ranges `[start, end)` of the items of the top-level `rules:`

@@ -213,15 +213,9 @@ pub struct Re(pub regex::bytes::Regex);
 impl FromStr for Re {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        regex::bytes::Regex::new(s).map(Re).map_err(|e| {
-            // The regex crate's message spans lines (pattern, caret, reason):
-            // kept as lines, indented under ours, never as a literal `\n`.
-            let text = e.to_string();
-            let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-            let first = lines.next().unwrap_or_default().to_owned();
-            let body = lines.fold(first, |acc, l| format!("{acc}\n    {l}"));
-            format!("invalid regular expression:\n    {body}")
-        })
+        regex::bytes::Regex::new(s)
+            .map(Re)
+            .map_err(|e| format!("invalid regular expression: {}", crate::parse::regex_error_text(&e)))
     }
 }
 

@@ -167,7 +167,7 @@ pub enum FormatError {
     JsonNoAddr,
     #[error("format json: at most {max} keys")]
     JsonTooManyKeys { max: usize },
-    #[error("invalid regex: {}", indent_regex_error(.0))]
+    #[error("invalid regex: {}", regex_error_text(.0))]
     Regex(#[from] ::regex::Error),
     #[error("regex has no named group `addr`")]
     RegexNoAddr,
@@ -275,11 +275,22 @@ pub fn forwarded_field(format: &Format) -> Option<&'static str> {
     Parser::new(format).ok()?.forwarded()
 }
 
-/// The regex crate's message, which spans lines (the pattern, a caret under
-/// the error, the reason), on indented lines after the first.
-fn indent_regex_error(e: &::regex::Error) -> String {
+/// The regex crate's message on one line: it spans lines (the pattern, a
+/// caret under the error, the reason), which configuration errors (one per
+/// line, `FILE:LINE:COL: message`) would print with a literal `\n`.
+/// `unclosed group at character 1 of `(unclosed``.
+pub fn regex_error_text(e: &::regex::Error) -> String {
     let text = e.to_string();
-    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-    let first = lines.next().unwrap_or_default().to_owned();
-    lines.fold(first, |acc, l| format!("{acc}\n    {l}"))
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    if let ([head, pattern, caret, .., last], true) = (lines.as_slice(), text.starts_with("regex parse error:")) {
+        let _ = head;
+        if let Some(reason) = last.strip_prefix("error: ") {
+            let indent = pattern.len() - pattern.trim_start().len();
+            if let Some(at) = caret.find('^').and_then(|c| c.checked_sub(indent)) {
+                return format!("{reason} at character {} of `{}`", at + 1, pattern.trim_start());
+            }
+            return format!("{reason} in `{}`", pattern.trim_start());
+        }
+    }
+    lines.iter().map(|l| l.trim()).collect::<Vec<_>>().join("; ")
 }
