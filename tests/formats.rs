@@ -334,3 +334,60 @@ fn hits_zero_bans_on_the_first_matching_line() {
         assert_eq!(bans[0]["hits"], 1, "{algorithm}");
     }
 }
+
+/// `hits: 0` in the daemon, with a real redis-server and with the embedded
+/// store: the first matching request bans, its record says 1 hit, and
+/// (Redis) no window key was ever written for it: decided with no round trip.
+#[test]
+fn the_daemon_bans_on_the_first_matching_request_with_hits_zero() {
+    for with_redis in [true, false] {
+        let redis = with_redis.then(common::Redis::start);
+        let r = ConfigDir::new();
+        let mut main = r.main_config().host_id("h0").log_firewall();
+        if let Some(redis) = &redis {
+            main = main.redis(&redis.url(), "");
+        }
+        r.write(
+            &main,
+            &[Rule::new("first", &r.log, "{ hits: 0, window: 60s }")
+                .matching("{ status: [404] }")
+                .ban("1h")],
+        );
+        std::fs::write(&r.log, "").unwrap();
+        let d = common::Daemon::start(None, &r.cfg, &r.control);
+        common::wait_until(std::time::Duration::from_secs(10), "the daemon answers", || {
+            common::control_status(&r.control).is_some()
+        });
+        let now = common::now_ms();
+        common::append(
+            &r.log,
+            &[
+                common::combined_line("203.0.113.60", now, "/fine", 200),
+                common::combined_line("203.0.113.61", now, "/missing", 404),
+            ]
+            .concat(),
+        );
+        d.wait_lines(2);
+        let mut listed = String::new();
+        common::wait_until(std::time::Duration::from_secs(10), "the ban listed", || {
+            listed = cli(&r.cfg, &["bans", "--json"]).stdout;
+            listed.contains("203.0.113.61")
+        });
+        assert!(!listed.contains("203.0.113.60"), "{listed}");
+        let ban: serde_json::Value = listed
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .find(|v| v["addr"] == "203.0.113.61")
+            .unwrap();
+        assert_eq!(ban["hits"], 1, "redis {with_redis}: {ban}");
+        assert_eq!(ban["rule"], "first", "{ban}");
+        if let Some(redis) = &redis {
+            let keys = redis.cli(&["--scan", "--pattern", "fleetban:win:*"]);
+            assert!(keys.trim().is_empty(), "a window was written: {keys}");
+            let rec = redis.cli(&["HGET", "{fleetban}:banrec", "203.0.113.61"]);
+            assert!(rec.contains("\"hits\":1"), "{rec}");
+            let status = d.status();
+            assert_eq!(status["redis"]["round_trips"], 0, "the limiter asked Redis: {status}");
+        }
+    }
+}
