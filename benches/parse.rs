@@ -57,7 +57,12 @@ fn iso(ms: i64) -> String {
         .find(|&m| fleetban::parse::days_from_civil(y, m, 1) - start <= days)
         .unwrap_or(1);
     let d = days - (fleetban::parse::days_from_civil(y, m, 1) - start) + 1;
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}+00:00", s / 3600, s / 60 % 60, s % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}+00:00",
+        s / 3600,
+        s / 60 % 60,
+        s % 60
+    )
 }
 
 /// The corpus's requests as `escape=json` objects and as error-log lines.
@@ -114,7 +119,11 @@ fn parse(c: &mut Criterion) {
     for (name, format, lines) in formats {
         let parser = Parser::new(&format).expect("benchmark format");
         let parsed = lines.iter().filter(|l| parser.parse(l).is_some()).count();
-        assert!(parsed * 10 >= lines.len() * 9, "{name}: only {parsed} of {} lines parse", lines.len());
+        assert!(
+            parsed * 10 >= lines.len() * 9,
+            "{name}: only {parsed} of {} lines parse",
+            lines.len()
+        );
         let mut scratch = Vec::new();
         group.bench_function(name, |b| {
             b.iter(|| {

@@ -57,6 +57,7 @@ const BAD: &[Case] = &[
     ("bad regex", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    ignore: { path: '(unclosed' }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["regular expression"]),
     ("bad cidr", "rules: [r.yaml]\nallow: [10.0.0.0/33]\n", GOOD_RULE, "fleetban.yaml", "2:", &["10.0.0.0/33", "CIDR"]),
     ("hits out of range", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 100000000000, window: 1s }\n", "r.yaml", "4:", &["100000000000", "from 0 to 4294967295"]),
+    ("zero burst", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: token_bucket, burst: 0, rate: 5/s }\n", "r.yaml", "4:", &["burst", "at least 1", "hits: 0"]),
     ("prefilter with hits 0", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 0, window: 1s, prefilter: 0.5 }\n", "r.yaml", "4:", &["hits: 0", "prefilter"]),
     ("ban below a second", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: 1s }\n    ban: { duration: 100ms }\n", "r.yaml", "5:10", &["100ms", "below a second"]),
     ("escalate max below a second", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: 1s }\n    ban: { duration: 1s, escalate: { max: 500ms } }\n", "r.yaml", "5:10", &["escalate.max", "500ms"]),
@@ -248,7 +249,10 @@ fn every_error_of_every_rule_is_reported() {
     for (got, want) in at.iter().zip(wanted) {
         assert!(got.starts_with(want), "{at:?}, wanted {wanted:?}:\n{err}");
     }
-    assert!(err.contains("soon") && err.contains("colour") && err.contains("bad name!"), "{err}");
+    assert!(
+        err.contains("soon") && err.contains("colour") && err.contains("bad name!"),
+        "{err}"
+    );
     assert!(err.contains("no time") && err.contains("below a second"), "{err}");
     assert!(!err.contains("good"), "{err}");
 }
@@ -256,14 +260,18 @@ fn every_error_of_every_rule_is_reported() {
 /// The regex crate's several-line message is one readable line: no `\\n`.
 #[test]
 fn a_regex_error_is_one_readable_line() {
-    let rule = "rules:\n  - name: a\n    logs: [/x]\n    ignore: { path: '(unclosed' }\n    limit: { hits: 1, window: 1s }\n";
+    let rule =
+        "rules:\n  - name: a\n    logs: [/x]\n    ignore: { path: '(unclosed' }\n    limit: { hits: 1, window: 1s }\n";
     let (code, _out, err, _d) = check("rules: [r.yaml]\n", rule);
     assert_eq!(code, 2);
     assert!(!err.contains("\\n"), "{err}");
-    assert!(err.contains("invalid regular expression: unclosed group at character 1 of `(unclosed`"), "{err}");
+    assert!(
+        err.contains("invalid regular expression: unclosed group at character 1 of `(unclosed`"),
+        "{err}"
+    );
 }
 
-/// What is valid now: `hits: 0` (every algorithm, `burst: 0` too), a ban
+/// What is valid now: `hits: 0` (every window algorithm), a ban
 /// of 1.5 s shown exactly, a format without time under `clock: redis`, the
 /// two new formats.
 #[test]
@@ -273,9 +281,9 @@ fn hits_zero_exact_durations_and_the_new_formats_pass() {
     logs: [/x]
     limit: { hits: 0, window: 1m }
     ban: { duration: 1500ms }
-  - name: bucket
+  - name: fixed
     logs: [/x]
-    limit: { algorithm: token_bucket, burst: 0, rate: 1/s }
+    limit: { algorithm: fixed_window, hits: 0, window: 1m }
   - name: untimed
     logs: [/x]
     format: { log_format: '$remote_addr \"$request\" $status' }
@@ -292,7 +300,13 @@ fn hits_zero_exact_durations_and_the_new_formats_pass() {
 ";
     let (code, out, err, _d) = check("rules: [r.yaml]\n", rule);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("first: 0 hits per 1m (sliding_window), ban 1s 500ms"), "{out}");
-    assert!(out.contains("bucket: burst 0"), "{out}");
-    assert!(out.contains("format json") && out.contains("format nginx_error"), "{out}");
+    assert!(
+        out.contains("first: 0 hits per 1m (sliding_window), ban 1s 500ms"),
+        "{out}"
+    );
+    assert!(out.contains("fixed: 0 hits per 1m (fixed_window)"), "{out}");
+    assert!(
+        out.contains("format json") && out.contains("format nginx_error"),
+        "{out}"
+    );
 }

@@ -44,7 +44,9 @@ fn fail2ban_cases(name: &str) -> Vec<Case> {
         } else if line.starts_with('#') || line.trim().is_empty() {
             continue;
         } else {
-            let ann = pending.take().unwrap_or_else(|| panic!("{name}:{}: a line without failJSON", i + 1));
+            let ann = pending
+                .take()
+                .unwrap_or_else(|| panic!("{name}:{}: a line without failJSON", i + 1));
             let matched = ann["match"].as_bool().unwrap();
             out.push(Case {
                 line_no: i + 1,
@@ -123,7 +125,10 @@ fn replay_through_the_library(rule_name: &str, sample: &str) {
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
-    assert!(matched >= 4, "{sample}: only {matched} matching lines were checked ({skipped} skipped)");
+    assert!(
+        matched >= 4,
+        "{sample}: only {matched} matching lines were checked ({skipped} skipped)"
+    );
 }
 
 #[test]
@@ -149,11 +154,7 @@ fn fleetban_test_json(cfg: &Path, files: &[&Path], tz: &str) -> Vec<serde_json::
         .output()
         .unwrap();
     let stdout = String::from_utf8(out.stdout).unwrap();
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
@@ -163,12 +164,13 @@ fn fleetban_test_json(cfg: &Path, files: &[&Path], tz: &str) -> Vec<serde_json::
 /// and TZ=UTC-2 read the same text two hours apart).
 #[test]
 fn fleetban_test_bans_the_fail2ban_hosts_at_their_local_times() {
+    let hits = regex::Regex::new(r"hits: \d+").unwrap();
     for (rule_name, sample) in [
         ("nginx-http-auth", "nginx-http-auth"),
         ("nginx-limit-req-error", "nginx-limit-req"),
     ] {
         let text = std::fs::read_to_string(shipped(rule_name)).unwrap();
-        let at_zero = regex::Regex::new(r"hits: \d+").unwrap().replace(&text, "hits: 0");
+        let at_zero = hits.replace(&text, "hits: 0");
         assert_ne!(at_zero, text, "{rule_name}: no `hits:` to set to 0");
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("rules.yaml"), at_zero.as_bytes()).unwrap();
@@ -243,25 +245,48 @@ fn civil(days: i64) -> (i64, i64, i64) {
     }
 }
 
-const JSON_RULE_FORMAT: &str = "{ json: { remote_addr: client, time_iso8601: ts, request: req, status: status, http_user_agent: ua } }";
+const JSON_RULE_FORMAT: &str =
+    "{ json: { remote_addr: client, time_iso8601: ts, request: req, status: status, http_user_agent: ua } }";
 
 /// A JSON access log as nginx writes it with `escape=json`: `"` and `\`
 /// escaped, a user agent spelled with `\u0041` escapes.
 fn json_line(client: &str, ts: &str, req: &str, ua: &str) -> String {
-    format!(r#"{{"ts":"{ts}","client":"{client}","req":"{req}","status":"404","ua":"{ua}","bytes":512,"extra":{{"a":[1,"}}"]}}}}"#)
+    format!(
+        r#"{{"ts":"{ts}","client":"{client}","req":"{req}","status":"404","ua":"{ua}","bytes":512,"extra":{{"a":[1,"}}"]}}}}"#
+    )
 }
 
 #[test]
 fn a_json_log_is_matched_on_its_unescaped_values() {
     let log_lines = [
         // "Evil \"Bot\"": the quotes are matched as quotes.
-        json_line("203.0.113.7", "2026-11-30T10:00:01+00:00", "GET /a HTTP/1.1", r#"Evil \"Bot\""#),
+        json_line(
+            "203.0.113.7",
+            "2026-11-30T10:00:01+00:00",
+            "GET /a HTTP/1.1",
+            r#"Evil \"Bot\""#,
+        ),
         // \u0045vil = Evil.
-        json_line("203.0.113.7", "2026-11-30T10:00:02+00:00", "GET /b HTTP/1.1", r#"\u0045vil \"Bot\""#),
+        json_line(
+            "203.0.113.7",
+            "2026-11-30T10:00:02+00:00",
+            "GET /b HTTP/1.1",
+            r#"\u0045vil \"Bot\""#,
+        ),
         // The same bytes without the quotes: no match.
-        json_line("203.0.113.8", "2026-11-30T10:00:02+00:00", "GET /c HTTP/1.1", "Evil Bot"),
+        json_line(
+            "203.0.113.8",
+            "2026-11-30T10:00:02+00:00",
+            "GET /c HTTP/1.1",
+            "Evil Bot",
+        ),
         // The escaped spelling itself, written literally (\\" is a backslash then a quote).
-        json_line("203.0.113.9", "2026-11-30T10:00:02+00:00", "GET /d HTTP/1.1", r#"Evil \\\"Bot\\\""#),
+        json_line(
+            "203.0.113.9",
+            "2026-11-30T10:00:02+00:00",
+            "GET /d HTTP/1.1",
+            r#"Evil \\\"Bot\\\""#,
+        ),
         // Not JSON, no client, no time: unparsed.
         "203.0.113.10 - - [30/Nov/2026:10:00:01 +0000] \"GET / HTTP/1.1\" 404 0 \"-\" \"Evil \\\"Bot\\\"\"".to_owned(),
         r#"{"ts":"2026-11-30T10:00:03+00:00","req":"GET / HTTP/1.1","ua":"Evil \"Bot\""}"#.to_owned(),
@@ -320,7 +345,11 @@ fn hits_zero_bans_on_the_first_matching_line() {
         common::combined_line("203.0.113.5", t0 + 2000, "/wp-login.php", 404),
     ];
     std::fs::write(&r.log, lines.concat()).unwrap();
-    for algorithm in ["{ hits: 0, window: 60s }", "{ hits: 0, window: 60s, algorithm: fixed_window }", "{ hits: 0, window: 60s, algorithm: sliding_counter }", "{ algorithm: token_bucket, burst: 0, rate: 1/s }"] {
+    for algorithm in [
+        "{ hits: 0, window: 60s }",
+        "{ hits: 0, window: 60s, algorithm: fixed_window }",
+        "{ hits: 0, window: 60s, algorithm: sliding_counter }",
+    ] {
         r.write(
             &MainConfig::new(),
             &[Rule::new("probe", &r.log, algorithm).matching("{ status: [404] }")],

@@ -113,7 +113,10 @@ fn rule_of(
         seen.insert(name.clone(), (file.to_path_buf(), spec.name.referenced));
     }
     if spec.logs.value.0.is_empty() {
-        error(spec.logs.referenced, "`logs` is empty: expected at least one path".into());
+        error(
+            spec.logs.referenced,
+            "`logs` is empty: expected at least one path".into(),
+        );
     }
     if let Some(bad) = spec
         .logs
@@ -252,6 +255,15 @@ fn limit_of(l: &schema::LimitSpec) -> Result<Limit, String> {
                     .into(),
             );
         };
+        if burst.0 == 0 {
+            // Its window is the time the bucket takes to fill: none, and a
+            // hit older than its window at arrival is stale in `run`.
+            return Err(
+                "`token_bucket` needs `burst` of at least 1: an empty bucket has no time span to \
+                        judge a hit in; to ban on the first match write `{ hits: 0, window: 60s }`"
+                    .into(),
+            );
+        }
         let interval_us = (1e6 / rate.0).round();
         if !(1.0..=86_400e6).contains(&interval_us) {
             return Err("`rate` must be between 1/d and 1000000/s".into());

@@ -92,7 +92,13 @@ fn key_errors(file: &Path, doc: &[&str], start: usize, end: usize) -> Vec<Config
     let mut out = Vec::new();
     let names: Vec<&str> = keys
         .iter()
-        .map(|&i| doc[i][key_col.min(doc[i].len())..].split(':').next().unwrap_or_default().trim())
+        .map(|&i| {
+            doc[i][key_col.min(doc[i].len())..]
+                .split(':')
+                .next()
+                .unwrap_or_default()
+                .trim()
+        })
         .collect();
     for required in ["name", "logs", "limit"] {
         if !names.contains(&required) {

@@ -153,7 +153,9 @@ impl Scanner {
             out.lines += 1;
             let mut parsed = false;
             for g in groups {
-                let Some(req) = g.parser.parse_in(line, scratch) else { continue };
+                let Some(req) = g.parser.parse_in(line, scratch) else {
+                    continue;
+                };
                 parsed = true;
                 if allow.contains(req.addr) {
                     continue;

@@ -90,15 +90,17 @@ fn suffix(s: &[u8]) -> Option<Suffix<'_>> {
     let addr = parse_addr(&s[..end])?;
     let s = s[end..].strip_prefix(b", server: ")?;
     // The server name (or listen address) is configuration: no space, quote or comma.
-    let n = s.iter().position(|&b| matches!(b, b',' | b' ' | b'"')).unwrap_or(s.len());
+    let n = s
+        .iter()
+        .position(|&b| matches!(b, b',' | b' ' | b'"'))
+        .unwrap_or(s.len());
     let mut s = &s[n..];
     let mut fields: [&[u8]; 5] = [b""; 5];
     let mut next = 0;
     while !s.is_empty() {
         let rest = s.strip_prefix(b", ")?;
-        let k = (next..TRAILING.len()).find(|&k| {
-            rest.starts_with(TRAILING[k]) && rest[TRAILING[k].len()..].starts_with(b": \"")
-        })?;
+        let k = (next..TRAILING.len())
+            .find(|&k| rest.starts_with(TRAILING[k]) && rest[TRAILING[k].len()..].starts_with(b": \""))?;
         let value = &rest[TRAILING[k].len() + 3..];
         let close = if TRAILING[k] == b"referrer" {
             // Always last: it runs to the line's final quote.

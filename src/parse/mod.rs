@@ -41,8 +41,8 @@ use crate::addr::NetSet;
 
 pub use addr::parse_addr;
 pub use error_log::LEVELS;
-pub use json::{default_json_mapping, JSON_VARIABLES};
 pub use forwarded::{resolve as resolve_forwarded, MAX_HOPS};
+pub use json::{default_json_mapping, JSON_VARIABLES};
 pub use time::{days_from_civil, parse_epoch, parse_error_log_time, parse_iso8601, parse_time_any, parse_time_local};
 
 /// One parsed access-log line; fields borrow the line (zero-copy).

@@ -272,3 +272,29 @@ fn four(s: &[u8]) -> Option<u32> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn civil_from_days_inverts_days_from_civil() {
+        for days in (-800_000..800_000).step_by(997) {
+            let (y, m, d) = civil_from_days(days);
+            assert_eq!(days_from_civil(y, m, d), days, "{y}-{m}-{d}");
+        }
+    }
+
+    #[test]
+    fn error_log_times_are_validated() {
+        assert!(parse_error_log_time(b"2026/11/30 10:00:01").is_some());
+        assert!(parse_error_log_time(b"2026/13/30 10:00:01").is_none());
+        assert!(parse_error_log_time(b"2026/02/30 10:00:01").is_none());
+        assert!(parse_error_log_time(b"2026-11-30 10:00:01").is_none());
+        assert!(parse_error_log_time(b"2026/11/30 24:00:01").is_none());
+        // One hour later is 3600 s later, whatever the zone (no transition then).
+        let a = parse_error_log_time(b"2026/11/30 10:00:01").unwrap();
+        let b = parse_error_log_time(b"2026/11/30 11:00:01").unwrap();
+        assert_eq!(b - a, 3_600_000);
+    }
+}
