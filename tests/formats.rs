@@ -420,3 +420,85 @@ fn the_daemon_bans_on_the_first_matching_request_with_hits_zero() {
         }
     }
 }
+
+/// A value as nginx's `escape=json` writes it: `"` and `\` escaped, control
+/// characters as `\u00XX`, every other byte as it is.
+fn nginx_json_escape(value: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for &b in value {
+        match b {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            0..=0x1f => out.extend_from_slice(format!("\\u{b:04x}").as_bytes()),
+            _ => out.push(b),
+        }
+    }
+    out
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(500))]
+
+    /// Whatever a client sends as its user agent and path, the JSON format
+    /// reads back exactly those bytes, and the client is the one logged.
+    #[test]
+    fn json_values_read_back_as_the_client_sent_them(
+        ua in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..80),
+        path in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+    ) {
+        let parser = Parser::new(&fleetban::parse::Format::Json(vec![
+            ("remote_addr".into(), "c".into()),
+            ("time_iso8601".into(), "t".into()),
+            ("request_uri".into(), "u".into()),
+            ("http_user_agent".into(), "ua".into()),
+        ])).unwrap();
+        let mut line = br#"{"t":"2026-11-30T10:00:01+00:00","ua":""#.to_vec();
+        line.extend(nginx_json_escape(&ua));
+        line.extend_from_slice(br#"","u":""#);
+        line.extend(nginx_json_escape(&path));
+        line.extend_from_slice(br#"","c":"203.0.113.7"}"#);
+        let mut scratch = Vec::new();
+        let r = parser.parse_in(&line, &mut scratch).expect("a valid line parses");
+        proptest::prop_assert_eq!(r.user_agent, &ua[..]);
+        proptest::prop_assert_eq!(r.path, &path[..]);
+        proptest::prop_assert_eq!(r.addr.to_string(), "203.0.113.7");
+    }
+
+    /// No bytes make either new parser panic.
+    #[test]
+    fn the_new_parsers_never_panic(line in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200)) {
+        for format in [fleetban::parse::Format::Json(fleetban::parse::default_json_mapping()), fleetban::parse::Format::NginxError] {
+            let parser = Parser::new(&format).unwrap();
+            let mut scratch = Vec::new();
+            let _ = parser.parse_in(&line, &mut scratch);
+            let _ = parser.parse(&line);
+        }
+    }
+}
+
+/// Behind `proxies`, a JSON log's forwarded list is read as `log_format`
+/// reads it (the rightmost untrusted hop); without `proxies` the rule is refused.
+#[test]
+fn a_json_forwarded_list_is_believed_only_from_a_proxy() {
+    let format = fleetban::parse::Format::Json(vec![
+        ("remote_addr".into(), "peer".into()),
+        ("http_x_forwarded_for".into(), "xff".into()),
+        ("msec".into(), "t".into()),
+    ]);
+    let proxies = fleetban::addr::NetSet::new(&["10.0.0.0/8".parse().unwrap()]);
+    let parser = Parser::trusting(&format, &proxies).unwrap();
+    let line = br#"{"t":1764496801.123,"peer":"10.0.0.2","xff":"198.51.100.1, 203.0.113.9, 10.0.0.7"}"#;
+    let r = parser.parse(line).unwrap();
+    assert_eq!(r.addr.to_string(), "203.0.113.9");
+    assert_eq!(r.time_ms, Some(1_764_496_801_123));
+
+    let r = ConfigDir::new();
+    r.write(
+        &MainConfig::new(),
+        &[Rule::new("a", &r.log, "{ hits: 1, window: 60s }")
+            .format("{ json: { remote_addr: peer, http_x_forwarded_for: xff, msec: t } }")],
+    );
+    let out = cli(&r.cfg, &["check"]);
+    assert_eq!(out.code, 2, "{}", out.text());
+    assert!(out.stderr.contains("proxies"), "{}", out.stderr);
+}
