@@ -502,3 +502,60 @@ fn a_json_forwarded_list_is_believed_only_from_a_proxy() {
     assert_eq!(out.code, 2, "{}", out.text());
     assert!(out.stderr.contains("proxies"), "{}", out.stderr);
 }
+
+/// `YYYY/MM/DD HH:MM:SS` of epoch ms in UTC, as nginx writes its error log
+/// on a host whose zone is UTC.
+fn error_log_time(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (y, m, d) = civil(secs.div_euclid(86_400));
+    let s = secs.rem_euclid(86_400);
+    format!("{y:04}/{m:02}/{d:02} {:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+}
+
+/// `fleetban run` reads the new formats as `test` does: the shipped
+/// nginx-http-auth rule (its limit lowered to 1) on an error log written in
+/// the daemon's zone, and a JSON access log, ban their clients.
+#[test]
+fn the_daemon_reads_an_error_log_and_a_json_log() {
+    let r = ConfigDir::new();
+    let errors = r.empty_log("error.log");
+    let text = std::fs::read_to_string(shipped("nginx-http-auth")).unwrap();
+    let auth = regex::Regex::new(r"hits: \d+")
+        .unwrap()
+        .replace(&text, "hits: 1")
+        .replace("/var/log/nginx/error.log", &errors.display().to_string());
+    let rules_file = r.path().join("auth.yaml");
+    std::fs::write(&rules_file, auth).unwrap();
+    r.write_rules(&[Rule::new("json", &r.log, "{ hits: 1, window: 60s }")
+        .format(JSON_RULE_FORMAT)
+        .matching(r#"{ user_agent: '^Evil "Bot"$' }"#)]);
+    let main = r
+        .main_config()
+        .host_id("h1")
+        .log_firewall()
+        .rule_files(&[r.rules.clone(), rules_file]);
+    main.write(&r.cfg);
+    std::fs::write(&r.log, "").unwrap();
+    let d = common::Daemon::start_with_env(None, &r.cfg, &r.control, &[("TZ", "UTC")]);
+    let now = common::now_ms();
+    let t = error_log_time(now);
+    let failure = |n: u32| {
+        format!(
+            "{t} [error] 1234#1234: *{n} user \"admin\": password mismatch, client: 203.0.113.70, server: example.com, request: \"GET /admin/ HTTP/1.1\", host: \"example.com\"\n"
+        )
+    };
+    common::append(&errors, &(failure(1) + &failure(2)));
+    let ts = format!("{}+00:00", error_log_time(now).replace('/', "-").replace(' ', "T"));
+    let evil = json_line("203.0.113.71", &ts, "GET / HTTP/1.1", r#"Evil \"Bot\""#);
+    common::append(&r.log, &format!("{evil}\n{evil}\n"));
+    d.wait_lines(4);
+    let mut listed = String::new();
+    common::wait_until(std::time::Duration::from_secs(10), "both bans listed", || {
+        listed = cli(&r.cfg, &["bans", "--json"]).stdout;
+        listed.contains("203.0.113.70") && listed.contains("203.0.113.71")
+    });
+    let status = d.status();
+    assert_eq!(status["unparsed"], 0, "{status}");
+    assert_eq!(status["stale"], 0, "the error log's local time read right: {status}");
+    assert_eq!(status["future"], 0, "the error log's local time read right: {status}");
+}
