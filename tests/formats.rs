@@ -559,3 +559,61 @@ fn the_daemon_reads_an_error_log_and_a_json_log() {
     assert_eq!(status["stale"], 0, "the error log's local time read right: {status}");
     assert_eq!(status["future"], 0, "the error log's local time read right: {status}");
 }
+
+/// The JSON scanner's edges: what parses, to what, and what is unparsed.
+#[test]
+fn json_lines_parse_or_not_as_the_contract_says() {
+    let parser = Parser::new(&fleetban::parse::Format::Json(vec![
+        ("remote_addr".into(), "c".into()),
+        ("msec".into(), "t".into()),
+        ("status".into(), "s".into()),
+        ("http_host".into(), "h".into()),
+    ]))
+    .unwrap();
+    // (line, Some((client, status, host)) or None for unparsed)
+    let cases: &[(&str, Option<(&str, u16, &str)>)] = &[
+        (
+            r#"{"c":"192.0.2.1","t":1.5,"s":200,"h":"a"}"#,
+            Some(("192.0.2.1", 200, "a")),
+        ),
+        (
+            r#" { "c" : "192.0.2.1" , "t" : "1.5" , "s" : "404" } "#,
+            Some(("192.0.2.1", 404, "")),
+        ),
+        // The first occurrence of a key wins.
+        (
+            r#"{"c":"192.0.2.1","c":"198.51.100.9","t":1}"#,
+            Some(("192.0.2.1", 0, "")),
+        ),
+        // null is absent; other keys, nested values skipped.
+        (
+            r#"{"c":"192.0.2.1","t":1,"h":null,"x":{"c":"198.51.100.9"},"y":[1,2]}"#,
+            Some(("192.0.2.1", 0, "")),
+        ),
+        // A key spelled with an escape is still the key.
+        (r#"{"\u0063":"192.0.2.1","t":1}"#, Some(("192.0.2.1", 0, ""))),
+        // A mapped key holding an object; no client; no time; not an object;
+        // trailing text; a truncated line; a bad escape; a bad number.
+        (r#"{"c":{"ip":"192.0.2.1"},"t":1}"#, None),
+        (r#"{"t":1,"s":200}"#, None),
+        (r#"{"c":"192.0.2.1","s":200}"#, None),
+        (r#"["192.0.2.1",1]"#, None),
+        (r#"{"c":"192.0.2.1","t":1} x"#, None),
+        (r#"{"c":"192.0.2.1","t":1"#, None),
+        (r#"{"c":"192.0.2.1","t":1,"h":"\q"}"#, None),
+        (r#"{"c":"192.0.2.1","t":1,"h":nope}"#, None),
+        ("", None),
+    ];
+    for (line, want) in cases {
+        let mut scratch = Vec::new();
+        let got = parser.parse_in(line.as_bytes(), &mut scratch).map(|r| {
+            (
+                r.addr.to_string(),
+                r.status,
+                String::from_utf8_lossy(r.host).into_owned(),
+            )
+        });
+        let want = want.map(|(a, s, h)| (a.to_owned(), s, h.to_owned()));
+        assert_eq!(got, want, "{line}");
+    }
+}
