@@ -571,7 +571,8 @@ fn json_lines_parse_or_not_as_the_contract_says() {
     ]))
     .unwrap();
     // (line, Some((client, status, host)) or None for unparsed)
-    let cases: &[(&str, Option<(&str, u16, &str)>)] = &[
+    type Read<'a> = Option<(&'a str, u16, &'a str)>;
+    let cases: &[(&str, Read)] = &[
         (
             r#"{"c":"192.0.2.1","t":1.5,"s":200,"h":"a"}"#,
             Some(("192.0.2.1", 200, "a")),
