@@ -310,3 +310,16 @@ fn hits_zero_exact_durations_and_the_new_formats_pass() {
         "{out}"
     );
 }
+
+/// A JSON template pasted into `log_format:` works but matches escaped
+/// text: `check` passes and says so, pointing to `format: json`.
+#[test]
+fn a_json_template_in_log_format_is_warned_about() {
+    let rule = "rules:\n  - name: j\n    logs: [/x]\n    format: { log_format: '{\"a\":\"$remote_addr\",\"t\":\"$time_iso8601\"}' }\n    limit: { hits: 1, window: 1s }\n";
+    let (code, out, err, _d) = check("rules: [r.yaml]\n", rule);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("warning:") && out.contains("rule j") && out.contains("format: { json:"),
+        "{out}"
+    );
+}

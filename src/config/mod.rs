@@ -184,6 +184,17 @@ impl Config {
                     .to_owned(),
             );
         }
+        for r in &self.rules {
+            if matches!(&r.format, crate::parse::Format::LogFormat(f) if f.trim_start().starts_with('{')) {
+                out.push(format!(
+                    "rule {} ({}): its log_format is a JSON template: it parses, but `match`/`ignore` see \
+                     the escaped text (`\\\"` for a quote); `format: {{ json: {{ VARIABLE: KEY, ... }} }}` \
+                     matches the unescaped values (README: JSON access logs)",
+                    r.name,
+                    r.file.display()
+                ));
+            }
+        }
         out
     }
 
