@@ -56,8 +56,24 @@ const BAD: &[Case] = &[
     ("bad status", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    match: { status: [200, 6xx] }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["6xx", "4xx"]),
     ("bad regex", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    ignore: { path: '(unclosed' }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["regular expression"]),
     ("bad cidr", "rules: [r.yaml]\nallow: [10.0.0.0/33]\n", GOOD_RULE, "fleetban.yaml", "2:", &["10.0.0.0/33", "CIDR"]),
-    ("zero hits", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 0, window: 1s }\n", "r.yaml", "4:", &["hits"]),
-    ("missing limit", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n", "r.yaml", "3:", &["missing field `limit`"]),
+    ("hits out of range", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 100000000000, window: 1s }\n", "r.yaml", "4:", &["100000000000", "from 0 to 4294967295"]),
+    ("zero burst", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: token_bucket, burst: 0, rate: 5/s }\n", "r.yaml", "4:", &["burst", "at least 1", "hits: 0"]),
+    ("prefilter with hits 0", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 0, window: 1s, prefilter: 0.5 }\n", "r.yaml", "4:", &["hits: 0", "prefilter"]),
+    ("ban below a second", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: 1s }\n    ban: { duration: 100ms }\n", "r.yaml", "5:10", &["100ms", "below a second"]),
+    ("escalate max below a second", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: 1s }\n    ban: { duration: 1s, escalate: { max: 500ms } }\n", "r.yaml", "5:10", &["escalate.max", "500ms"]),
+    ("escalate max below the duration", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: 1s }\n    ban: { duration: 1h, escalate: { max: 10m } }\n", "r.yaml", "5:10", &["escalate.max", "shorter"]),
+    ("pasted log_format directive", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    format: { log_format: \"log_format main '$remote_addr [$time_local]';\" }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["whole text", "format string", "format: json"]),
+    ("pasted directive with escape=json", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    format: { log_format: \"main escape=json '{\\\"a\\\":\\\"$remote_addr\\\",\\\"t\\\":\\\"$msec\\\"}';\" }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["name and quotes", "format: json"]),
+    ("pasted escape= parameter", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    format: { log_format: \"escape=json '$remote_addr $msec'\" }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["escape="]),
+    ("pasted quotes and semicolon", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    format: { log_format: \"'$remote_addr [$time_local]';\" }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["trailing `;`"]),
+    ("no time under clock log", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    format: { log_format: '$remote_addr \"$request\" $status' }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:13", &["no time", "clock: log", "clock: redis"]),
+    ("regex without a time group", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    format: { regex: '^(?P<addr>\\S+)' }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["no time", "`time`"]),
+    ("json without a client", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    format: { json: { time_iso8601: ts } }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["remote_addr"]),
+    ("json unknown variable", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    format: { json: { remote_addr: c, time_iso8601: t, colour: x } }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["colour", "http_user_agent"]),
+    ("json key used twice", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    format: { json: { remote_addr: c, time_iso8601: c } }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["`c`", "both"]),
+    ("message without nginx_error", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    match: { message: 'x' }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "2:", &["message", "nginx_error"]),
+    ("bad level", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    format: nginx_error\n    match: { level: [error, loud] }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "5:", &["loud", "crit"]),
+    ("missing limit", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n", "r.yaml", "2:5", &["missing field `limit`"]),
     ("duplicate rule", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: 1s }\n  - name: a\n    logs: [/y]\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "5:", &["duplicate", "`a`"]),
     ("bad log_format", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    format: { log_format: '$remote_user [$time_local]' }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["log_format"]),
     ("regex without addr", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    format: { regex: '^(?P<host>\\S+)' }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["addr"]),
@@ -70,7 +86,6 @@ const BAD: &[Case] = &[
     ("token bucket without rate", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: token_bucket, burst: 20 }\n", "r.yaml", "4:", &["token_bucket", "rate"]),
     ("token bucket with hits", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: token_bucket, burst: 20, rate: 5/s, hits: 5 }\n", "r.yaml", "4:", &["token_bucket", "burst", "not `hits`"]),
     ("bad rate", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: token_bucket, burst: 20, rate: 5/fortnight }\n", "r.yaml", "4:", &["5/fortnight"]),
-    ("zero burst", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: token_bucket, burst: 0, rate: 5/s }\n", "r.yaml", "4:", &["hits", "0"]),
     ("fixed window without window", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: fixed_window, hits: 10 }\n", "r.yaml", "4:", &["fixed_window", "window"]),
     ("burst on a sliding counter", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: sliding_counter, hits: 10, window: 1m, burst: 3 }\n", "r.yaml", "4:", &["burst", "token_bucket"]),
     ("prefilter on a fixed window", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: fixed_window, hits: 10, window: 1m, prefilter: 0.8 }\n", "r.yaml", "4:", &["prefilter", "fixed_window"]),
@@ -209,4 +224,114 @@ fn not_about_logs(out: &str) -> Vec<&str> {
     out.lines()
         .filter(|l| l.starts_with("warning:") && !l.starts_with("warning: log "))
         .collect()
+}
+
+/// A bad rule does not hide the next: every error of every rule of a file
+/// is reported, several per rule, in the order of the file; the good rule
+/// between them is not reported.
+#[test]
+fn every_error_of_every_rule_is_reported() {
+    let rules = "rules:
+  - name: first
+    logs: [/x]
+    limit: { hits: 1, window: soon }
+  - name: good
+    logs: [/x]
+    limit: { hits: 1, window: 1s }
+  - name: third
+    logs: [/x]
+    ignore: { path: '(unclosed' }
+    limit: { hits: 1, window: 1s, colour: red }
+  - name: 'bad name!'
+    logs: [/x]
+    format: { log_format: '$remote_addr $status' }
+    limit: { hits: 1, window: 1s }
+    ban: { duration: 100ms }
+";
+    let (code, _out, err, dir) = check("rules: [r.yaml]\n", rules);
+    assert_eq!(code, 2, "{err}");
+    let file = dir.path().join("r.yaml").display().to_string();
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with(&file)).collect();
+    let at: Vec<String> = lines
+        .iter()
+        .map(|l| l[file.len() + 1..].split(": ").next().unwrap().to_owned())
+        .collect();
+    assert_eq!(at.len(), 6, "{err}");
+    let wanted = ["4:", "10:", "11:", "12:", "14:", "16:"];
+    for (got, want) in at.iter().zip(wanted) {
+        assert!(got.starts_with(want), "{at:?}, wanted {wanted:?}:\n{err}");
+    }
+    assert!(
+        err.contains("soon") && err.contains("colour") && err.contains("bad name!"),
+        "{err}"
+    );
+    assert!(err.contains("no time") && err.contains("below a second"), "{err}");
+    assert!(!err.contains("good"), "{err}");
+}
+
+/// The regex crate's several-line message is one readable line: no `\\n`.
+#[test]
+fn a_regex_error_is_one_readable_line() {
+    let rule =
+        "rules:\n  - name: a\n    logs: [/x]\n    ignore: { path: '(unclosed' }\n    limit: { hits: 1, window: 1s }\n";
+    let (code, _out, err, _d) = check("rules: [r.yaml]\n", rule);
+    assert_eq!(code, 2);
+    assert!(!err.contains("\\n"), "{err}");
+    assert!(
+        err.contains("invalid regular expression: unclosed group at character 1 of `(unclosed`"),
+        "{err}"
+    );
+}
+
+/// What is valid now: `hits: 0` (every window algorithm), a ban
+/// of 1.5 s shown exactly, a format without time under `clock: redis`, the
+/// two new formats.
+#[test]
+fn hits_zero_exact_durations_and_the_new_formats_pass() {
+    let rule = "rules:
+  - name: first
+    logs: [/x]
+    limit: { hits: 0, window: 1m }
+    ban: { duration: 1500ms }
+  - name: fixed
+    logs: [/x]
+    limit: { algorithm: fixed_window, hits: 0, window: 1m }
+  - name: untimed
+    logs: [/x]
+    format: { log_format: '$remote_addr \"$request\" $status' }
+    limit: { hits: 5, window: 1m, clock: redis }
+  - name: json
+    logs: [/x]
+    format: json
+    limit: { hits: 5, window: 1m }
+  - name: errors
+    logs: [/x]
+    format: nginx_error
+    match: { level: [error, crit], message: '^limiting requests' }
+    limit: { hits: 5, window: 1m }
+";
+    let (code, out, err, _d) = check("rules: [r.yaml]\n", rule);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("first: 0 hits per 1m (sliding_window), ban 1s 500ms"),
+        "{out}"
+    );
+    assert!(out.contains("fixed: 0 hits per 1m (fixed_window)"), "{out}");
+    assert!(
+        out.contains("format json") && out.contains("format nginx_error"),
+        "{out}"
+    );
+}
+
+/// A JSON template pasted into `log_format:` works but matches escaped
+/// text: `check` passes and says so, pointing to `format: json`.
+#[test]
+fn a_json_template_in_log_format_is_warned_about() {
+    let rule = "rules:\n  - name: j\n    logs: [/x]\n    format: { log_format: '{\"a\":\"$remote_addr\",\"t\":\"$time_iso8601\"}' }\n    limit: { hits: 1, window: 1s }\n";
+    let (code, out, err, _d) = check("rules: [r.yaml]\n", rule);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("warning:") && out.contains("rule j") && out.contains("format: { json:"),
+        "{out}"
+    );
 }

@@ -177,6 +177,8 @@ fn spot_checks_of_corpus_lines() {
             referer: b"http://semicomplete.com/presentations/logstash-monitorama-2013/",
             host: b"",
             limit_req_status: b"",
+            level: b"",
+            message: b"",
         }
     );
 
@@ -566,6 +568,8 @@ fn log_format_reads_the_variables_it_knows() {
             referer: b"-",
             host: b"shop.example",
             limit_req_status: b"REJECTED",
+            level: b"",
+            message: b"",
         })
     );
 

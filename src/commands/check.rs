@@ -290,6 +290,8 @@ fn format_name(f: &Format) -> &'static str {
         Format::Combined => "combined",
         Format::Common => "common",
         Format::LogFormat(_) => "log_format",
+        Format::Json(_) => "json",
+        Format::NginxError => "nginx_error",
         Format::Regex(_) => "regex",
     }
 }

@@ -14,6 +14,7 @@ mod http;
 mod redis;
 mod rules;
 mod schema;
+mod split;
 mod values;
 
 use std::collections::HashMap;
@@ -29,7 +30,7 @@ pub use http::{HttpConfig, Listen, DEFAULT_GROUP as DEFAULT_HTTP_GROUP};
 pub use redis::{RedisConfig, Sentinel, Servers, TlsFiles};
 pub use rules::{BanPolicy, Limit, Rule};
 pub use schema::{ActionSpec, Algorithm, Backend, Clock, MatchSpec, OnDown, Scope};
-pub use values::{Dur, Method, Net, Rate, Re, StatusPat};
+pub use values::{Dur, Level, Method, Net, Rate, Re, StatusPat};
 
 /// Where `fleetban` looks when `-c` is not given.
 pub const DEFAULT_PATH: &str = "/etc/fleetban/fleetban.yaml";
@@ -182,6 +183,17 @@ impl Config {
                  (README: Behind a load balancer or CDN)"
                     .to_owned(),
             );
+        }
+        for r in &self.rules {
+            if matches!(&r.format, crate::parse::Format::LogFormat(f) if f.trim_start().starts_with('{')) {
+                out.push(format!(
+                    "rule {} ({}): its log_format is a JSON template: it parses, but `match`/`ignore` see \
+                     the escaped text (`\\\"` for a quote); `format: {{ json: {{ VARIABLE: KEY, ... }} }}` \
+                     matches the unescaped values (README: JSON access logs)",
+                    r.name,
+                    r.file.display()
+                ));
+            }
         }
         out
     }

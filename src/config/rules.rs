@@ -63,112 +63,170 @@ pub(super) fn load_rule_file(
         Ok(t) => t,
         Err(e) => return errors.push(ConfigError::whole_file(file, format!("cannot read: {e}"))),
     };
-    let parsed: schema::RuleFile = match serde_saphyr::from_str(&text) {
-        Ok(p) => p,
-        Err(e) => return errors.push(ConfigError::from_yaml(file, &e)),
+    let before = errors.len();
+    let specs: Vec<schema::RuleSpec> = match serde_saphyr::from_str::<schema::RuleFile>(&text) {
+        Ok(p) => p.rules,
+        // A bad rule must not hide the next: each rule is read again on
+        // its own, so that every one's errors are reported (`split.rs`).
+        Err(e) => super::split::each_rule(file, &text, &e, errors),
     };
     let base = file.parent().map(Path::to_path_buf).unwrap_or_default();
-    for spec in parsed.rules {
-        let name = spec.name.value.trim().to_owned();
-        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b)) {
-            errors.push(ConfigError::at(
-                file,
-                spec.name.referenced,
-                format!("invalid rule name `{name}`: expected letters, digits, `_`, `-` or `.`"),
-            ));
-            continue;
+    for spec in specs {
+        if let Some(rule) = rule_of(file, &base, spec, proxies, seen, errors) {
+            rules.push(rule);
         }
-        if let Some((other, loc)) = seen.get(&name) {
-            let first = ConfigError::at(other, *loc, "");
-            errors.push(ConfigError::at(
-                file,
-                spec.name.referenced,
-                format!(
-                    "duplicate rule name `{name}` (first defined at {}:{}:{})",
-                    other.display(),
-                    first.line,
-                    first.column
-                ),
-            ));
-            continue;
-        }
-        seen.insert(name.clone(), (file.to_path_buf(), spec.name.referenced));
-        if spec.logs.value.0.is_empty() {
-            errors.push(ConfigError::at(
-                file,
-                spec.logs.referenced,
-                "`logs` is empty: expected at least one path",
-            ));
-            continue;
-        }
-        if let Some(bad) = spec
-            .logs
-            .value
-            .0
-            .iter()
-            .find_map(|l| glob::Pattern::new(l).err().map(|e| (l, e)))
-        {
-            errors.push(ConfigError::at(
-                file,
-                spec.logs.referenced,
-                format!("invalid log path or glob `{}`: {}", bad.0, bad.1),
-            ));
-            continue;
-        }
-        let format = spec.format.as_ref().map_or(Format::Combined, |f| f.value.0.clone());
-        if proxies.is_empty() {
-            if let (Some(f), Some(field)) = (&spec.format, crate::parse::forwarded_field(&format)) {
-                errors.push(ConfigError::at(
-                    file,
-                    f.referenced,
-                    format!(
-                        "the format reads the client from `${field}`, which anyone can write: list the \
-                         balancers or CDN ranges allowed to set it in `proxies:` (main file), or log \
-                         `$remote_addr` after nginx's realip module"
-                    ),
-                ));
-                continue;
-            }
-        }
-        let l = &spec.limit.value;
-        let limit = match limit_of(l) {
-            Ok(limit) => limit,
-            Err(msg) => {
-                errors.push(ConfigError::at(file, spec.limit.referenced, msg));
-                continue;
-            }
-        };
-        let esc = spec.ban.escalate.as_ref();
-        let duration_ms = spec.ban.duration.as_ms().max(1000);
-        let factor = esc.map_or(1.0, |e| e.factor);
-        if !(factor.is_finite() && (1.0..=1000.0).contains(&factor)) {
-            errors.push(ConfigError::at(
-                file,
-                spec.limit.referenced,
-                "`escalate.factor` must be between 1 and 1000",
-            ));
-            continue;
-        }
-        let week = 7 * 86_400_000;
-        rules.push(Rule {
-            name,
-            file: file.to_path_buf(),
-            logs: spec.logs.value.0.iter().map(|l| absolute(&base, l)).collect(),
-            format,
-            matches: spec.match_,
-            ignore: spec.ignore,
-            limit,
-            ban: BanPolicy {
-                duration_ms,
-                factor,
-                max_ms: esc
-                    .and_then(|e| e.max)
-                    .map_or(if esc.is_some() { week } else { duration_ms }, Dur::as_ms)
-                    .max(duration_ms),
-                forget_after_ms: esc.and_then(|e| e.forget_after).map_or(week, Dur::as_ms),
-            },
-        });
     }
+    // In the order of the file, whichever pass found them.
+    errors[before..].sort_by_key(|e| (e.line, e.column));
+}
+
+/// One rule validated; every problem found in it is pushed to `errors`
+/// (not only the first), and then it is `None`.
+fn rule_of(
+    file: &Path,
+    base: &Path,
+    spec: schema::RuleSpec,
+    proxies: &[ipnet::IpNet],
+    seen: &mut HashMap<String, (PathBuf, Location)>,
+    errors: &mut Vec<ConfigError>,
+) -> Option<Rule> {
+    let before = errors.len();
+    let mut error = |loc: Location, msg: String| errors.push(ConfigError::at(file, loc, msg));
+    let name = spec.name.value.trim().to_owned();
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b)) {
+        error(
+            spec.name.referenced,
+            format!("invalid rule name `{name}`: expected letters, digits, `_`, `-` or `.`"),
+        );
+    } else if let Some((other, loc)) = seen.get(&name) {
+        let first = ConfigError::at(other, *loc, "");
+        error(
+            spec.name.referenced,
+            format!(
+                "duplicate rule name `{name}` (first defined at {}:{}:{})",
+                other.display(),
+                first.line,
+                first.column
+            ),
+        );
+    } else {
+        seen.insert(name.clone(), (file.to_path_buf(), spec.name.referenced));
+    }
+    if spec.logs.value.0.is_empty() {
+        error(
+            spec.logs.referenced,
+            "`logs` is empty: expected at least one path".into(),
+        );
+    }
+    if let Some(bad) = spec
+        .logs
+        .value
+        .0
+        .iter()
+        .find_map(|l| glob::Pattern::new(l).err().map(|e| (l, e)))
+    {
+        error(
+            spec.logs.referenced,
+            format!("invalid log path or glob `{}`: {}", bad.0, bad.1),
+        );
+    }
+    let format = spec.format.as_ref().map_or(Format::Combined, |f| f.value.0.clone());
+    let format_at = spec.format.as_ref().map_or(spec.name.referenced, |f| f.referenced);
+    if proxies.is_empty() {
+        if let (Some(f), Some(field)) = (&spec.format, crate::parse::forwarded_field(&format)) {
+            error(
+                f.referenced,
+                format!(
+                    "the format reads the client from `${field}`, which anyone can write: list the \
+                     balancers or CDN ranges allowed to set it in `proxies:` (main file), or log \
+                     `$remote_addr` after nginx's realip module"
+                ),
+            );
+        }
+    }
+    if format != Format::NginxError {
+        for (what, m) in [("match", &spec.match_), ("ignore", &spec.ignore)] {
+            if let Some(key) = m.error_log_keys() {
+                error(
+                    format_at,
+                    format!("`{what}: {{ {key}: ... }}` reads nginx's error log: it needs `format: nginx_error`"),
+                );
+            }
+        }
+    }
+    let l = &spec.limit.value;
+    let limit = limit_of(l).map_err(|msg| error(spec.limit.referenced, msg)).ok();
+    let timed = crate::parse::Parser::new(&format).is_ok_and(|p| p.has_time());
+    if l.clock == Clock::Log && !timed {
+        error(
+            format_at,
+            "the format gives no time (`$time_local`, `$time_iso8601` or `$msec`; a regex's `time` \
+             group), and `clock: log` (the default) takes each hit's time from its line: log a time, \
+             or set `limit: { clock: redis }` to count at arrival"
+                .into(),
+        );
+    }
+    let ban_at = spec.ban.as_ref().map_or(spec.name.referenced, |b| b.referenced);
+    let ban = spec.ban.map(|b| b.value).unwrap_or_default();
+    let esc = ban.escalate.as_ref();
+    let duration_ms = ban.duration.as_ms();
+    let at_least_a_second = |what: &str, d: Dur, error: &mut dyn FnMut(Location, String)| {
+        if d.as_ms() < 1000 {
+            error(
+                ban_at,
+                format!(
+                    "`{what}` is {}, below a second: a ban lasts at least 1s (write e.g. `1s`)",
+                    humantime::format_duration(d.0)
+                ),
+            );
+        }
+    };
+    at_least_a_second("ban.duration", ban.duration, &mut error);
+    let factor = esc.map_or(1.0, |e| e.factor);
+    if !(factor.is_finite() && (1.0..=1000.0).contains(&factor)) {
+        error(ban_at, "`escalate.factor` must be between 1 and 1000".into());
+    }
+    let week = 7 * 86_400_000;
+    let max_ms = match esc.and_then(|e| e.max) {
+        Some(max) => {
+            at_least_a_second("escalate.max", max, &mut error);
+            if max.as_ms() < duration_ms {
+                error(
+                    ban_at,
+                    format!(
+                        "`escalate.max` ({}) is shorter than `ban.duration` ({}): a repeat offender's ban \
+                         would be shorter than a first one's",
+                        humantime::format_duration(max.0),
+                        humantime::format_duration(ban.duration.0)
+                    ),
+                );
+            }
+            max.as_ms()
+        }
+        None if esc.is_some() => week.max(duration_ms),
+        None => duration_ms,
+    };
+    if let Some(f) = esc.and_then(|e| e.forget_after) {
+        at_least_a_second("escalate.forget_after", f, &mut error);
+    }
+    if errors.len() > before {
+        return None;
+    }
+    Some(Rule {
+        name,
+        file: file.to_path_buf(),
+        logs: spec.logs.value.0.iter().map(|l| absolute(base, l)).collect(),
+        format,
+        matches: spec.match_,
+        ignore: spec.ignore,
+        limit: limit?,
+        ban: BanPolicy {
+            duration_ms,
+            factor,
+            max_ms,
+            forget_after_ms: esc.and_then(|e| e.forget_after).map_or(week, Dur::as_ms),
+        },
+    })
 }
 
 /// The validated limit of one rule: each algorithm takes its own parameters
@@ -197,6 +255,15 @@ fn limit_of(l: &schema::LimitSpec) -> Result<Limit, String> {
                     .into(),
             );
         };
+        if burst.0 == 0 {
+            // Its window is the time the bucket takes to fill: none, and a
+            // hit older than its window at arrival is stale in `run`.
+            return Err(
+                "`token_bucket` needs `burst` of at least 1: an empty bucket has no time span to \
+                        judge a hit in; to ban on the first match write `{ hits: 0, window: 60s }`"
+                    .into(),
+            );
+        }
         let interval_us = (1e6 / rate.0).round();
         if !(1.0..=86_400e6).contains(&interval_us) {
             return Err("`rate` must be between 1/d and 1000000/s".into());
@@ -230,6 +297,9 @@ fn limit_of(l: &schema::LimitSpec) -> Result<Limit, String> {
     // numbers are doubles, exact up to 2^53, and the estimate reaches 2 x hits x window.
     if l.algorithm == Algorithm::SlidingCounter && (i128::from(hits.0) * i128::from(limit.window_ms)) >= 1 << 52 {
         return Err("`sliding_counter` needs hits x window (in ms) below 2^52: lower `hits` or `window`".into());
+    }
+    if hits.0 == 0 && l.prefilter.is_some() {
+        return Err("`hits: 0` bans on the first match, with no count to screen: remove `prefilter`".into());
     }
     limit.prefilter = l.prefilter.map(|f| f.0);
     Ok(limit)

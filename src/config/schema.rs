@@ -10,7 +10,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
-use super::values::{Dur, Fraction, Hits, List, Method, Net, Rate, Re, StatusPat};
+use super::values::{Dur, Fraction, Hits, Level, List, Method, Net, Rate, Re, StatusPat};
 use crate::parse::{Format, Parser};
 
 #[derive(Debug, Deserialize)]
@@ -186,8 +186,32 @@ pub struct RuleSpec {
     #[serde(default)]
     pub ignore: MatchSpec,
     pub limit: Spanned<LimitSpec>,
-    #[serde(default)]
-    pub ban: BanSpec,
+    pub ban: Option<Spanned<BanSpec>>,
+}
+
+/// A rule file read key by key (`split.rs`): every key optional, so that
+/// each key of a rule is checked alone and a rule's every error is found.
+/// Only deserialized for its errors: the values are never read.
+#[allow(dead_code)]
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleKeysFile {
+    pub rules: Vec<RuleKeys>,
+}
+
+/// [`RuleSpec`] with every key optional.
+#[allow(dead_code)]
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleKeys {
+    pub name: Option<Spanned<String>>,
+    pub logs: Option<Spanned<List<String>>>,
+    pub format: Option<Spanned<FormatSpec>>,
+    #[serde(rename = "match")]
+    pub match_: Option<MatchSpec>,
+    pub ignore: Option<MatchSpec>,
+    pub limit: Option<Spanned<LimitSpec>>,
+    pub ban: Option<Spanned<BanSpec>>,
 }
 
 /// `match:` / `ignore:` — every key given must match (AND); values in a list are alternatives (OR).
@@ -201,6 +225,22 @@ pub struct MatchSpec {
     pub user_agent: Option<Re>,
     pub host: Option<Re>,
     pub limit_req_status: Option<List<String>>,
+    /// `format: nginx_error`: the message (the text before `, client: `).
+    pub message: Option<Re>,
+    /// `format: nginx_error`: the level, one of nginx's (`error`, `warn`, ...).
+    pub level: Option<List<Level>>,
+}
+
+impl MatchSpec {
+    /// The error-log keys given (`message`, `level`), for the check that
+    /// the rule's format has them.
+    pub fn error_log_keys(&self) -> Option<&'static str> {
+        match (&self.message, &self.level) {
+            (Some(_), _) => Some("message"),
+            (_, Some(_)) => Some("level"),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -294,8 +334,9 @@ fn default_factor() -> f64 {
     2.0
 }
 
-/// `format:` is `combined`, `common`, `{ log_format: '...' }` or `{ regex: '...' }`.
-/// The parser is compiled here so that a bad format is reported where it stands.
+/// `format:` is `combined`, `common`, `json`, `nginx_error`, `{ log_format: '...' }`,
+/// `{ json: { VARIABLE: KEY, ... } }` or `{ regex: '...' }`. The parser is
+/// compiled here so that a bad format is reported where it stands.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FormatSpec(pub Format);
 
@@ -305,40 +346,57 @@ impl Default for FormatSpec {
     }
 }
 
+const FORMATS: &str = "`combined`, `common`, `json`, `nginx_error`, `{ log_format: '...' }`, `{ json: { remote_addr: KEY, ... } }` or `{ regex: '...' }`";
+
 impl<'de> Deserialize<'de> for FormatSpec {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
             type Value = FormatSpec;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("`combined`, `common`, `{ log_format: '...' }` or `{ regex: '...' }`")
+                f.write_str(FORMATS)
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<FormatSpec, E> {
                 match v {
                     "combined" => Ok(FormatSpec(Format::Combined)),
                     "common" => Ok(FormatSpec(Format::Common)),
-                    _ => Err(E::custom(format!(
-                        "unknown format `{v}`: expected `combined`, `common`, `{{ log_format: '...' }}` or `{{ regex: '...' }}`"
-                    ))),
+                    "json" => Ok(FormatSpec(Format::Json(crate::parse::default_json_mapping()))),
+                    "nginx_error" => Ok(FormatSpec(Format::NginxError)),
+                    _ => Err(E::custom(format!("unknown format `{v}`: expected {FORMATS}"))),
                 }
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<FormatSpec, A::Error> {
                 let key: String = map
                     .next_key()?
-                    .ok_or_else(|| de::Error::custom("empty format: expected `log_format:` or `regex:`"))?;
-                let value: String = map.next_value()?;
+                    .ok_or_else(|| de::Error::custom("empty format: expected `log_format:`, `json:` or `regex:`"))?;
                 let format = match key.as_str() {
-                    "log_format" => Format::LogFormat(value),
-                    "regex" => Format::Regex(value),
+                    "log_format" => {
+                        let value: String = map.next_value()?;
+                        if let Some(why) = pasted_directive(&value) {
+                            return Err(de::Error::custom(format!(
+                                "log_format: this is {why} of nginx's `log_format` directive: paste only the \
+                                 format string, the text between its quotes (several quoted parts joined, \
+                                 without the name, `escape=`, the quotes and the `;`), e.g. `log_format: \
+                                 '$remote_addr - $remote_user [$time_local] \"$request\" $status'`; for a \
+                                 `escape=json` log use `format: json` (README: JSON access logs)"
+                            )));
+                        }
+                        Format::LogFormat(value)
+                    }
+                    "regex" => Format::Regex(map.next_value()?),
+                    "json" => {
+                        let mapping: std::collections::BTreeMap<String, String> = map.next_value()?;
+                        Format::Json(mapping.into_iter().collect())
+                    }
                     other => {
                         return Err(de::Error::custom(format!(
-                            "unknown format key `{other}`: expected `log_format` or `regex`"
+                            "unknown format key `{other}`: expected `log_format`, `json` or `regex`"
                         )))
                     }
                 };
                 if map.next_key::<String>()?.is_some() {
                     return Err(de::Error::custom(
-                        "a format has exactly one key: `log_format` or `regex`",
+                        "a format has exactly one key: `log_format`, `json` or `regex`",
                     ));
                 }
                 Parser::new(&format).map_err(|e| de::Error::custom(format!("bad {key}: {e}")))?;
@@ -347,4 +405,34 @@ impl<'de> Deserialize<'de> for FormatSpec {
         }
         d.deserialize_any(V)
     }
+}
+
+/// What of a whole nginx directive a `log_format:` value holds, if it is
+/// one pasted from nginx.conf rather than its format string: `log_format
+/// main escape=json '{...}';` parses as a format that matches no line.
+fn pasted_directive(value: &str) -> Option<&'static str> {
+    let t = value.trim();
+    let first = t.split_whitespace().next().unwrap_or_default();
+    if first == "log_format" {
+        return Some("the whole text");
+    }
+    if first.starts_with("escape=") {
+        return Some("the `escape=` parameter");
+    }
+    // `main '...'` or `main escape=json '...'`: a name before the quotes.
+    let second = t.split_whitespace().nth(1).unwrap_or_default();
+    if !first.contains('$')
+        && first.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && (second.starts_with("escape=") || second.starts_with('\'') || second.starts_with('"'))
+    {
+        return Some("the name and quotes");
+    }
+    if t.ends_with("';") || t.ends_with("\";") {
+        return Some("the quotes and the trailing `;`");
+    }
+    // Single quotes only: a format may well start and end with a quoted field.
+    if t.len() >= 2 && t.starts_with('\'') && t.ends_with('\'') {
+        return Some("the surrounding quotes");
+    }
+    None
 }

@@ -215,7 +215,7 @@ impl FromStr for Re {
     fn from_str(s: &str) -> Result<Self, String> {
         regex::bytes::Regex::new(s)
             .map(Re)
-            .map_err(|e| format!("invalid regular expression: {e}"))
+            .map_err(|e| format!("invalid regular expression: {}", crate::parse::regex_error_text(&e)))
     }
 }
 
@@ -231,23 +231,45 @@ impl<'de> Deserialize<'de> for Net {
     }
 }
 
-/// The `hits` of a limit: a whole number of at least 1.
+/// The `hits` (or `burst`) of a limit: a whole number from 0 to 2^32 - 1.
+/// 0 bans on the first matching request (fail2ban's `maxretry = 1`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hits(pub u32);
 
 impl FromStr for Hits {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s.trim().parse::<u32>() {
-            Ok(n) if n >= 1 => Ok(Hits(n)),
-            _ => Err(format!("invalid hits `{s}`: expected a whole number of at least 1")),
-        }
+        s.trim().parse::<u32>().map(Hits).map_err(|_| {
+            format!(
+                "invalid number `{s}`: expected a whole number from 0 to {} (0: ban on the first match)",
+                u32::MAX
+            )
+        })
     }
 }
 
 impl<'de> Deserialize<'de> for Hits {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(FromStrVisitor::<Hits>::new("a whole number of at least 1"))
+        d.deserialize_any(FromStrVisitor::<Hits>::new("a whole number from 0 to 4294967295"))
+    }
+}
+
+/// An nginx error-log level (`match: { level: [error, crit] }`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Level(pub String);
+
+impl FromStr for Level {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim().to_ascii_lowercase();
+        if crate::parse::LEVELS.contains(&t.as_str()) {
+            Ok(Level(t))
+        } else {
+            Err(format!(
+                "invalid level `{s}`: expected one of nginx's: {}",
+                crate::parse::LEVELS.join(", ")
+            ))
+        }
     }
 }
 

@@ -67,6 +67,9 @@ struct Conditions {
     user_agent: Option<Field>,
     host: Option<Field>,
     limit_req_status: Option<Vec<Vec<u8>>>,
+    /// `format: nginx_error`'s message and level.
+    message: Option<Field>,
+    levels: Option<Vec<Vec<u8>>>,
 }
 
 impl Conditions {
@@ -84,6 +87,11 @@ impl Conditions {
                 .limit_req_status
                 .as_ref()
                 .map(|l| l.0.iter().map(|s| s.as_bytes().to_vec()).collect()),
+            message: spec.message.as_ref().map(|r| Field::new(&r.0)),
+            levels: spec
+                .level
+                .as_ref()
+                .map(|l| l.0.iter().map(|s| s.0.as_bytes().to_vec()).collect()),
         }
     }
 
@@ -94,6 +102,8 @@ impl Conditions {
             && self.user_agent.is_none()
             && self.host.is_none()
             && self.limit_req_status.is_none()
+            && self.message.is_none()
+            && self.levels.is_none()
     }
 
     fn matches(&self, r: &Request<'_>) -> bool {
@@ -124,6 +134,16 @@ impl Conditions {
         }
         if let Some(re) = &self.user_agent {
             if !re.is_match(r.user_agent) {
+                return false;
+            }
+        }
+        if let Some(l) = &self.levels {
+            if !l.iter().any(|v| v.as_slice() == r.level) {
+                return false;
+            }
+        }
+        if let Some(re) = &self.message {
+            if !re.is_match(r.message) {
                 return false;
             }
         }

@@ -107,6 +107,8 @@ pub struct Scanner {
     unparsed: Vec<u64>,
     /// [`Mode::Replay`]: the log times read, `[since, until)`.
     bounds: (i64, i64),
+    /// Where JSON values with escapes are decoded, reused line after line.
+    scratch: Vec<u8>,
 }
 
 impl Scanner {
@@ -121,6 +123,7 @@ impl Scanner {
             counts: Vec::new(),
             unparsed: Vec::new(),
             bounds: (i64::MIN, i64::MAX),
+            scratch: Vec::new(),
         };
         s.set_plan(plan);
         s
@@ -175,6 +178,7 @@ impl Scanner {
             counts,
             unparsed: unparsed_by,
             bounds,
+            scratch,
         } = self;
         let (mode, ipv6_prefix, (since, until)) = (*mode, *ipv6_prefix, *bounds);
         let groups: &[Group] = match mode {
@@ -192,7 +196,7 @@ impl Scanner {
             }
             let mut parsed = false;
             for (gi, g) in groups.iter().enumerate() {
-                let Some(req) = g.parser.parse(line) else {
+                let Some(req) = g.parser.parse_in(line, scratch) else {
                     if let Some(u) = unparsed_by.get_mut(gi) {
                         *u += 1;
                     }

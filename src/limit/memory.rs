@@ -160,6 +160,9 @@ impl MemoryLimiter {
         let Some(rule) = self.rules.get(rule_index) else {
             return Verdict::Under { count: 0 };
         };
+        if let Some(v) = super::first_match_over(rule, hits) {
+            return v;
+        }
         let call = Call {
             rule: Params::of(rule),
             ri: rule_index,

@@ -134,6 +134,13 @@ impl RuleLimit {
     }
 }
 
+/// `hits: 0` (or a bucket of `burst: 0`) bans on the first matching
+/// request, fail2ban's `maxretry = 1`: its first hit is over with nothing
+/// counted, decided here with no window to read, in Redis or in memory.
+pub(crate) fn first_match_over(rule: &RuleLimit, hits: &[crate::detect::Hit]) -> Option<Verdict> {
+    (rule.hits == 0 && !hits.is_empty()).then_some(Verdict::Over { index: 0, count: 0 })
+}
+
 /// The decision for one batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {

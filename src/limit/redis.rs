@@ -280,7 +280,9 @@ impl RedisLimiter {
         let mut got: Vec<Option<Verdict>> = vec![None; batches.len()];
         let mut todo: Vec<usize> = Vec::with_capacity(batches.len());
         for (i, b) in batches.iter().enumerate() {
-            if b.rule < self.rules.len() {
+            if let Some(v) = self.rules.get(b.rule).and_then(|r| super::first_match_over(r, &b.hits)) {
+                got[i] = Some(v);
+            } else if b.rule < self.rules.len() {
                 todo.push(i);
             } else {
                 got[i] = Some(Verdict::Under { count: 0 });
@@ -390,6 +392,10 @@ impl RedisLimiter {
         for b in batches {
             if b.rule >= self.rules.len() {
                 out.push(Verdict::Under { count: 0 });
+                continue;
+            }
+            if let Some(v) = super::first_match_over(&self.rules[b.rule], &b.hits) {
+                out.push(v);
                 continue;
             }
             let mut verdict_of_batch = Verdict::Under { count: 0 };

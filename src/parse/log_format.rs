@@ -312,9 +312,10 @@ fn find_literal(line: &[u8], from: usize, literal: &Finder<'_>, quoted: bool) ->
     }
 }
 
-/// Raw values seen on one line, first occurrence of each field.
+/// Raw values seen on one line, first occurrence of each field (also what
+/// the JSON format fills, `json.rs`).
 #[derive(Default)]
-struct Found<'a> {
+pub(crate) struct Found<'a> {
     addr: Option<&'a [u8]>,
     forwarded: Option<&'a [u8]>,
     time: Option<(Field, &'a [u8])>,
@@ -330,7 +331,7 @@ struct Found<'a> {
 
 impl<'a> Found<'a> {
     /// Records a value; `None` when it can already be seen to be invalid.
-    fn set(&mut self, field: Field, value: &'a [u8]) -> Option<()> {
+    pub(crate) fn set(&mut self, field: Field, value: &'a [u8]) -> Option<()> {
         let slot = match field {
             Field::Addr => &mut self.addr,
             Field::Forwarded | Field::ProxyProtocol => &mut self.forwarded,
@@ -353,7 +354,7 @@ impl<'a> Found<'a> {
         Some(())
     }
 
-    fn into_request(self, proxies: &NetSet) -> Option<Request<'a>> {
+    pub(crate) fn into_request(self, proxies: &NetSet) -> Option<Request<'a>> {
         let peer = parse_addr(self.addr?)?;
         let addr = match self.forwarded {
             Some(list) if !proxies.is_empty() => resolve(peer, list, proxies)?,

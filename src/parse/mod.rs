@@ -1,10 +1,11 @@
 //! Parse: one access-log line in, one [`Request`] out, borrowing the line.
 //!
 //! This is the step between `source` (which hands over whole lines) and
-//! `detect` (which decides whether a request counts). Three ways to read a
+//! `detect` (which decides whether a request counts). Five ways to read a
 //! line, chosen once per log by a [`Format`]: a hand-written scanner for
 //! nginx `combined`/`common` (the hot path: no regex, no allocation), a
-//! compiler from an nginx `log_format` string to a scanning program, and a
+//! compiler from an nginx `log_format` string to a scanning program, JSON
+//! objects (`escape=json`) through a key mapping, nginx's error log, and a
 //! `regex` escape hatch with named groups.
 //!
 //! The one invariant that matters for a ban daemon: the client address is
@@ -16,15 +17,18 @@
 //! is not a proxy: what a client wrote to its left is never read. `parse` knows nothing
 //! of rules, Redis or nftables, and never panics, whatever the bytes.
 //!
-//! Layout: `combined` (fast path), `log_format` (compiler), `regex` (named
+//! Layout: `combined` (fast path), `log_format` (compiler), `json`
+//! (`escape=json` objects), `error_log` (nginx's error.log), `regex` (named
 //! groups), `variables` (what each nginx variable means), `fields` (request
 //! line, status, quoted fields), `addr`, `forwarded` (the client behind
 //! proxies), `time`.
 
 mod addr;
 mod combined;
+mod error_log;
 mod fields;
 mod forwarded;
+mod json;
 mod log_format;
 mod regex;
 mod time;
@@ -36,14 +40,17 @@ use std::sync::Arc;
 use crate::addr::NetSet;
 
 pub use addr::parse_addr;
+pub use error_log::LEVELS;
 pub use forwarded::{resolve as resolve_forwarded, MAX_HOPS};
-pub use time::{days_from_civil, parse_epoch, parse_iso8601, parse_time_any, parse_time_local};
+pub use json::{default_json_mapping, JSON_VARIABLES};
+pub use time::{days_from_civil, parse_epoch, parse_error_log_time, parse_iso8601, parse_time_any, parse_time_local};
 
 /// One parsed access-log line; fields borrow the line (zero-copy).
 ///
 /// A field the format does not have is empty / `None` / `0`. Quoted fields are
 /// returned as logged: nginx's `-` for an empty referer or user agent stays
-/// `-`, and escapes such as `\x22` are not decoded.
+/// `-`, and escapes such as `\x22` are not decoded; `format: json` decodes
+/// its values' JSON escapes when parsed with [`Parser::parse_in`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Request<'a> {
     /// Client address from its own field; IPv4-mapped IPv6 becomes IPv4.
@@ -64,6 +71,10 @@ pub struct Request<'a> {
     pub host: &'a [u8],
     /// `$limit_req_status` (`PASSED`, `REJECTED`, ...).
     pub limit_req_status: &'a [u8],
+    /// The error log's level (`error`, `warn`, ...); empty for access logs.
+    pub level: &'a [u8],
+    /// The error log's message, the text before `, client: `; empty for access logs.
+    pub message: &'a [u8],
 }
 
 impl<'a> Request<'a> {
@@ -79,6 +90,8 @@ impl<'a> Request<'a> {
             referer: b"",
             host: b"",
             limit_req_status: b"",
+            level: b"",
+            message: b"",
         }
     }
 }
@@ -92,6 +105,11 @@ pub enum Format {
     Common,
     /// An nginx `log_format` string, e.g. `'$remote_addr [$time_iso8601] "$request" $status'`.
     LogFormat(String),
+    /// One JSON object per line (nginx `escape=json`): (nginx variable, JSON
+    /// key) pairs saying which key holds which variable.
+    Json(Vec<(String, String)>),
+    /// nginx's error log: local time, level, message, client, request, host.
+    NginxError,
     /// A regex with named groups: `addr` (required), `time`, `method`, `path`,
     /// `status`, `ua`, `referer`, `host`. It must match from the line's first byte.
     Regex(String),
@@ -139,7 +157,17 @@ pub enum FormatError {
         position: usize,
         delimiter: String,
     },
-    #[error("invalid regex: {0}")]
+    #[error("format json: `{name}` is not a variable fleetban reads; expected one of {known}")]
+    JsonUnknownVariable { name: String, known: String },
+    #[error("format json: the key of `{name}` is empty")]
+    JsonEmptyKey { name: String },
+    #[error("format json: the key `{key}` is mapped to both `{first}` and `{second}`")]
+    JsonDuplicateKey { key: String, first: String, second: String },
+    #[error("format json: no key is mapped to `remote_addr`: the client address needs its own field")]
+    JsonNoAddr,
+    #[error("format json: at most {max} keys")]
+    JsonTooManyKeys { max: usize },
+    #[error("invalid regex: {}", regex_error_text(.0))]
     Regex(#[from] ::regex::Error),
     #[error("regex has no named group `addr`")]
     RegexNoAddr,
@@ -158,6 +186,8 @@ enum Kind {
     Combined,
     Common,
     LogFormat(Arc<log_format::Program>),
+    Json(Arc<json::JsonFormat>),
+    NginxError,
     Regex(Arc<regex::RegexFormat>),
 }
 
@@ -177,6 +207,8 @@ impl Parser {
             Format::Combined => Kind::Combined,
             Format::Common => Kind::Common,
             Format::LogFormat(s) => Kind::LogFormat(Arc::new(log_format::Program::compile(s)?)),
+            Format::Json(mapping) => Kind::Json(Arc::new(json::JsonFormat::compile(mapping)?)),
+            Format::NginxError => Kind::NginxError,
             Format::Regex(s) => Kind::Regex(Arc::new(regex::RegexFormat::compile(s)?)),
         };
         Ok(Parser {
@@ -186,16 +218,32 @@ impl Parser {
     }
 
     /// Parses one line (without its `\n`; a trailing `\r` is ignored).
-    /// `None` means unparsed: the caller counts it and moves on.
+    /// `None` means unparsed: the caller counts it and moves on. JSON
+    /// values are given as logged, escapes and all: [`Parser::parse_in`]
+    /// decodes them (what the per-line loop uses).
+    #[inline]
+    pub fn parse<'a>(&self, line: &'a [u8]) -> Option<Request<'a>> {
+        self.parse_with(line, None)
+    }
+
+    /// [`Parser::parse`], with JSON escapes decoded into `scratch` (cleared
+    /// first, reused from line to line: no allocation once it has grown).
     // Inlined, the request is built where the caller keeps it (not copied
     // out of this frame: a 150-byte memcpy per line).
     #[inline]
-    pub fn parse<'a>(&self, line: &'a [u8]) -> Option<Request<'a>> {
+    pub fn parse_in<'a>(&self, line: &'a [u8], scratch: &'a mut Vec<u8>) -> Option<Request<'a>> {
+        self.parse_with(line, Some(scratch))
+    }
+
+    #[inline]
+    fn parse_with<'a>(&self, line: &'a [u8], scratch: Option<&'a mut Vec<u8>>) -> Option<Request<'a>> {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         match &self.kind {
             Kind::Combined => combined::parse(line, true),
             Kind::Common => combined::parse(line, false),
             Kind::LogFormat(program) => program.parse(line, &self.proxies),
+            Kind::Json(format) => format.parse(line, scratch, &self.proxies),
+            Kind::NginxError => error_log::parse(line),
             Kind::Regex(format) => format.parse(line),
         }
     }
@@ -205,6 +253,7 @@ impl Parser {
     pub fn forwarded(&self) -> Option<&'static str> {
         match &self.kind {
             Kind::LogFormat(program) => program.forwarded(),
+            Kind::Json(format) => format.forwarded(),
             _ => None,
         }
     }
@@ -212,8 +261,9 @@ impl Parser {
     /// Whether parsed requests carry a time (`clock: log` needs one).
     pub fn has_time(&self) -> bool {
         match &self.kind {
-            Kind::Combined | Kind::Common => true,
+            Kind::Combined | Kind::Common | Kind::NginxError => true,
             Kind::LogFormat(program) => program.has_time(),
+            Kind::Json(format) => format.has_time(),
             Kind::Regex(format) => format.has_time(),
         }
     }
@@ -223,4 +273,24 @@ impl Parser {
 /// that does not compile reads none).
 pub fn forwarded_field(format: &Format) -> Option<&'static str> {
     Parser::new(format).ok()?.forwarded()
+}
+
+/// The regex crate's message on one line: it spans lines (the pattern, a
+/// caret under the error, the reason), which configuration errors (one per
+/// line, `FILE:LINE:COL: message`) would print with a literal `\n`.
+/// `unclosed group at character 1 of `(unclosed``.
+pub fn regex_error_text(e: &::regex::Error) -> String {
+    let text = e.to_string();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    if let ([head, pattern, caret, .., last], true) = (lines.as_slice(), text.starts_with("regex parse error:")) {
+        let _ = head;
+        if let Some(reason) = last.strip_prefix("error: ") {
+            let indent = pattern.len() - pattern.trim_start().len();
+            if let Some(at) = caret.find('^').and_then(|c| c.checked_sub(indent)) {
+                return format!("{reason} at character {} of `{}`", at + 1, pattern.trim_start());
+            }
+            return format!("{reason} in `{}`", pattern.trim_start());
+        }
+    }
+    lines.iter().map(|l| l.trim()).collect::<Vec<_>>().join("; ")
 }

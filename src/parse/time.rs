@@ -106,6 +106,75 @@ pub fn parse_epoch(s: &[u8]) -> Option<i64> {
     Some(seconds * 1000 + millis)
 }
 
+/// nginx's error-log time, `YYYY/MM/DD HH:MM:SS` (19 bytes), which is the
+/// server's local time with no zone: read in this host's local time zone
+/// (`TZ`, else `/etc/localtime`) by libc's `mktime`, as nginx wrote it with
+/// `localtime`. In the hour a clock is set back the local times repeat:
+/// `mktime` picks one of the two instants (docs/design.md §5, `nginx_error`).
+pub fn parse_error_log_time(s: &[u8]) -> Option<i64> {
+    let s: &[u8; 19] = s.try_into().ok()?;
+    if s[4] != b'/' || s[7] != b'/' || s[10] != b' ' || s[13] != b':' || s[16] != b':' {
+        return None;
+    }
+    let year = four(&s[0..4])?;
+    let (month, day) = (two(s[5], s[6])?, two(s[8], s[9])?);
+    let hms = (two(s[11], s[12])?, two(s[14], s[15])?, two(s[17], s[18])?);
+    // The civil time as if it were UTC, then the zone's offset at that hour.
+    let civil = to_ms(year, month, day, hms, 0, 0)?;
+    Some(civil - local_offset_s(civil.div_euclid(3_600_000))? * 1000)
+}
+
+/// The last (civil hour, offset) looked up, packed in one word: consecutive
+/// lines share their hour, and `mktime` takes a lock and reads the zone.
+/// Offsets change on the hour in every zone in use today (a few historical
+/// ones changed at :30: their lines in that half hour read an hour off).
+static LAST_OFFSET: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
+
+/// Seconds east of UTC of local time at `hour` (hours since 1970 in civil
+/// time read as UTC).
+fn local_offset_s(hour: i64) -> Option<i64> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let key = u32::try_from(hour).ok().filter(|&h| h != u32::MAX);
+    if let Some(key) = key {
+        let last = LAST_OFFSET.load(Relaxed);
+        if (last >> 32) as u32 == key {
+            return Some(i64::from(last as u32 as i32));
+        }
+    }
+    let (days, h) = (hour.div_euclid(24), hour.rem_euclid(24));
+    let (y, m, d) = civil_from_days(days);
+    // SAFETY: `tm` is a plain C struct, zeroed then filled; mktime reads and
+    // normalises it and touches nothing else of ours.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    tm.tm_year = i32::try_from(y - 1900).ok()?;
+    tm.tm_mon = m as i32 - 1;
+    tm.tm_mday = d as i32;
+    tm.tm_hour = h as i32;
+    tm.tm_isdst = -1;
+    let t = unsafe { libc::mktime(&mut tm) };
+    if t == -1 && hour != -1 {
+        return None;
+    }
+    let offset = hour * 3600 - t;
+    if let (Some(key), Ok(o)) = (key, i32::try_from(offset)) {
+        LAST_OFFSET.store(u64::from(key) << 32 | u64::from(o as u32), Relaxed);
+    }
+    Some(offset)
+}
+
+/// The civil date of a day count since 1970-01-01 (Hinnant's `civil_from_days`).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
 /// Any of the three spellings (for a regex's `time` group); `[...]` around a
 /// `$time_local` is tolerated.
 pub fn parse_time_any(s: &[u8]) -> Option<i64> {
@@ -201,5 +270,31 @@ fn four(s: &[u8]) -> Option<u32> {
     match s {
         [a, b, c, d] => Some(two(*a, *b)? * 100 + two(*c, *d)?),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn civil_from_days_inverts_days_from_civil() {
+        for days in (-800_000..800_000).step_by(997) {
+            let (y, m, d) = civil_from_days(days);
+            assert_eq!(days_from_civil(y, m, d), days, "{y}-{m}-{d}");
+        }
+    }
+
+    #[test]
+    fn error_log_times_are_validated() {
+        assert!(parse_error_log_time(b"2026/11/30 10:00:01").is_some());
+        assert!(parse_error_log_time(b"2026/13/30 10:00:01").is_none());
+        assert!(parse_error_log_time(b"2026/02/30 10:00:01").is_none());
+        assert!(parse_error_log_time(b"2026-11-30 10:00:01").is_none());
+        assert!(parse_error_log_time(b"2026/11/30 24:00:01").is_none());
+        // One hour later is 3600 s later, whatever the zone (no transition then).
+        let a = parse_error_log_time(b"2026/11/30 10:00:01").unwrap();
+        let b = parse_error_log_time(b"2026/11/30 11:00:01").unwrap();
+        assert_eq!(b - a, 3_600_000);
     }
 }

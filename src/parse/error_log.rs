@@ -1,0 +1,149 @@
+//! nginx's error log (`format: nginx_error`): the lines its HTTP modules
+//! write about one request,
+//!
+//! ```text
+//! 2026/11/30 10:00:01 [error] 1234#0: *5 limiting requests, excess: 0.500 by zone "one",
+//!   client: 203.0.113.40, server: example.com, request: "GET / HTTP/1.1", host: "example.com"
+//! ```
+//!
+//! (one line): time (local, no zone: `time::parse_error_log_time`), level,
+//! pid#tid, the connection `*N`, the message, then the fields nginx appends
+//! in a fixed order: `client`, `server`, and optionally `request`,
+//! `subrequest`, `upstream`, `host`, `referrer` (quoted). A line without
+//! `, client: ` (start-up notices, a worker's exit) is unparsed.
+//!
+//! Where the client is: the message can hold text a client wrote (a basic
+//! auth user name) and so can the quoted fields after it (the referrer,
+//! unescaped), so either could imitate `, client: ADDR, server: ...`. Each
+//! `, client: ` is tried, and it is the client only when what follows it is
+//! exactly nginx's suffix to the end of the line: an address, an unquoted
+//! server name, and the quoted fields in their order, each closed by a `"`
+//! that is followed by the next field or the end. When more than one reading
+//! fits, the line is unparsed: never a chosen victim's address. (A user name
+//! holding a whole fake suffix thus hides its own line; README "nginx error
+//! log" says so.)
+
+use memchr::memmem;
+
+use super::addr::parse_addr;
+use super::fields::split_request;
+use super::time::parse_error_log_time;
+use super::Request;
+
+/// nginx's log levels, as written between the brackets.
+pub const LEVELS: &[&str] = &["debug", "info", "notice", "warn", "error", "crit", "alert", "emerg"];
+
+/// The quoted fields nginx may write after `server`, in its order.
+const TRAILING: &[&[u8]] = &[b"request", b"subrequest", b"upstream", b"host", b"referrer"];
+
+/// Parses one error-log line.
+pub(crate) fn parse(line: &[u8]) -> Option<Request<'_>> {
+    let time = parse_error_log_time(line.get(..19)?)?;
+    let rest = line.get(19..)?.strip_prefix(b" [")?;
+    let close = memchr::memchr(b']', rest).filter(|&c| c <= 6)?;
+    let level = &rest[..close];
+    if !LEVELS.iter().any(|l| l.as_bytes() == level) {
+        return None;
+    }
+    let rest = rest[close..].strip_prefix(b"] ")?;
+    let rest = skip_digits(rest)?.strip_prefix(b"#")?;
+    let mut body = skip_digits(rest)?.strip_prefix(b": ")?;
+    if let Some(conn) = body.strip_prefix(b"*") {
+        body = skip_digits(conn)?.strip_prefix(b" ")?;
+    }
+    let mut chosen = None;
+    for at in memmem::find_iter(body, b", client: ") {
+        if let Some(suffix) = suffix(&body[at + 10..]) {
+            if chosen.is_some() {
+                return None; // two readings: ambiguous
+            }
+            chosen = Some((at, suffix));
+        }
+    }
+    let (at, s) = chosen?;
+    let mut request = Request::with_addr(s.addr);
+    request.time_ms = Some(time);
+    request.level = level;
+    request.message = &body[..at];
+    let (method, path) = split_request(s.fields[0]);
+    request.method = method;
+    request.path = path;
+    request.host = s.fields[3];
+    request.referer = s.fields[4];
+    Some(request)
+}
+
+fn skip_digits(s: &[u8]) -> Option<&[u8]> {
+    let n = s.iter().take_while(|b| b.is_ascii_digit()).count();
+    (n > 0).then(|| &s[n..])
+}
+
+/// What follows `, client: ` when it is nginx's suffix.
+struct Suffix<'a> {
+    addr: std::net::IpAddr,
+    /// The values of [`TRAILING`], empty when absent.
+    fields: [&'a [u8]; 5],
+}
+
+fn suffix(s: &[u8]) -> Option<Suffix<'_>> {
+    let end = memchr::memchr(b',', s)?;
+    let addr = parse_addr(&s[..end])?;
+    let s = s[end..].strip_prefix(b", server: ")?;
+    // The server name (or listen address) is configuration: no space, quote or comma.
+    let n = s
+        .iter()
+        .position(|&b| matches!(b, b',' | b' ' | b'"'))
+        .unwrap_or(s.len());
+    let mut s = &s[n..];
+    let mut fields: [&[u8]; 5] = [b""; 5];
+    let mut next = 0;
+    while !s.is_empty() {
+        let rest = s.strip_prefix(b", ")?;
+        let k = (next..TRAILING.len())
+            .find(|&k| rest.starts_with(TRAILING[k]) && rest[TRAILING[k].len()..].starts_with(b": \""))?;
+        let value = &rest[TRAILING[k].len() + 3..];
+        let close = if TRAILING[k] == b"referrer" {
+            // Always last: it runs to the line's final quote.
+            value.len().checked_sub(1).filter(|&c| value[c] == b'"')?
+        } else {
+            closing_quote(value)?
+        };
+        fields[k] = &value[..close];
+        s = &value[close + 1..];
+        next = k + 1;
+    }
+    Some(Suffix { addr, fields })
+}
+
+/// The first `"` followed by `, ` or the end of the line.
+fn closing_quote(value: &[u8]) -> Option<usize> {
+    memchr::memchr_iter(b'"', value).find(|&q| {
+        let after = &value[q + 1..];
+        after.is_empty() || after.starts_with(b", ")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_and_message() {
+        let line = br#"2026/11/30 10:00:01 [error] 1234#0: *5 limiting requests, excess: 0.500 by zone "one", client: 203.0.113.40, server: example.com, request: "GET /a?b HTTP/1.1", host: "example.com", referrer: "https://x/""#;
+        let r = parse(line).unwrap();
+        assert_eq!(r.addr.to_string(), "203.0.113.40");
+        assert_eq!(r.level, b"error");
+        assert_eq!(r.message, br#"limiting requests, excess: 0.500 by zone "one""#);
+        assert_eq!((r.method, r.path), (&b"GET"[..], &b"/a?b"[..]));
+        assert_eq!(r.host, b"example.com");
+        assert_eq!(r.referer, b"https://x/");
+    }
+
+    #[test]
+    fn a_fake_suffix_in_the_referrer_makes_the_line_ambiguous() {
+        let line = br#"2026/11/30 10:00:01 [error] 1#0: *5 x, client: 203.0.113.40, server: s, request: "GET / HTTP/1.1", referrer: "r", client: 198.51.100.7, server: s, host: "h""#;
+        assert!(parse(line).is_none());
+        let no_client = b"2026/11/30 10:00:01 [notice] 1#1: signal process started";
+        assert!(parse(no_client).is_none());
+    }
+}
