@@ -12,12 +12,26 @@
 //! ````
 //!
 //! `<!-- output exit=N: ... -->` for a command that exits N (0 otherwise).
-//! The command is split on whitespace (no shell, no quoting) and its first
-//! word must be `fleetban`. Normalized on both sides: trailing blanks, RFC
-//! 3339 times (`<TIME>`); in the output only, the repository's absolute path
-//! (so a resolved path reads as a relative one). `FLEETBAN_DOCS_UPDATE=1
-//! cargo test --test docs` rewrites every block with what the command
-//! prints now, for a change that means to change them.
+//! The command is split on whitespace (no shell; a word in double quotes
+//! may hold spaces) and its first word must be `fleetban`.
+//!
+//! Normalized on both sides: trailing blanks, RFC 3339 times (`<TIME>`);
+//! in the output only, the repository's absolute path (so a resolved path
+//! reads as a relative one). `FLEETBAN_DOCS_UPDATE=1 cargo test --test
+//! docs` rewrites every block with what the command prints now, for a
+//! change that means to change them.
+//!
+//! `<!-- output scene=operator: fleetban bans -->` runs the command against
+//! a daemon this test starts (the embedded store, the `log` firewall, host
+//! `web-1`, `allow: [192.0.2.0/24]`, rule `scraper` of 100 hits a minute,
+//! and 37 requests of 203.0.113.9 dated now in its log), with `-c` its
+//! configuration; the scene's blocks run in document order, so a block
+//! sees what the blocks above it did. Their text starts with the command
+//! as typed (`$ fleetban bans`). Normalized besides: local times
+//! (`<TIME>`), times from now (`in <SPAN>`, `<SPAN> ago`), milliseconds,
+//! the lines/s rate, a pid, `left_s` and the runs of spaces that align a
+//! table; the scene's paths are shown where a package installs them
+//! (`/var/log/nginx/access.log`, `/var/lib/fleetban`, ...; output only).
 
 mod common;
 
@@ -31,6 +45,8 @@ struct Block {
     /// The words after `output:`.
     argv: Vec<String>,
     exit: i32,
+    /// The scene it runs in (`operator`), or none: the repository's root.
+    scene: Option<String>,
     /// Byte range of the block's text (between the fences) in the document.
     body: std::ops::Range<usize>,
 }
@@ -50,14 +66,18 @@ fn blocks(file: &Path, text: &str) -> Vec<Block> {
         let (head, command) = marker
             .split_once(':')
             .unwrap_or_else(|| panic!("{}: marker without `:`", file.display()));
-        let exit = match head.trim() {
-            "" => 0,
-            e => e
-                .strip_prefix("exit=")
-                .and_then(|n| n.parse().ok())
-                .unwrap_or_else(|| panic!("{}: bad marker head {e:?}", file.display())),
-        };
-        let argv: Vec<String> = command.split_whitespace().map(str::to_owned).collect();
+        let (mut exit, mut scene) = (0, None);
+        for word in head.split_whitespace() {
+            if let Some(n) = word.strip_prefix("exit=").and_then(|n| n.parse().ok()) {
+                exit = n;
+            } else if let Some(name) = word.strip_prefix("scene=") {
+                assert_eq!(name, "operator", "{}: unknown scene {name:?}", file.display());
+                scene = Some(name.to_owned());
+            } else {
+                panic!("{}: bad marker head {head:?}", file.display());
+            }
+        }
+        let argv = words(command);
         assert_eq!(
             argv.first().map(String::as_str),
             Some("fleetban"),
@@ -80,11 +100,100 @@ fn blocks(file: &Path, text: &str) -> Vec<Block> {
         out.push(Block {
             argv,
             exit,
+            scene,
             body: body_start..body_end,
         });
         from = body_end;
     }
     out
+}
+
+/// A marker's command: words split on whitespace, a double-quoted word
+/// kept whole (without its quotes).
+fn words(command: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = command.trim();
+    while !rest.is_empty() {
+        let (word, after) = match rest.strip_prefix('"') {
+            Some(q) => q.split_once('"').expect("a closing quote"),
+            None => rest.split_once(char::is_whitespace).unwrap_or((rest, "")),
+        };
+        out.push(word.to_owned());
+        rest = after.trim_start();
+    }
+    out
+}
+
+/// The command as typed in a scene block's first line.
+fn typed(argv: &[String]) -> String {
+    let quoted: Vec<String> = argv
+        .iter()
+        .map(|w| match w.contains(' ') {
+            true => format!("\"{w}\""),
+            false => w.clone(),
+        })
+        .collect();
+    format!("$ {}", quoted.join(" "))
+}
+
+/// [`normalize`], then what a scene's output varies in from run to run.
+fn normalize_scene(text: &str) -> String {
+    let text = normalize(text);
+    let subs = [
+        (r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [A-Z]+", "<TIME>"),
+        (r"\bin \d+[dhms]( \d+[dhms])?", "in <SPAN>"),
+        (r"\b\d+[dhms]( \d+[dhms])? ago", "<SPAN> ago"),
+        (r"\b\d+ ms\b", "<MS>"),
+        // lines/s, just before the lag: nothing else (an address) is touched.
+        (r" \d+\.\d +<MS>", " <RATE> <MS>"),
+        (r"\bpid \d+", "pid <PID>"),
+        (r#""left_s":\d+"#, r#""left_s":<N>"#),
+        (r" {2,}", " "),
+    ];
+    let mut text = text;
+    for (pattern, with) in subs {
+        text = regex::Regex::new(pattern).unwrap().replace_all(&text, with).into_owned();
+    }
+    text
+}
+
+/// The daemon the `operator` blocks talk to (module doc).
+struct Scene {
+    dir: common::ConfigDir,
+    daemon: common::Daemon,
+}
+
+impl Scene {
+    fn start() -> Scene {
+        use common::{ConfigDir, Daemon, Rule};
+        let dir = ConfigDir::new();
+        let main = dir
+            .main_config()
+            .host_id("web-1")
+            .log_firewall()
+            .allow("[192.0.2.0/24]");
+        dir.write(&main, &[Rule::new("scraper", &dir.log, "{ hits: 100, window: 60s }").ban("1h")]);
+        let daemon = Daemon::start(None, &dir.cfg, &dir.control);
+        let now = fleetban::time_local(fleetban::now_ms());
+        let line = format!("203.0.113.9 - - [{now}] \"GET /catalog HTTP/1.1\" 200 512 \"-\" \"curl/8.5.0\"\n");
+        std::fs::write(&dir.log, line.repeat(37)).unwrap();
+        daemon.wait_lines(37);
+        Scene { dir, daemon }
+    }
+
+    /// `text` with the scene's paths where a package installs them.
+    fn as_installed(&self, text: &str) -> String {
+        let d = &self.dir;
+        [
+            (&d.log, "/var/log/nginx/access.log"),
+            (&d.state, "/var/lib/fleetban"),
+            (&d.control, "/run/fleetban/control.sock"),
+            (&d.cfg, "/etc/fleetban/fleetban.yaml"),
+            (&d.rules, "/etc/fleetban/rules.d/scraper.yaml"),
+        ]
+        .iter()
+        .fold(text.to_owned(), |t, (path, installed)| t.replace(&path.display().to_string(), installed))
+    }
 }
 
 /// Trailing blanks off every line; RFC 3339 times as `<TIME>`.
@@ -98,10 +207,16 @@ fn normalize(text: &str) -> String {
     out
 }
 
-/// What the command prints now, as a block shows it.
-fn output_of(block: &Block) -> (i32, String) {
+/// What the command prints now, as a block shows it (in `scene`, for a
+/// scene's block).
+fn output_of(block: &Block, scene: Option<&Scene>) -> (i32, String) {
+    let mut args: Vec<String> = block.argv[1..].to_vec();
+    if let Some(scene) = scene {
+        let at = usize::from(!args.is_empty());
+        args.splice(at..at, ["-c".to_owned(), scene.dir.cfg.display().to_string()]);
+    }
     let out = Command::new(common::fleetban_bin())
-        .args(&block.argv[1..])
+        .args(&args)
         .current_dir(ROOT)
         .env("NO_COLOR", "1")
         .env("TZ", "UTC")
@@ -115,7 +230,22 @@ fn output_of(block: &Block) -> (i32, String) {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = text.replace(&format!("{ROOT}/"), "");
-    (out.status.code().unwrap_or(-1), normalize(&text))
+    match scene {
+        None => (out.status.code().unwrap_or(-1), normalize(&text)),
+        Some(scene) => {
+            let text = scene.as_installed(&text);
+            let text = format!("{}\n{text}", typed(&block.argv));
+            (out.status.code().unwrap_or(-1), normalize(&text))
+        }
+    }
+}
+
+/// How a block's text and a command's output are compared.
+fn comparable(block: &Block, text: &str) -> String {
+    match block.scene {
+        Some(_) => normalize_scene(text),
+        None => normalize(text),
+    }
 }
 
 fn documents() -> Vec<PathBuf> {
@@ -135,41 +265,54 @@ fn every_marked_output_block_is_what_the_binary_prints() {
     let update = std::env::var_os("FLEETBAN_DOCS_UPDATE").is_some_and(|v| !v.is_empty());
     let mut checked = Vec::new();
     let mut stale = Vec::new();
+    let mut scene: Option<Scene> = None;
     for file in documents() {
         let mut text = std::fs::read_to_string(&file).unwrap();
         let found = blocks(&file, &text);
-        // From the last block up, so that earlier ranges stay right.
-        for block in found.iter().rev() {
+        // In document order (a scene's blocks build on each other) ...
+        let mut now = Vec::new();
+        for block in &found {
+            if block.scene.is_some() && scene.is_none() {
+                scene = Some(Scene::start());
+            }
+            let (code, output) = output_of(block, block.scene.as_ref().and(scene.as_ref()));
             let command = block.argv.join(" ");
-            let (code, now) = output_of(block);
             assert_eq!(
                 code,
                 block.exit,
-                "{}: `{command}` exited {code}:\n{now}",
+                "{}: `{command}` exited {code}:\n{output}",
                 file.display()
             );
-            if normalize(&text[block.body.clone()]) != now {
+            now.push(output);
+            checked.push(command);
+        }
+        // ... and replaced from the last block up, so that earlier ranges stay right.
+        for (block, output) in found.iter().zip(&now).rev() {
+            if comparable(block, &text[block.body.clone()]) != comparable(block, output) {
                 match update {
-                    true => text.replace_range(block.body.clone(), &now),
+                    true => text.replace_range(block.body.clone(), output),
                     false => stale.push(format!(
-                        "{}: `{command}` now prints:\n{now}\nthe block shows:\n{}",
+                        "{}: `{}` now prints:\n{output}\nthe block shows:\n{}",
                         file.display(),
+                        block.argv.join(" "),
                         &text[block.body.clone()]
                     )),
                 }
             }
-            checked.push(command);
         }
         if update {
             std::fs::write(&file, text).unwrap();
         }
+    }
+    if let Some(mut scene) = scene {
+        scene.daemon.stop(std::time::Duration::from_secs(10));
     }
     assert!(
         stale.is_empty(),
         "{}\n(FLEETBAN_DOCS_UPDATE=1 rewrites them)",
         stale.join("\n")
     );
-    for want in ["fleetban check", "--help"] {
+    for want in ["fleetban check", "--help", "fleetban test", "fleetban status", "fleetban bans", "fleetban explain"] {
         assert!(
             checked.iter().any(|c| c.contains(want)),
             "no checked block of {want}: {checked:?}"
@@ -183,7 +326,7 @@ fn a_block_that_drifted_is_found() {
     let file = Path::new("inline.md");
     let found = blocks(file, doc);
     assert_eq!(found.len(), 1);
-    let (code, now) = output_of(&found[0]);
+    let (code, now) = output_of(&found[0], None);
     assert_eq!(code, 0);
     assert_eq!(now, format!("fleetban {}\n", env!("CARGO_PKG_VERSION")));
     assert_ne!(normalize(&doc[found[0].body.clone()]), now);
