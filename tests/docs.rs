@@ -152,7 +152,10 @@ fn normalize_scene(text: &str) -> String {
     ];
     let mut text = text;
     for (pattern, with) in subs {
-        text = regex::Regex::new(pattern).unwrap().replace_all(&text, with).into_owned();
+        text = regex::Regex::new(pattern)
+            .unwrap()
+            .replace_all(&text, with)
+            .into_owned();
     }
     text
 }
@@ -172,7 +175,10 @@ impl Scene {
             .host_id("web-1")
             .log_firewall()
             .allow("[192.0.2.0/24]");
-        dir.write(&main, &[Rule::new("scraper", &dir.log, "{ hits: 100, window: 60s }").ban("1h")]);
+        dir.write(
+            &main,
+            &[Rule::new("scraper", &dir.log, "{ hits: 100, window: 60s }").ban("1h")],
+        );
         let daemon = Daemon::start(None, &dir.cfg, &dir.control);
         let now = fleetban::time_local(fleetban::now_ms());
         let line = format!("203.0.113.9 - - [{now}] \"GET /catalog HTTP/1.1\" 200 512 \"-\" \"curl/8.5.0\"\n");
@@ -192,7 +198,13 @@ impl Scene {
             (&d.rules, "/etc/fleetban/rules.d/scraper.yaml"),
         ]
         .iter()
-        .fold(text.to_owned(), |t, (path, installed)| t.replace(&path.display().to_string(), installed))
+        .fold(text.to_owned(), |t, (path, installed)| {
+            // In a table's column (two spaces or more after it), padded to
+            // the width the column was laid out for.
+            let path = path.display().to_string();
+            let padded = format!("{installed:<w$}  ", w = path.chars().count());
+            t.replace(&format!("{path}  "), &padded).replace(&path, installed)
+        })
     }
 }
 
@@ -288,16 +300,15 @@ fn every_marked_output_block_is_what_the_binary_prints() {
         }
         // ... and replaced from the last block up, so that earlier ranges stay right.
         for (block, output) in found.iter().zip(&now).rev() {
-            if comparable(block, &text[block.body.clone()]) != comparable(block, output) {
-                match update {
-                    true => text.replace_range(block.body.clone(), output),
-                    false => stale.push(format!(
-                        "{}: `{}` now prints:\n{output}\nthe block shows:\n{}",
-                        file.display(),
-                        block.argv.join(" "),
-                        &text[block.body.clone()]
-                    )),
-                }
+            if update && normalize(&text[block.body.clone()]) != normalize(output) {
+                text.replace_range(block.body.clone(), output);
+            } else if !update && comparable(block, &text[block.body.clone()]) != comparable(block, output) {
+                stale.push(format!(
+                    "{}: `{}` now prints:\n{output}\nthe block shows:\n{}",
+                    file.display(),
+                    block.argv.join(" "),
+                    &text[block.body.clone()]
+                ));
             }
         }
         if update {
@@ -312,7 +323,14 @@ fn every_marked_output_block_is_what_the_binary_prints() {
         "{}\n(FLEETBAN_DOCS_UPDATE=1 rewrites them)",
         stale.join("\n")
     );
-    for want in ["fleetban check", "--help", "fleetban test", "fleetban status", "fleetban bans", "fleetban explain"] {
+    for want in [
+        "fleetban check",
+        "--help",
+        "fleetban test",
+        "fleetban status",
+        "fleetban bans",
+        "fleetban explain",
+    ] {
         assert!(
             checked.iter().any(|c| c.contains(want)),
             "no checked block of {want}: {checked:?}"
