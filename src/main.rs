@@ -131,6 +131,9 @@ enum Command {
         /// Replace an active ban even if this one ends sooner.
         #[arg(long)]
         replace: bool,
+        /// One JSON object: what the ban did (docs/design.md: the `ban` fields).
+        #[arg(long)]
+        json: bool,
     },
     /// Lift a ban on every host; says which wider bans still cover it.
     Unban {
@@ -140,6 +143,9 @@ enum Command {
         /// ADDR or CIDR, as `ban` takes it.
         #[arg(value_name = "TARGET")]
         target: String,
+        /// One JSON object: what was lifted, what still covers it (docs/design.md).
+        #[arg(long)]
+        json: bool,
     },
     /// Why an address is or is not banned: its ban, wider bans, its count
     /// in each rule's window, and what keeps it from ever being banned.
@@ -232,6 +238,7 @@ fn execute(command: Command) -> commands::Outcome {
             permanent,
             reason,
             replace,
+            json,
         } => list::ban(
             &config,
             &BanArgs {
@@ -240,9 +247,10 @@ fn execute(command: Command) -> commands::Outcome {
                 permanent,
                 reason,
                 replace,
+                json,
             },
         ),
-        Command::Unban { config, target } => list::unban(&config, &target),
+        Command::Unban { config, target, json } => list::unban(&config, &target, json),
         Command::Explain { config, target, json } => explain::explain(&config, &target, json),
         Command::Flush { config, force } => run::flush(&config, force),
         Command::Completions { shell } => completions::print(shell, Cli::command()),

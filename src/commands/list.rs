@@ -31,6 +31,41 @@ pub struct BanArgs {
     pub permanent: bool,
     pub reason: String,
     pub replace: bool,
+    /// One JSON object instead of the sentences.
+    pub json: bool,
+}
+
+/// `ban --json`, fields in this order (docs/design.md §6).
+#[derive(serde::Serialize)]
+struct BanJson {
+    addr: String,
+    effect: Effect,
+    /// RFC 3339; null: permanent.
+    until: Option<String>,
+    /// The active ban's end before, for `extended`/`replaced` (and `kept`).
+    was: Option<String>,
+    /// Redis was down: enforced here, written to Redis when it answers.
+    queued: bool,
+    /// Through the daemon: whether the kernel holds it; null otherwise.
+    enforced: Option<bool>,
+}
+
+/// `unban --json`, fields in this order (docs/design.md §6).
+#[derive(serde::Serialize)]
+struct UnbanJson {
+    addr: String,
+    removed: bool,
+    queued: bool,
+    /// Wider bans that still cover it.
+    wider: Vec<CoverJson>,
+    /// Narrower bans inside a network unbanned (read from Redis only).
+    narrower: Vec<String>,
+}
+
+#[derive(serde::Serialize)]
+struct CoverJson {
+    addr: String,
+    until: Option<String>,
 }
 
 /// The fleet's bans over Redis, as this host's (no firewall: every host,
@@ -201,7 +236,19 @@ pub fn ban(path: &Path, args: &BanArgs) -> Outcome {
         }
         None => via_daemon().map_err(failed)?,
     };
-    print_ban(&net, &answer);
+    if args.json {
+        let line = BanJson {
+            addr: AddrText(&net).to_string(),
+            effect: answer.effect.unwrap_or(Effect::New),
+            until: answer.until.map(fleetban::rfc3339),
+            was: answer.was.map(fleetban::rfc3339),
+            queued: answer.queued,
+            enforced: answer.enforced,
+        };
+        say!("{}", serde_json::to_string(&line).map_err(failed)?);
+    } else {
+        print_ban(&net, &answer);
+    }
     Ok(())
 }
 
@@ -243,7 +290,7 @@ fn print_ban(net: &IpNet, a: &BanAnswer) {
     }
 }
 
-pub fn unban(path: &Path, t: &str) -> Outcome {
+pub fn unban(path: &Path, t: &str, json: bool) -> Outcome {
     let config = load_for_cli(path)?;
     let net = target(t)?;
     let via_daemon = || Client::new(&config.control).unban(net);
@@ -296,6 +343,23 @@ pub fn unban(path: &Path, t: &str) -> Outcome {
         }
     };
     let addr = AddrText(&net);
+    if json {
+        let line = UnbanJson {
+            addr: addr.to_string(),
+            removed,
+            queued,
+            wider: wider
+                .iter()
+                .map(|w| CoverJson {
+                    addr: AddrText(&w.addr).to_string(),
+                    until: w.until.map(fleetban::rfc3339),
+                })
+                .collect(),
+            narrower: narrower.iter().map(|n| AddrText(n).to_string()).collect(),
+        };
+        say!("{}", serde_json::to_string(&line).map_err(failed)?);
+        return Ok(());
+    }
     if removed {
         say!("unbanned {addr}");
     } else {
