@@ -114,7 +114,7 @@ fn check_warns_when_a_format_parses_none_of_the_first_lines() {
         &[
             Rule::new("reads-junk", &c.log, LIMIT),
             Rule::new("reads-good", &good, LIMIT),
-            Rule::new("wrong-format", &good, LIMIT).format("{ log_format: '$remote_addr $status' }"),
+            Rule::new("wrong-format", &good, LIMIT).format("{ log_format: '$remote_addr [$time_local] $status' }"),
             // access.log by its path and by a glob: tried once.
             Rule::new(
                 "twice",
