@@ -313,10 +313,13 @@ fn hits_zero_exact_durations_and_the_new_formats_pass() {
     let (code, out, err, _d) = check("rules: [r.yaml]\n", rule);
     assert_eq!(code, 0, "{err}");
     assert!(
-        out.contains("first: 0 hits per 1m (sliding_window), ban 1s 500ms"),
+        out.contains("first: hits 0: the first matching request bans, ban 1500ms"),
         "{out}"
     );
-    assert!(out.contains("fixed: 0 hits per 1m (fixed_window)"), "{out}");
+    assert!(
+        out.contains("fixed: hits 0: the first matching request bans, ban 1h"),
+        "{out}"
+    );
     assert!(
         out.contains("format json") && out.contains("format nginx_error"),
         "{out}"

@@ -18,7 +18,8 @@ use common::{append, cli, combined_lines, fleetban_bin, wait_until, ConfigDir, D
 fn commands_that_talk_to_the_daemon_work_while_a_rule_file_is_broken() {
     let r = rig();
     let _d = Daemon::start(None, &r.cfg, &r.control);
-    // The rules break after the start: the daemon runs on its last good ones.
+    // The rules break after the start (no `logs:`, a bad `hits`: two
+    // errors): the daemon runs on its last good ones.
     std::fs::write(&r.rules, "rules:\n  - name: scraper\n    limit: { hits: many }\n").unwrap();
     assert_eq!(cli(&r.cfg, &["check"]).code, 2);
     for args in [
@@ -31,7 +32,7 @@ fn commands_that_talk_to_the_daemon_work_while_a_rule_file_is_broken() {
         let out = cli(&r.cfg, args);
         assert_eq!(out.code, 0, "{args:?}: {}", out.text());
         assert!(
-            out.stderr.contains("the rule files have 1 error(s)") && out.stderr.contains("fleetban check"),
+            out.stderr.contains("the rule files have 2 error(s)") && out.stderr.contains("fleetban check"),
             "{args:?}: {}",
             out.stderr
         );

@@ -5,42 +5,8 @@
 
 mod common;
 
-use std::io::Write;
-use std::path::Path;
-
-use common::{cli, combined_line, CliOutput, ConfigDir, Rule};
-
-const T0: i64 = 1_700_000_000_000;
-const LIMIT_REQ_FORMAT: &str = r#"{ log_format: '$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent "$http_referer" "$http_user_agent" $limit_req_status' }"#;
-
-/// Writes `text` gzip-compressed (a real stream, flate2) at `path`.
-fn write_gz(path: &Path, text: &str) {
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    gz.write_all(text.as_bytes()).unwrap();
-    std::fs::write(path, gz.finish().unwrap()).unwrap();
-}
-
-/// `addr`'s request at `s` seconds after T0.
-fn at(addr: &str, s: i64) -> String {
-    combined_line(addr, T0 + s * 1000, "/", 200)
-}
-
-fn json_lines(out: &CliOutput) -> Vec<serde_json::Value> {
-    out.stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect()
-}
-
-fn summary(out: &CliOutput) -> serde_json::Value {
-    let last = json_lines(out).pop().expect("a summary");
-    assert_eq!(last["event"], "summary", "{}", out.stdout);
-    last
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("a UTF-8 temp path")
-}
+use common::replay::{at, json_lines, s, summary, write_gz, LIMIT_REQ_FORMAT, T0};
+use common::{cli, combined_line, ConfigDir, Rule};
 
 /// `--print unparsed,matched --print banned`: those lines with FILE:LINE
 /// (line numbers in the decompressed file), for people and as JSON lines.

@@ -265,6 +265,10 @@ pub fn duration(ms: i64) -> String {
 
 /// `100 hits per 1m (sliding_window)`, `burst 20, one token every 200ms (token_bucket)`.
 fn describe_limit(l: &Limit) -> String {
+    if l.hits == 0 {
+        // No window is read: the limiter bans on the hit itself.
+        return "hits 0: the first matching request bans".to_owned();
+    }
     match l.algorithm {
         Algorithm::TokenBucket => format!(
             "burst {}, one token every {} ({})",

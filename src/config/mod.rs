@@ -68,6 +68,17 @@ pub struct Config {
 impl Config {
     /// Loads and validates the main file and every rule file it names.
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        let (config, rule_errors) = Config::read(path)?;
+        match rule_errors.is_empty() {
+            true => Ok(config),
+            false => Err(ConfigErrors(rule_errors)),
+        }
+    }
+
+    /// The main file, validated, with the rules that loaded, and the
+    /// errors of the rule files (in file order); any error of the main file
+    /// is a failure, with every error found.
+    fn read(path: &Path) -> Result<(Config, Vec<ConfigError>), ConfigErrors> {
         let mut errors = Vec::new();
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigErrors(vec![ConfigError::whole_file(path, format!("cannot read: {e}"))]))?;
@@ -139,11 +150,11 @@ impl Config {
                 "no rules defined: expected at least one rule",
             ));
         }
-        if !errors.is_empty() {
+        if errors.iter().any(|e| e.file == path) {
             return Err(ConfigErrors(errors));
         }
 
-        Ok(Config {
+        let config = Config {
             file: path.to_path_buf(),
             host_id: main.host_id.clone().unwrap_or_else(hostname),
             state_dir: main
@@ -163,7 +174,8 @@ impl Config {
                 .unwrap_or_else(|| PathBuf::from("/run/fleetban/control.sock")),
             metrics,
             rules,
-        })
+        };
+        Ok((config, errors))
     }
 
     /// What is never counted nor banned besides loopback and the host's
@@ -250,69 +262,7 @@ impl Config {
     /// that an operator can still reach a daemon that runs on its last good
     /// rules. An error in the main file fails as [`Config::load`] does.
     pub fn load_for_cli(path: &Path) -> Result<(Config, Option<ConfigErrors>), ConfigErrors> {
-        let all = match Config::load(path) {
-            Ok(c) => return Ok((c, None)),
-            Err(e) => e,
-        };
-        if all.0.iter().any(|e| e.file == path) {
-            return Err(all);
-        }
-        // Only rule files have errors: the main file again (it was valid),
-        // with the rules that loaded.
-        let mut errors = Vec::new();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigErrors(vec![ConfigError::whole_file(path, format!("cannot read: {e}"))]))?;
-        let main: schema::MainFile =
-            serde_saphyr::from_str(&text).map_err(|e| ConfigErrors(vec![ConfigError::from_yaml(path, &e)]))?;
-        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        let redis = main
-            .redis
-            .as_ref()
-            .and_then(|r| redis::redis_config(path, &base, r, &mut errors));
-        let firewall = firewall::firewall_config(path, &main.firewall, &mut errors);
-        let proxies: Vec<IpNet> = main
-            .proxies
-            .as_ref()
-            .map(|p| p.value.0.iter().map(|n| n.0).collect())
-            .unwrap_or_default();
-        let http = main
-            .http
-            .as_ref()
-            .and_then(|h| http::http_config(path, &h.value, &mut errors));
-        let mut rules = Vec::new();
-        let mut rule_errors = Vec::new();
-        let mut seen = HashMap::new();
-        for pattern in &main.rules.value.0 {
-            for file in expand(&base, pattern) {
-                rules::load_rule_file(&file, &proxies, &mut rules, &mut seen, &mut rule_errors);
-            }
-        }
-        if !errors.is_empty() {
-            return Err(all);
-        }
-        Ok((
-            Config {
-                file: path.to_path_buf(),
-                host_id: main.host_id.clone().unwrap_or_else(hostname),
-                state_dir: main
-                    .state_dir
-                    .clone()
-                    .unwrap_or_else(|| PathBuf::from("/var/lib/fleetban")),
-                redis,
-                firewall,
-                allow: main.allow.0.iter().map(|n| n.0).collect(),
-                proxies,
-                http,
-                ipv6_prefix: main.ipv6_prefix.as_ref().map_or(64, |p| p.value),
-                max_bans_per_minute: main.safety.max_bans_per_minute,
-                control: main
-                    .control
-                    .clone()
-                    .unwrap_or_else(|| PathBuf::from("/run/fleetban/control.sock")),
-                metrics: main.metrics.as_ref().and_then(|m| m.value.parse().ok()),
-                rules,
-            },
-            Some(all),
-        ))
+        let (config, rule_errors) = Config::read(path)?;
+        Ok((config, (!rule_errors.is_empty()).then_some(ConfigErrors(rule_errors))))
     }
 }

@@ -37,6 +37,7 @@ mod nft;
 mod nginx;
 pub mod operator;
 mod redis;
+pub mod replay;
 pub use access_log::{append, combined_line, combined_lines, now_ms};
 pub use cli::{cli, control_status, CliOutput};
 pub use config::{rules_yaml, ConfigDir, MainConfig, Rule};
