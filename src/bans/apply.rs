@@ -355,16 +355,8 @@ impl Bans {
                             tracing::info!(addr = %AddrText(&net), "Queued unban written.");
                             continue;
                         }
-                        Err(e) if e.is_outage() => {
-                            tracing::warn!(error = %e, queued = q.len(), "Writing queued bans failed; retrying when Redis answers.");
-                            q.health.count_error();
-                            q.health.failed();
-                            break;
-                        }
                         Err(e) => {
-                            q.health.count_error();
-                            q.refused();
-                            self.refusals.refused(&e, q.len());
+                            write_failed(q, &mut self.refusals, &e);
                             break;
                         }
                     }
@@ -387,16 +379,8 @@ impl Bans {
                     self.cache.insert(net, until);
                     self.changes.send(Change::Add(vec![Element { net, until }]));
                 }
-                Err(e) if e.is_outage() => {
-                    tracing::warn!(error = %e, queued = q.len(), "Writing queued bans failed; retrying when Redis answers.");
-                    q.health.count_error();
-                    q.health.failed();
-                    break;
-                }
                 Err(e) => {
-                    q.health.count_error();
-                    q.refused();
-                    self.refusals.refused(&e, q.len());
+                    write_failed(q, &mut self.refusals, &e);
                     break;
                 }
             }
@@ -439,5 +423,19 @@ impl Refusals {
             self.open = 0;
             self.every = crate::ratelog::Every::default();
         }
+    }
+}
+
+/// A queued ban or unban Redis did not take: an outage waits for Redis to
+/// answer; a refusal (a script error, OOM) is retried with the queue's
+/// backoff and warned about by `refusals`.
+fn write_failed(q: &mut Queue, refusals: &mut Refusals, e: &BanListError) {
+    q.health.count_error();
+    if e.is_outage() {
+        tracing::warn!(error = %e, queued = q.len(), "Writing queued bans failed; retrying when Redis answers.");
+        q.health.failed();
+    } else {
+        q.refused();
+        refusals.refused(e, q.len());
     }
 }

@@ -154,13 +154,7 @@ async fn redis_windows(
     Ok(rules
         .into_iter()
         .zip(counts)
-        .map(|(r, count)| WindowCount {
-            rule: r.name,
-            algorithm: r.algorithm.name().to_owned(),
-            count,
-            limit: u64::from(r.hits),
-            window_ms: r.window_ms,
-        })
+        .map(|(r, count)| WindowCount::of(r, count))
         .collect())
 }
 

@@ -81,6 +81,19 @@ pub struct WindowCount {
     pub window_ms: i64,
 }
 
+impl WindowCount {
+    /// `rule`'s window holding `count` now.
+    pub fn of(rule: crate::limit::RuleLimit, count: u64) -> WindowCount {
+        WindowCount {
+            algorithm: rule.algorithm.name().to_owned(),
+            limit: u64::from(rule.hits),
+            window_ms: rule.window_ms,
+            rule: rule.name,
+            count,
+        }
+    }
+}
+
 /// What the daemon answers, one shape per request (or an error).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]

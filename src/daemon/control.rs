@@ -160,16 +160,7 @@ pub(super) async fn command(
         }
         Request::Explain { addr } => match limiter.peek(&addr, now) {
             Some(rules) => Response::Explain {
-                windows: rules
-                    .into_iter()
-                    .map(|(r, count)| WindowCount {
-                        rule: r.name,
-                        algorithm: r.algorithm.name().to_owned(),
-                        count,
-                        limit: u64::from(r.hits),
-                        window_ms: r.window_ms,
-                    })
-                    .collect(),
+                windows: rules.into_iter().map(|(r, count)| WindowCount::of(r, count)).collect(),
             },
             None => Response::error("this daemon counts in Redis: `fleetban explain` reads it there"),
         },
