@@ -182,7 +182,7 @@ fn a_ban_nft_refused_is_reported_not_enforced_and_retried_until_it_is() {
     assert_eq!(fw["not_enforced"], 1, "{fw}");
     assert_eq!(fw["not_enforced_sample"], serde_json::json!(["203.0.113.81"]), "{fw}");
     match Client::new(&r.control).call(&Request::Bans).unwrap() {
-        Response::Bans { bans, not_enforced } => {
+        Response::Bans { bans, not_enforced, .. } => {
             assert_eq!(bans.len(), 2);
             assert_eq!(not_enforced, vec!["203.0.113.81".to_owned()]);
         }

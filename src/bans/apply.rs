@@ -307,6 +307,33 @@ impl Bans {
         self.publish_active();
     }
 
+    /// The bans this host enforces, as records with only the address and
+    /// the end known (`fleetban bans` while Redis, which keeps the records,
+    /// is down): no rule, host, reason; `since` 0.
+    pub fn enforced_here(&self, now_ms: i64) -> Vec<BanRecord> {
+        self.cache
+            .entries()
+            .into_iter()
+            .filter_map(|(addr, until)| {
+                let until = match until {
+                    Until::At(t) if t <= now_ms => return None,
+                    Until::At(t) => Some(t),
+                    Until::Permanent => None,
+                };
+                Some(BanRecord {
+                    addr,
+                    rule: String::new(),
+                    reason: String::new(),
+                    host: String::new(),
+                    since: 0,
+                    until,
+                    count: 0,
+                    hits: 0,
+                })
+            })
+            .collect()
+    }
+
     /// The active bans with their records (`fleetban bans`).
     pub async fn records(&mut self, now_ms: i64) -> Result<Vec<BanRecord>, BanListError> {
         self.list.records(now_ms).await

@@ -9,7 +9,6 @@
 use std::io::Write;
 use std::path::Path;
 
-use anyhow::Context;
 use ipnet::IpNet;
 use serde::Serialize;
 
@@ -18,7 +17,7 @@ use fleetban::bans::list::until_ms;
 use fleetban::bans::{
     overlapping, parse_target, Applied, BanList, BanRecord, BanRequest, Bans, Effect, Mode, Unbannable, MANUAL_MIN_MS,
 };
-use fleetban::config::{Config, Dur, RedisConfig};
+use fleetban::config::Dur;
 use fleetban::control::{BanAnswer, Client, Cover, Request};
 use fleetban::enforce::Changes;
 
@@ -68,15 +67,6 @@ struct CoverJson {
     until: Option<String>,
 }
 
-/// The fleet's bans over Redis, as this host's (no firewall: every host,
-/// this one's daemon included, follows the list).
-fn redis_bans(config: &Config, r: &RedisConfig, rt: &tokio::runtime::Runtime) -> Result<Bans, Failure> {
-    let list = rt
-        .block_on(BanList::connect(r))
-        .with_context(|| format!("redis {}", r.url))?;
-    Ok(Bans::new(list, &config.host_id, Changes::default()))
-}
-
 /// An address or network as the operator typed it (`bans::parse_target`).
 pub fn target(s: &str) -> Result<IpNet, Failure> {
     parse_target(s).map_err(Failure::Usage)
@@ -89,7 +79,8 @@ struct BanLine<'a> {
     rule: &'a str,
     reason: &'a str,
     host: &'a str,
-    since: String,
+    /// RFC 3339; null when not known (Redis down: this host's view).
+    since: Option<String>,
     /// RFC 3339; null for a permanent ban.
     until: Option<String>,
     /// Whole seconds left; null for a permanent ban.
@@ -109,20 +100,44 @@ pub fn until_human(until: Option<i64>, now: i64) -> String {
 pub fn bans(path: &Path, json: bool) -> Outcome {
     let config = load_for_cli(path)?;
     let now = fleetban::now_ms();
-    let (records, not_enforced): (Vec<BanRecord>, Option<Vec<String>>) = match &config.redis {
+    let from_daemon = || match Client::new(&config.control).call(&Request::Bans).map_err(failed)? {
+        fleetban::control::Response::Bans {
+            bans,
+            not_enforced,
+            local,
+        } => Ok((bans, Some(not_enforced), local)),
+        other => Err(Failure::Runtime(anyhow::anyhow!(
+            "bad answer from the daemon: {other:?}"
+        ))),
+    };
+    let (records, not_enforced, local_view): (Vec<BanRecord>, Option<Vec<String>>, bool) = match &config.redis {
         Some(r) => {
-            let rt = runtime();
-            let mut bans = redis_bans(&config, r, &rt)?;
-            (rt.block_on(bans.records(now)).map_err(failed)?, None)
-        }
-        None => match Client::new(&config.control).call(&Request::Bans).map_err(failed)? {
-            fleetban::control::Response::Bans { bans, not_enforced } => (bans, Some(not_enforced)),
-            other => {
-                return Err(Failure::Runtime(anyhow::anyhow!(
-                    "bad answer from the daemon: {other:?}"
-                )))
+            let direct = runtime().block_on(async {
+                let list = BanList::connect(r).await.map_err(fleetban::bans::BanListError::from)?;
+                Bans::new(list, &config.host_id, Changes::default()).records(now).await
+            });
+            match direct {
+                Ok(records) => (records, None, false),
+                Err(e) if e.is_outage() => {
+                    eprintln!(
+                        "Redis {} is down ({e}); asking the daemon for the bans this host enforces.",
+                        r.url
+                    );
+                    from_daemon().map_err(|d| {
+                        Failure::Runtime(anyhow::anyhow!(
+                            "Redis is down ({e}) and the daemon could not answer ({})",
+                            match d {
+                                Failure::Runtime(e) => format!("{e:#}"),
+                                Failure::Usage(m) => m,
+                                Failure::Config(c) => c.to_string(),
+                            }
+                        ))
+                    })?
+                }
+                Err(e) => return Err(failed(e)),
             }
-        },
+        }
+        None => from_daemon()?,
     };
     let mut records = records;
     records.sort_by(|a, b| a.since.cmp(&b.since).then_with(|| a.addr.cmp(&b.addr)));
@@ -139,7 +154,7 @@ pub fn bans(path: &Path, json: bool) -> Outcome {
                 rule: &r.rule,
                 reason: &r.reason,
                 host: &r.host,
-                since: fleetban::rfc3339(r.since),
+                since: (r.since > 0).then(|| fleetban::rfc3339(r.since)),
                 until: r.until.map(fleetban::rfc3339),
                 left_s: r.until.map(|t| (t - now).max(0) / 1000),
                 count: r.count,
@@ -157,8 +172,12 @@ pub fn bans(path: &Path, json: bool) -> Outcome {
             }
             t.row(vec![
                 addr,
-                r.rule.clone(),
-                local(r.since),
+                if r.rule.is_empty() {
+                    "?".to_owned()
+                } else {
+                    r.rule.clone()
+                },
+                if r.since > 0 { local(r.since) } else { "-".to_owned() },
                 r.until.map_or("forever".to_owned(), local),
                 r.until.map_or("-".to_owned(), |u| relative(u, now)),
                 r.count.to_string(),
@@ -174,6 +193,13 @@ pub fn bans(path: &Path, json: bool) -> Outcome {
             let _ = write!(out, "{}", t.render());
         }
         let _ = writeln!(out, "{} active ban(s)", records.len());
+    }
+    if local_view {
+        // stderr: the JSON lines stay JSON.
+        eprintln!(
+            "Redis is down: these are the bans this host enforces, from its daemon; their rule, reason, \
+             start and offence count are in Redis"
+        );
     }
     let _ = out.flush();
     Ok(())

@@ -108,6 +108,10 @@ pub enum Response {
         /// call, retried. Absent when every ban is enforced.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         not_enforced: Vec<String>,
+        /// Redis is down: the bans this host enforces, from its own view
+        /// (address and end only: the records are in Redis).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        local: bool,
     },
     Ban {
         /// The address is banned now (false: nothing was done).

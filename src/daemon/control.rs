@@ -52,9 +52,10 @@ impl Handler for Answers {
             .await
             .unwrap_or_else(|_| Response::error("the daemon is stopping"));
         match response {
-            Response::Bans { bans, .. } => {
+            Response::Bans { bans, local, .. } => {
                 let not_enforced = self.enforced.not_enforced(bans.iter().map(|b| &b.addr));
                 Response::Bans {
+                    local,
                     not_enforced: not_enforced
                         .iter()
                         .map(|n| crate::addr::AddrText(n).to_string())
@@ -112,6 +113,13 @@ pub(super) async fn command(
             Ok(bans) => Response::Bans {
                 bans,
                 not_enforced: Vec::new(),
+                local: false,
+            },
+            // `fleetban bans` with Redis down: what this host enforces.
+            Err(e) if e.is_outage() => Response::Bans {
+                bans: bans.enforced_here(now),
+                not_enforced: Vec::new(),
+                local: true,
             },
             Err(e) => Response::error(e),
         },
