@@ -6,6 +6,8 @@
 
 mod common;
 
+use common::metrics::{http_get, sample};
+
 use std::time::Duration;
 
 use common::operator::{ban_of, explain_cases, rebanning_never_shortens, redis_rig, unban_names_the_wider_ban};
@@ -126,10 +128,21 @@ fn status_says_redis_is_down_within_about_a_second_deciding_locally_or_paused() 
     for (options, mode) in [("", "deciding locally"), ("on_down: pause", "paused")] {
         let mut redis = Redis::start();
         let r = redis_rig(&redis, options);
+        // The rig's configuration with a metrics endpoint (loopback).
+        let metrics = format!("127.0.0.1:{}", common::free_port());
+        let main = std::fs::read_to_string(&r.cfg).unwrap();
+        std::fs::write(&r.cfg, format!("{main}metrics: '{metrics}'\n")).unwrap();
         let d = Daemon::start(None, &r.cfg, &r.control);
         wait_until(Duration::from_secs(10), "Redis connected", || {
             d.status()["redis"]["state"] == "connected"
         });
+        let state = |s: &str| {
+            sample(
+                &http_get(&metrics, "/metrics"),
+                &format!("fleetban_redis_state{{state=\"{s}\"}}"),
+            )
+        };
+        assert_eq!(state("connected"), Some(1.0));
         let killed = now_ms();
         redis.kill();
         // Polled with no traffic at all: the states seen, in order.
@@ -156,6 +169,15 @@ fn status_says_redis_is_down_within_about_a_second_deciding_locally_or_paused() 
         let since = humantime::parse_rfc3339(st["redis"]["down_since"].as_str().unwrap()).unwrap();
         let since_ms = since.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
         assert!(since_ms >= killed - 1000, "down since {since_ms}, killed at {killed}");
+        // The same in Prometheus: the state, and since when.
+        assert_eq!((state("down"), state("connected")), (Some(1.0), Some(0.0)));
+        let exposition = http_get(&metrics, "/metrics");
+        assert_eq!(
+            // status' RFC 3339 has whole seconds; the metric, milliseconds.
+            sample(&exposition, "fleetban_redis_down_since_seconds").map(f64::floor),
+            Some((since_ms / 1000) as f64),
+            "{exposition}"
+        );
         let out = cli(&r.cfg, &["status"]);
         let line = out.stdout.lines().next().unwrap_or_default().to_owned();
         assert!(

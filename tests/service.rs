@@ -8,6 +8,8 @@
 
 mod common;
 
+use common::metrics::{http_get, sample};
+
 use std::io::Write;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
@@ -204,26 +206,6 @@ fn systemd_notify_ready_watchdog_reloading_stopping_and_offsets_saved_on_sigterm
     let entry = &saved["files"][r.log.to_string_lossy().as_ref()];
     assert_eq!(entry["offset"].as_u64(), Some(len), "{saved}");
 }
-
-fn http_get(addr: &str, path: &str) -> String {
-    use std::io::Read;
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
-}
-
-/// The value of one sample line (`name{labels} value`) in an exposition.
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.split_whitespace().next() == Some(series))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-}
-
 #[test]
 fn status_json_and_the_metrics_endpoint_show_sources_rules_and_valve() {
     let r = rig();
@@ -286,6 +268,17 @@ fn status_json_and_the_metrics_endpoint_show_sources_rules_and_valve() {
     assert_eq!(sample(&resp, "fleetban_redis_errors_total"), Some(0.0), "{resp}");
     assert_eq!(sample(&resp, "fleetban_bans_active"), Some(1.0), "{resp}");
     assert_eq!(sample(&resp, "fleetban_redis_connected"), Some(0.0), "{resp}");
+    assert_eq!(
+        sample(&resp, "fleetban_redis_state{state=\"embedded\"}"),
+        Some(1.0),
+        "{resp}"
+    );
+    assert_eq!(
+        sample(&resp, "fleetban_redis_state{state=\"down\"}"),
+        Some(0.0),
+        "{resp}"
+    );
+    assert_eq!(sample(&resp, "fleetban_redis_down_since_seconds"), None, "{resp}");
     assert!(sample(&resp, "fleetban_sync_lag_seconds").is_some(), "{resp}");
     assert!(resp.contains("fleetban_redis_roundtrip_seconds_bucket"), "{resp}");
     // The log backend applies the ban: one firewall transaction observed.

@@ -6,6 +6,8 @@
 
 mod common;
 
+use common::metrics::{http_get, sample};
+
 use std::path::Path;
 use std::time::Duration;
 
@@ -110,29 +112,6 @@ fn a_rule_that_parses_none_of_the_corpus_is_named_with_its_count() {
         human.stdout
     );
 }
-
-/// `GET path` on the metrics endpoint: the whole answer, or an empty one
-/// while nothing listens yet.
-fn http_get(addr: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
-        return String::new();
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    let _ = s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes());
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
-}
-
-/// The value of one sample line (`name{labels} value`) in an exposition.
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.split_whitespace().next() == Some(series))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-}
-
 /// The daemon: two rules on one log, one of them with a format that fits
 /// none of its lines; `status --json` and the metrics carry each rule's
 /// lines and unparsed counts.

@@ -9,7 +9,9 @@
 //! `fleetban_sync_lag_seconds` (wall clock minus the log time of the last hit
 //! read), plus `fleetban_unparsed_total`, `fleetban_stale_total`, `fleetban_future_total`,
 //! `fleetban_safety_refused_total`, `fleetban_bans_active`,
-//! `fleetban_redis_connected`; with `http:`, `fleetban_http_checks_total`,
+//! `fleetban_redis_connected`, `fleetban_redis_state{state}` (1 for the
+//! current one of embedded, connecting, connected, down),
+//! `fleetban_redis_down_since_seconds` (while down); with `http:`, `fleetban_http_checks_total`,
 //! `fleetban_http_denials_total`, `fleetban_http_malformed_total` and
 //! `fleetban_http_check_seconds` (filled by the endpoint, lock-free); per
 //! rule, `fleetban_rule_lines_total{rule}` (lines it read) and
@@ -93,6 +95,29 @@ impl prometheus_client::collector::Collector for StatsCollector {
             "1 when the last Redis operation succeeded.",
             if s.redis_connected() { 1.0 } else { 0.0 },
         )?;
+        {
+            // One series per state, 1 for the current one (the usual shape
+            // of an enum in Prometheus): alert on `{state="down"} == 1`.
+            let now = s.redis_state();
+            let mut states = e.encode_descriptor(
+                "fleetban_redis_state",
+                "1 for the state of Redis as this host sees it: embedded, connecting, connected or down.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for state in ["embedded", "connecting", "connected", "down"] {
+                let v = if state == now { 1.0 } else { 0.0 };
+                ConstGauge::new(v).encode(states.encode_family(&[("state", state)])?)?;
+            }
+        }
+        if let Some(since) = s.redis_down_since() {
+            gauge(
+                &mut e,
+                "fleetban_redis_down_since_seconds",
+                "While Redis is down: since when, in unix seconds.",
+                since as f64 / 1000.0,
+            )?;
+        }
         gauge(
             &mut e,
             "fleetban_sync_lag_seconds",

@@ -161,6 +161,22 @@ impl Stats {
         self.health.as_ref().is_some_and(Health::is_connected)
     }
 
+    /// `embedded`, `connecting`, `connected` or `down` (docs/design.md §6,
+    /// `status --json`; the metric `fleetban_redis_state`).
+    pub fn redis_state(&self) -> &'static str {
+        match &self.health {
+            None => "embedded",
+            Some(h) if h.is_down() => "down",
+            Some(h) if h.is_connected() => "connected",
+            Some(_) => "connecting",
+        }
+    }
+
+    /// Since when Redis is down (unix ms), while it is.
+    pub fn redis_down_since(&self) -> Option<i64> {
+        self.health.as_ref().and_then(Health::down_since)
+    }
+
     pub fn redis_errors(&self) -> u64 {
         self.health.as_ref().map_or(0, Health::errors)
     }
@@ -328,14 +344,8 @@ impl Stats {
                 refused,
             },
             redis: RedisStatus {
-                state: match &self.health {
-                    None => "embedded",
-                    Some(h) if h.is_down() => "down",
-                    Some(h) if h.is_connected() => "connected",
-                    Some(_) => "connecting",
-                }
-                .to_owned(),
-                down_since: self.health.as_ref().and_then(Health::down_since).map(crate::rfc3339),
+                state: self.redis_state().to_owned(),
+                down_since: self.redis_down_since().map(crate::rfc3339),
                 on_down: self.health.as_ref().map(|_| {
                     match self.on_down {
                         crate::config::OnDown::Local => "local",

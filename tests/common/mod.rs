@@ -31,6 +31,7 @@ mod daemon;
 pub mod fleet;
 mod http;
 mod machine;
+pub mod metrics;
 pub mod model;
 mod netns;
 mod nft;
