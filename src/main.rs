@@ -60,6 +60,10 @@ enum Command {
         /// tables`); exit 1 when either fails.
         #[arg(long)]
         online: bool,
+        /// One JSON object: ok, every error with file, line and column, the
+        /// rules, the warnings, what --online found failing, the report's lines.
+        #[arg(long)]
+        json: bool,
     },
     /// Replay log files through the rules with log time and the embedded store.
     Test {
@@ -207,7 +211,7 @@ fn execute(command: Command) -> commands::Outcome {
             bench_one_call_per_hit,
             bench_one_flight,
         } => run::run(&config, dry_run, bench_one_call_per_hit, bench_one_flight),
-        Command::Check { config, online } => check::check(&config, online),
+        Command::Check { config, online, json } => check::check(&config, online, json),
         Command::Test {
             config,
             rules,

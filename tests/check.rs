@@ -435,3 +435,74 @@ fn daemon_log_lines_carry_no_debug_dumps_nor_colour() {
         assert!(!line.contains('\u{1b}'), "colour on a pipe: {line:?}");
     }
 }
+
+/// `check --json`: one object on stdout, valid or not; for errors, each
+/// with its file, line and column (and the human errors on stderr, exit 2).
+#[test]
+fn check_json_reports_rules_warnings_and_every_error_with_its_place() {
+    let c = ConfigDir::new();
+    let missing = c.path().join("nowhere/access.log");
+    c.write(
+        &c.main_config().log_firewall(),
+        &[
+            Rule::new("web", &c.log, LIMIT),
+            Rule::new("gone", &missing, LIMIT).ban("90s"),
+        ],
+    );
+    let out = cli(&c.cfg, &["check", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    let v: serde_json::Value =
+        serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", out.stdout));
+    // The documented field order, as printed (serde_json's Value sorts them).
+    let at: Vec<usize> = ["config", "ok", "errors", "rules", "warnings", "failures", "lines"]
+        .iter()
+        .map(|k| out.stdout.find(&format!("\"{k}\":")).unwrap_or(usize::MAX))
+        .collect();
+    assert!(at.windows(2).all(|w| w[0] < w[1]), "{at:?} {}", out.stdout);
+    assert_eq!(v["ok"], true, "{v}");
+    assert_eq!(v["rules"][1]["name"], "gone", "{v}");
+    assert_eq!(v["rules"][1]["ban"], "90s", "{v}");
+    assert_eq!(v["rules"][1]["limit"], "10 hits per 1m (sliding_window)", "{v}");
+    let warnings = v["warnings"].as_array().unwrap();
+    assert!(
+        warnings.iter().any(|w| w
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("log {} (rule gone): missing", missing.display()))),
+        "{v}"
+    );
+    // The same report as the human one, line by line.
+    let human = cli(&c.cfg, &["check"]);
+    let lines: Vec<&str> = human.stdout.lines().collect();
+    assert_eq!(v["lines"], serde_json::json!(lines), "{v}");
+
+    // Two errors in two rules: both, placed.
+    std::fs::write(
+        &c.rules,
+        format!(
+            "rules:\n  - name: a\n    logs: [{}]\n    limit: {{ hits: many, window: 1m }}\n  - name: b\n    logs: [{}]\n    limit: {{ hits: 5, window: soon }}\n",
+            c.log.display(),
+            c.log.display()
+        ),
+    )
+    .unwrap();
+    let out = cli(&c.cfg, &["check", "--json"]);
+    assert_eq!(out.code, 2, "{}", out.text());
+    let v: serde_json::Value =
+        serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", out.stdout));
+    assert_eq!(v["ok"], false, "{v}");
+    let errors = v["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 2, "{v}");
+    assert_eq!(
+        (errors[0]["line"].as_u64(), errors[1]["line"].as_u64()),
+        (Some(4), Some(7)),
+        "{v}"
+    );
+    assert!(
+        errors
+            .iter()
+            .all(|e| e["file"] == c.rules.display().to_string() && e["column"].as_u64() > Some(0)),
+        "{v}"
+    );
+    assert!(out.stderr.contains("2 error(s) in the configuration"), "{}", out.stderr);
+}

@@ -30,12 +30,117 @@ use super::{load, runtime, Failure, Outcome};
 /// Lines of each log `check` tries its rules' formats on.
 pub const SAMPLE_LINES: usize = 1000;
 
-pub fn check(path: &Path, online: bool) -> Outcome {
-    let config = load(path)?;
+pub fn check(path: &Path, online: bool, json: bool) -> Outcome {
+    let config = match load(path) {
+        Ok(c) => c,
+        // stdout has the JSON; stderr the errors for people, exit 2.
+        Err(Failure::Config(errs)) if json => {
+            let line = CheckJson::failed(path, &errs);
+            super::completions::write_stdout(format!("{}\n", to_json(&line)).as_bytes())?;
+            return Err(Failure::Config(errs));
+        }
+        Err(e) => return Err(e),
+    };
     let mut report = String::new();
     let result = report_on(&config, path, online, &mut report);
-    super::completions::write_stdout(report.as_bytes())?;
+    if json {
+        let failures = match &result {
+            Err(Failure::Runtime(e)) => vec![format!("{e:#}")],
+            _ => Vec::new(),
+        };
+        let line = CheckJson::of(path, &config, &report, failures);
+        super::completions::write_stdout(format!("{}\n", to_json(&line)).as_bytes())?;
+    } else {
+        super::completions::write_stdout(report.as_bytes())?;
+    }
     result
+}
+
+/// `check --json`, fields in this order (docs/design.md §6).
+#[derive(serde::Serialize)]
+struct CheckJson<'a> {
+    config: String,
+    /// No configuration error (warnings allowed; `--online` failures too:
+    /// see `failures`).
+    ok: bool,
+    errors: Vec<ErrorJson>,
+    rules: Vec<RuleJson>,
+    /// The `warning:` lines' text.
+    warnings: Vec<&'a str>,
+    /// What `--online` found failing (exit 1).
+    failures: Vec<String>,
+    /// The report as `check` prints it, line by line.
+    lines: Vec<&'a str>,
+}
+
+#[derive(serde::Serialize)]
+struct ErrorJson {
+    file: String,
+    /// 1-based; 0 when the error has no position.
+    line: u64,
+    column: u64,
+    message: String,
+}
+
+#[derive(serde::Serialize)]
+struct RuleJson {
+    name: String,
+    file: String,
+    /// As the report says it: `100 hits per 1m (sliding_window)`.
+    limit: String,
+    ban: String,
+    format: &'static str,
+    logs: Vec<String>,
+}
+
+impl<'a> CheckJson<'a> {
+    fn failed(path: &Path, errs: &fleetban::config::ConfigErrors) -> CheckJson<'a> {
+        CheckJson {
+            config: path.display().to_string(),
+            ok: false,
+            errors: errs
+                .0
+                .iter()
+                .map(|e| ErrorJson {
+                    file: e.file.display().to_string(),
+                    line: e.line,
+                    column: e.column,
+                    message: e.message.clone(),
+                })
+                .collect(),
+            rules: Vec::new(),
+            warnings: Vec::new(),
+            failures: Vec::new(),
+            lines: Vec::new(),
+        }
+    }
+
+    fn of(path: &Path, config: &Config, report: &'a str, failures: Vec<String>) -> CheckJson<'a> {
+        CheckJson {
+            config: path.display().to_string(),
+            ok: true,
+            errors: Vec::new(),
+            rules: config
+                .rules
+                .iter()
+                .map(|r| RuleJson {
+                    name: r.name.clone(),
+                    file: r.file.display().to_string(),
+                    limit: describe_limit(&r.limit),
+                    ban: duration(r.ban.duration_ms),
+                    format: format_name(&r.format),
+                    logs: r.logs.clone(),
+                })
+                .collect(),
+            warnings: report.lines().filter_map(|l| l.strip_prefix("warning: ")).collect(),
+            failures,
+            lines: report.lines().collect(),
+        }
+    }
+}
+
+fn to_json(v: &impl serde::Serialize) -> String {
+    serde_json::to_string(v).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }
 
 /// Everything `check` prints, into `out`; a failure of `--online` after it.
