@@ -151,7 +151,10 @@ mod tests {
     #[test]
     fn cap_refuses_the_excess_in_file_order() {
         let l = from_text("1.0.0.0/8\n2.0.0.0/8\n3.0.0.0/8\nx\n", &spec(2), &[]);
-        assert_eq!(l.nets, vec!["1.0.0.0/8".parse::<IpNet>().unwrap(), "2.0.0.0/8".parse().unwrap()]);
+        assert_eq!(
+            l.nets,
+            vec!["1.0.0.0/8".parse::<IpNet>().unwrap(), "2.0.0.0/8".parse().unwrap()]
+        );
         assert_eq!((l.listed, l.over_cap, l.garbage), (3, 1, 1));
     }
 

@@ -96,10 +96,16 @@ mod tests {
         let text = "# FireHOL\n#\n\n1.2.3.4\n10.0.0.5/24 # note\n  2001:db8::/32\nnot-an-ip\n1.2.3.0/33\n\
                     10.0.0.0/24\n 1.2.3.4 5.6.7.8\n2001:db8::1\n";
         let p = parse(text, Format::Netset);
-        let want: Vec<IpNet> = ["1.2.3.4/32", "10.0.0.0/24", "2001:db8::/32", "10.0.0.0/24", "2001:db8::1/128"]
-            .iter()
-            .map(|s| s.parse().unwrap())
-            .collect();
+        let want: Vec<IpNet> = [
+            "1.2.3.4/32",
+            "10.0.0.0/24",
+            "2001:db8::/32",
+            "10.0.0.0/24",
+            "2001:db8::1/128",
+        ]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
         assert_eq!(p.nets, want);
         assert_eq!((p.comments, p.blank, p.garbage, p.host_bits), (2, 1, 3, 1));
         assert_eq!(

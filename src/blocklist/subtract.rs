@@ -104,7 +104,13 @@ mod tests {
     #[test]
     fn merges_and_drops() {
         let r = subtract(
-            &[n("10.0.0.0/25"), n("10.0.0.128/25"), n("10.0.0.7/32"), n("127.0.0.0/16"), n("2001:db8::/32")],
+            &[
+                n("10.0.0.0/25"),
+                n("10.0.0.128/25"),
+                n("10.0.0.7/32"),
+                n("127.0.0.0/16"),
+                n("2001:db8::/32"),
+            ],
             &[n("127.0.0.0/8"), n("::1/128")],
         );
         assert_eq!(r.nets, vec![n("10.0.0.0/24"), n("2001:db8::/32")]);
@@ -113,8 +119,11 @@ mod tests {
 
     // Small space (10.0.0.0/16) so random holes and addresses meet.
     fn arb_v4(min_len: u8) -> impl Strategy<Value = IpNet> {
-        (any::<u16>(), min_len..=32u8)
-            .prop_map(|(low, len)| IpNet::new(IpAddr::V4(Ipv4Addr::from(0x0a00_0000 | u32::from(low))), len).unwrap().trunc())
+        (any::<u16>(), min_len..=32u8).prop_map(|(low, len)| {
+            IpNet::new(IpAddr::V4(Ipv4Addr::from(0x0a00_0000 | u32::from(low))), len)
+                .unwrap()
+                .trunc()
+        })
     }
 
     proptest! {

@@ -1,0 +1,190 @@
+//! Blocklists against a real kernel: a generated file of 100,000 networks
+//! (with comments and garbage) read by `fleetban::blocklist` and loaded by
+//! the nft enforcer inside a network namespace of the test's own, reloaded
+//! by difference, and an allowed address inside a listed network still
+//! connecting. Needs root, `ip` and `nft`.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::NetNs;
+use fleetban::blocklist::{self, Format, Spec};
+use fleetban::enforce::{Enforcer, NftOptions};
+use ipnet::IpNet;
+use serde_json::Value;
+
+fn spec() -> Spec {
+    Spec {
+        file: PathBuf::from("/generated"),
+        format: Format::Netset,
+        refresh: Duration::from_secs(3600),
+        max_entries: blocklist::DEFAULT_MAX_ENTRIES,
+    }
+}
+
+/// `n` /24s two apart (never merged), starting at 20.0.0.0, plus `shift`
+/// moved for the "changed" file: every 100th is replaced by one at 40.x.
+fn generated(n: u32, changed: bool) -> (String, BTreeSet<String>) {
+    let mut text = String::from("# generated netset\n#\n\n");
+    let mut want = BTreeSet::new();
+    for i in 0..n {
+        let base = if changed && i % 100 == 0 {
+            40u32 << 24
+        } else {
+            20u32 << 24
+        };
+        let a = Ipv4Addr::from(base + (i << 9));
+        text.push_str(&format!("{a}/24\n"));
+        want.insert(format!("{a}/24"));
+        if i % 10_000 == 0 {
+            text.push_str("garbage line\n999.1.2.3\n");
+        }
+    }
+    // A listed /24 holding the allowed 127.0.0.2: split into 8 around it.
+    text.push_str("127.0.0.0/24\n");
+    for s in [
+        "127.0.0.0/31",
+        "127.0.0.3",
+        "127.0.0.4/30",
+        "127.0.0.8/29",
+        "127.0.0.16/28",
+        "127.0.0.32/27",
+    ] {
+        want.insert(s.to_owned());
+    }
+    want.insert("127.0.0.64/26".to_owned());
+    want.insert("127.0.0.128/25".to_owned());
+    (text, want)
+}
+
+fn nft_opts(ns: &NetNs) -> NftOptions {
+    NftOptions {
+        command: ["ip", "netns", "exec", &ns.name, "nft"].map(String::from).to_vec(),
+        ..NftOptions::default()
+    }
+}
+
+/// The elements of `set` as nft lists them (`a.b.c.d/len` or `a.b.c.d`).
+fn set_elements(ns: &NetNs, set: &str) -> BTreeSet<String> {
+    let out = ns.run(&["nft", "-j", "list", "set", "inet", "fleetban", set]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut got = BTreeSet::new();
+    for o in v["nftables"].as_array().unwrap() {
+        let Some(elems) = o["set"]["elem"].as_array() else {
+            continue;
+        };
+        for e in elems {
+            let s = match (e.as_str(), &e["prefix"]) {
+                (Some(a), _) => a.to_owned(),
+                (None, p) if p.is_object() => format!("{}/{}", p["addr"].as_str().unwrap(), p["len"]),
+                _ => panic!("unexpected element {e}"),
+            };
+            got.insert(s);
+        }
+    }
+    got
+}
+
+#[tokio::test]
+async fn loads_100k_networks_reloads_by_difference_and_allowed_still_connects() {
+    let ns = NetNs::new("block");
+    // 127.0.1.10 is reached from 127.0.0.2 (allowed), 127.0.1.11 from .3
+    // (listed); the answers come from 127.0.1.x, which is not listed.
+    for (dst, src) in [("127.0.1.10/32", "127.0.0.2"), ("127.0.1.11/32", "127.0.0.3")] {
+        ns.run(&[
+            "ip", "route", "add", "local", dst, "dev", "lo", "src", src, "table", "local",
+        ]);
+    }
+    let allowed: Vec<IpNet> = vec!["127.0.0.2/32".parse().unwrap()];
+    let (text, want) = generated(99_990, false);
+    let loaded = blocklist::from_text(&text, &spec(), &allowed);
+    assert_eq!(
+        (loaded.listed, loaded.garbage, loaded.comments, loaded.split),
+        (99_991, 20, 3, 1)
+    );
+    assert_eq!(loaded.nets.len(), 99_998);
+
+    let mut e = Enforcer::nft(nft_opts(&ns)).unwrap();
+    e.init(common::now_ms()).await.unwrap();
+    let a = e.set_blocklist(&loaded.nets).await.unwrap();
+    assert!(a.full && a.added == 99_998, "{a:?}");
+    let got = set_elements(&ns, "block4");
+    assert_eq!(got.len(), 99_998);
+    assert_eq!(got, want);
+    assert!(
+        !got.iter().any(|s| s.starts_with("127.0.0.2")),
+        "the allowed address is not in the set"
+    );
+    assert_eq!(probe(&ns), ["PROBE 127.0.1.10 ok", "PROBE 127.0.1.11 fail"]);
+
+    // 1% changed: only the difference goes to nft.
+    let (text, want) = generated(99_990, true);
+    let loaded = blocklist::from_text(&text, &spec(), &allowed);
+    let a = e.set_blocklist(&loaded.nets).await.unwrap();
+    assert_eq!(
+        (a.full, a.added, a.deleted, a.total),
+        (false, 1000, 1000, 99_998),
+        "{a:?}"
+    );
+    assert_eq!(set_elements(&ns, "block4"), want);
+    assert_eq!(probe(&ns), ["PROBE 127.0.1.10 ok", "PROBE 127.0.1.11 fail"]);
+
+    // The ban chain is untouched and still works beside the blocklist.
+    let tables = ns.run(&["nft", "list", "table", "inet", "fleetban"]);
+    let listing = String::from_utf8_lossy(&tables.stdout);
+    assert!(
+        listing.contains("chain blocklist") && listing.contains("chain input"),
+        "{listing}"
+    );
+
+    // No file configured any more: chain and sets go.
+    e.remove_blocklist().await.unwrap();
+    let listing = String::from_utf8_lossy(&ns.run(&["nft", "list", "table", "inet", "fleetban"]).stdout).to_string();
+    assert!(
+        !listing.contains("block4") && listing.contains("chain input"),
+        "{listing}"
+    );
+    assert_eq!(probe(&ns), ["PROBE 127.0.1.10 ok", "PROBE 127.0.1.11 ok"]);
+}
+
+/// Helper for the test above, run inside the namespace as a child process;
+/// does nothing in a normal test run.
+#[test]
+fn packet_probe_child() {
+    let Ok(targets) = std::env::var("FLEETBAN_PROBE") else {
+        return;
+    };
+    let listener = TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            drop(conn);
+        }
+    });
+    for target in targets.split(',') {
+        let addr = SocketAddr::new(target.parse::<IpAddr>().unwrap(), port);
+        let ok = TcpStream::connect_timeout(&addr, Duration::from_millis(700)).is_ok();
+        println!("PROBE {target} {}", if ok { "ok" } else { "fail" });
+    }
+}
+
+fn probe(ns: &NetNs) -> Vec<String> {
+    let exe = std::env::current_exe().unwrap();
+    let exe = exe.to_str().expect("a UTF-8 test binary path");
+    let out = ns
+        .exec(&[exe, "packet_probe_child", "--exact", "--nocapture", "--test-threads=1"])
+        .env("FLEETBAN_PROBE", "127.0.1.10,127.0.1.11")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.find("PROBE ").map(|i| l[i..].to_owned()))
+        .collect();
+    lines.sort();
+    lines
+}
