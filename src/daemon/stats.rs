@@ -369,6 +369,7 @@ impl Stats {
             }),
             // Filled by the control socket from the enforcer's report.
             firewall: Default::default(),
+            blocklists: Vec::new(),
         }
     }
 }
