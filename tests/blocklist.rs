@@ -2,7 +2,10 @@
 //! (with comments and garbage) read by `fleetban::blocklist` and loaded by
 //! the nft enforcer inside a network namespace of the test's own, reloaded
 //! by difference, and an allowed address inside a listed network still
-//! connecting. Needs root, `ip` and `nft`.
+//! connecting (needs root, `ip` and `nft`); and the daemon with the `log`
+//! backend loading a file, showing it in `status`, applying a refresh,
+//! keeping the last good networks when the file goes, and refusing bad
+//! `blocklists:` entries with their line and column.
 
 mod common;
 
@@ -11,7 +14,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::NetNs;
+use common::{cli, wait_until, ConfigDir, Daemon, NetNs, Rule};
 use fleetban::blocklist::{self, Format, Spec};
 use fleetban::enforce::{Enforcer, NftOptions};
 use ipnet::IpNet;
@@ -187,4 +190,97 @@ fn probe(ns: &NetNs) -> Vec<String> {
         .collect();
     lines.sort();
     lines
+}
+
+/// The main file with `blocklists:` (one line, after the other keys).
+fn with_blocklists(c: &ConfigDir, entries: &str) {
+    let main = c.main_config().log_firewall().allow("[198.51.100.7]");
+    c.write(&main, &[Rule::new("web", &c.log, "{ hits: 10, window: 60s }")]);
+    let yaml = format!("{}blocklists: {entries}\n", main.yaml());
+    std::fs::write(&c.cfg, yaml).unwrap();
+}
+
+fn first_blocklist(d: &Daemon) -> Value {
+    d.status()["blocklists"][0].clone()
+}
+
+#[test]
+fn daemon_loads_shows_refreshes_and_keeps_the_last_good_list() {
+    let c = ConfigDir::new();
+    let list = c.path().join("drop.txt");
+    std::fs::write(
+        &list,
+        "; DROP\n192.0.2.0/24 ; SBL1\n198.51.100.0/24 ; SBL2\nbogus ; SBL3\n",
+    )
+    .unwrap();
+    with_blocklists(&c, "[{ file: drop.txt, format: drop, refresh: 1s }]");
+    // In a namespace of its own: only loopback is this host's (the test
+    // machine's own addresses would be taken out of the list too).
+    let ns = NetNs::new("blkd");
+    let d = Daemon::start(Some(&ns), &c.cfg, &c.control);
+    let b = first_blocklist(&d);
+    assert_eq!(b["file"], list.display().to_string());
+    // 198.51.100.0/24 minus the allowed .7: 8 networks, and 192.0.2.0/24.
+    assert_eq!((b["entries"].as_u64(), b["listed"].as_u64()), (Some(9), Some(2)), "{b}");
+    assert_eq!(
+        (b["skipped_lines"].as_u64(), b["split_entries"].as_u64()),
+        (Some(1), Some(1)),
+        "{b}"
+    );
+    assert!(b["last_refresh"].as_str().is_some_and(|t| t.contains('T')), "{b}");
+    assert!(b["error"].is_null(), "{b}");
+    let log = d.log_text();
+    assert!(
+        log.contains("drop.txt:4: \\\"bogus\\\"") || log.contains("drop.txt:4: \"bogus\""),
+        "{log}"
+    );
+    assert!(log.contains("dry run: blocklist sets would change"), "{log}");
+
+    // A refresh picks up a change: one network more.
+    std::fs::write(&list, "192.0.2.0/24\n198.51.100.0/24\n203.0.113.0/24\n").unwrap();
+    wait_until(Duration::from_secs(10), "the refresh to load the change", || {
+        first_blocklist(&d)["entries"].as_u64() == Some(10)
+    });
+    assert!(d.log_text().contains("added=1"), "{}", d.log_text());
+
+    // The file goes: the last good networks stay, the error is shown.
+    std::fs::remove_file(&list).unwrap();
+    wait_until(Duration::from_secs(10), "the missing file to be reported", || {
+        first_blocklist(&d)["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("drop.txt"))
+    });
+    assert_eq!(first_blocklist(&d)["entries"].as_u64(), Some(10));
+    assert!(d
+        .log_text()
+        .contains("Blocklist unreadable; its last good networks stay dropped."));
+    assert!(!d.log_text().contains("would delete the blocklist"));
+
+    // The human status shows the file.
+    let out = cli(&c.cfg, &["status"]);
+    assert!(out.text().contains("drop.txt"), "{}", out.text());
+}
+
+#[test]
+fn bad_blocklist_entries_name_line_and_column() {
+    let c = ConfigDir::new();
+    with_blocklists(&c, "[{ file: a.txt, format: netset, refresh: 0s, max_entries: 0 }]");
+    let out = cli(&c.cfg, &["check"]);
+    assert!(!out.success());
+    let text = out.text();
+    let line = text
+        .lines()
+        .find(|l| l.contains("refresh must be at least 1s"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        line.contains("fleetban.yaml:") && line.matches(':').count() >= 3,
+        "{line}"
+    );
+    assert!(text.contains("max_entries must be between 1 and 5000000"), "{text}");
+    with_blocklists(&c, "[{ file: a.txt, format: csv }]");
+    let text = cli(&c.cfg, &["check"]).text();
+    assert!(text.contains("fleetban.yaml:") && text.contains("csv"), "{text}");
+    with_blocklists(&c, "[{ file: a.txt, format: netset, refersh: 1h }]");
+    let text = cli(&c.cfg, &["check"]).text();
+    assert!(text.contains("refersh"), "{text}");
 }

@@ -11,7 +11,7 @@ use super::ConfigError;
 use crate::blocklist::{Format, Spec, DEFAULT_MAX_ENTRIES};
 
 /// Shortest `refresh`: a file re-read more often than this is a mistake.
-const MIN_REFRESH: std::time::Duration = std::time::Duration::from_secs(10);
+const MIN_REFRESH: std::time::Duration = std::time::Duration::from_secs(1);
 /// Largest `max_entries`: the kernel holds every element in memory.
 const MAX_CAP: usize = 5_000_000;
 
@@ -56,7 +56,11 @@ pub(super) fn blocklists(
         let refresh = match &b.refresh {
             None => std::time::Duration::from_secs(3600),
             Some(r) if r.value.0 < MIN_REFRESH => {
-                errors.push(ConfigError::at(file, r.referenced, "blocklist refresh must be at least 10s"));
+                errors.push(ConfigError::at(
+                    file,
+                    r.referenced,
+                    "blocklist refresh must be at least 1s",
+                ));
                 MIN_REFRESH
             }
             Some(r) => r.value.0,

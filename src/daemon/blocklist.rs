@@ -92,7 +92,12 @@ impl Blocklists {
     }
 
     fn wanted(&self) -> Wanted {
-        let all: Vec<IpNet> = self.last.iter().flatten().flat_map(|l| l.nets.iter().copied()).collect();
+        let all: Vec<IpNet> = self
+            .last
+            .iter()
+            .flatten()
+            .flat_map(|l| l.nets.iter().copied())
+            .collect();
         let files = self
             .specs
             .iter()
@@ -184,7 +189,11 @@ pub async fn run(
 
 /// Puts `w` into the firewall, publishing each file's status: its last
 /// refresh on success, nft's error on failure (the sets keep what they had).
-pub async fn apply(enforcer: &mut crate::enforce::Enforcer, w: &Wanted, status: &std::sync::Mutex<Vec<BlocklistStatus>>) -> bool {
+pub async fn apply(
+    enforcer: &mut crate::enforce::Enforcer,
+    w: &Wanted,
+    status: &std::sync::Mutex<Vec<BlocklistStatus>>,
+) -> bool {
     let started = std::time::Instant::now();
     let result = match w.none {
         true if enforcer.blocklist().is_empty() => Ok(None),
@@ -196,8 +205,14 @@ pub async fn apply(enforcer: &mut crate::enforce::Enforcer, w: &Wanted, status: 
     match result {
         Ok(a) => {
             if let Some(a) = a {
-                tracing::info!(full = a.full, added = a.added, deleted = a.deleted, total = a.total,
-                    seconds = started.elapsed().as_secs_f64(), "Blocklist applied.");
+                tracing::info!(
+                    full = a.full,
+                    added = a.added,
+                    deleted = a.deleted,
+                    total = a.total,
+                    seconds = started.elapsed().as_secs_f64(),
+                    "Blocklist applied."
+                );
             }
             let now = crate::rfc3339(crate::now_ms());
             for f in files.iter_mut().filter(|f| f.error.is_none()) {
@@ -206,14 +221,20 @@ pub async fn apply(enforcer: &mut crate::enforce::Enforcer, w: &Wanted, status: 
             let old = status.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
             // A file whose read failed keeps its last refresh time.
             for f in files.iter_mut().filter(|f| f.error.is_some()) {
-                f.last_refresh = old.iter().find(|o| o.file == f.file).and_then(|o| o.last_refresh.clone());
+                f.last_refresh = old
+                    .iter()
+                    .find(|o| o.file == f.file)
+                    .and_then(|o| o.last_refresh.clone());
             }
         }
         Err(e) => {
             tracing::warn!(error = %e, "Loading the blocklist into the firewall failed; retrying.");
             let old = status.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
             for f in files.iter_mut() {
-                f.last_refresh = old.iter().find(|o| o.file == f.file).and_then(|o| o.last_refresh.clone());
+                f.last_refresh = old
+                    .iter()
+                    .find(|o| o.file == f.file)
+                    .and_then(|o| o.last_refresh.clone());
                 f.error = Some(format!("nft: {e}"));
             }
         }

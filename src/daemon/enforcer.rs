@@ -110,7 +110,10 @@ impl Enforced {
 
     /// The blocklist part of `status`.
     pub fn blocklists(&self) -> Vec<crate::control::BlocklistStatus> {
-        self.blocklist.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.blocklist
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Which of `nets` the kernel does not hold.

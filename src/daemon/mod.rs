@@ -14,6 +14,7 @@
 //! The pipeline commits what it has read and saves offsets; the nft table
 //! stays (the kernel keeps expiring bans while we are down).
 
+mod blocklist;
 mod control;
 mod enforcer;
 mod logging;
@@ -21,7 +22,6 @@ mod metrics;
 mod notify;
 mod pipeline;
 mod ratelog;
-mod blocklist;
 mod reload;
 mod start;
 pub mod stats;
@@ -218,7 +218,10 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     // the bans, in one transaction; then refreshed by their own task.
     let mut lists = blocklist::Blocklists::new(config.blocklists.clone(), config.never_banned());
     let wanted = match config.blocklists.is_empty() {
-        true => blocklist::Wanted { none: true, ..Default::default() },
+        true => blocklist::Wanted {
+            none: true,
+            ..Default::default()
+        },
         false => {
             let w = lists.read(true).unwrap_or_default();
             blocklist::apply(&mut enforcer, &w, &enforced.blocklist).await;
