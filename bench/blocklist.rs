@@ -14,7 +14,6 @@
 //! Usage: `cargo bench --bench blocklist -- load` (env N, REPS).
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 
 use std::time::Instant;
@@ -31,8 +30,21 @@ fn main() {
     }
     let n: u32 = std::env::var("N").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000);
     let reps: u32 = std::env::var("REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    println!("N={n} networks, {} ; columns in seconds", String::from_utf8_lossy(&std::process::Command::new("nft").arg("--version").output().unwrap().stdout).trim());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    println!(
+        "N={n} networks, {} ; columns in seconds",
+        String::from_utf8_lossy(
+            &std::process::Command::new("nft")
+                .arg("--version")
+                .output()
+                .unwrap()
+                .stdout
+        )
+        .trim()
+    );
     println!("rep  read   load  refresh+1%  refresh-0.5%+0.5%  ban(with)  ban(without)");
     for rep in 0..reps {
         rt.block_on(one(rep, n));

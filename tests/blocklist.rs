@@ -265,7 +265,11 @@ fn daemon_loads_shows_refreshes_and_keeps_the_last_good_list() {
     std::fs::write(&list, "198.51.100.0/24 ; SBL2\n").unwrap();
     let e = cli(&c.cfg, &["explain", "--json", "198.51.100.9"]);
     let v: Value = serde_json::from_str(&e.stdout).unwrap_or_else(|_| panic!("{}", e.text()));
-    assert_eq!(v["blocklisted"], serde_json::json!([format!("{}: 198.51.100.8/29", list.display())]), "{v}");
+    assert_eq!(
+        v["blocklisted"],
+        serde_json::json!([format!("{}: 198.51.100.8/29", list.display())]),
+        "{v}"
+    );
     let v: Value = serde_json::from_str(&cli(&c.cfg, &["explain", "--json", "198.51.100.7"]).stdout).unwrap();
     assert_eq!(v["blocklisted"], serde_json::json!([]), "{v}");
 }

@@ -139,8 +139,8 @@ mod tests {
             let mut probes: Vec<IpNet> = probes.iter().map(|p| n(&format!("10.0.{}.{}/32", p >> 8, p & 0xff))).collect();
             // Also the edges of every hole and listed net.
             for x in listed.iter().chain(&allowed) {
-                probes.push(IpNet::from(IpAddr::from(x.network())));
-                probes.push(IpNet::from(IpAddr::from(x.broadcast())));
+                probes.push(IpNet::from(x.network()));
+                probes.push(IpNet::from(x.broadcast()));
             }
             for a in probes {
                 let want = has(&listed, a) && !has(&allowed, a);

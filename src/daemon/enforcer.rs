@@ -153,6 +153,9 @@ impl Enforced {
     }
 }
 
+// One input per source of work (bans, blocklist, addresses): a struct would
+// only rename them.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     mut enforcer: Enforcer,
     mut rx: UnboundedReceiver<Change>,
