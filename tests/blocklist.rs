@@ -297,3 +297,41 @@ fn bad_blocklist_entries_name_line_and_column() {
     let text = cli(&c.cfg, &["check"]).text();
     assert!(text.contains("refersh"), "{text}");
 }
+
+#[test]
+fn daemon_with_nft_loads_and_refreshes_the_sets() {
+    let c = ConfigDir::new();
+    let list = c.path().join("list.netset");
+    std::fs::write(&list, "# x\n192.0.2.0/24\n2001:db8::/32\njunk\n").unwrap();
+    let main = c.main_config();
+    c.write(&main, &[Rule::new("web", &c.log, "{ hits: 10, window: 60s }")]);
+    std::fs::write(
+        &c.cfg,
+        format!(
+            "{}blocklists: [{{ file: list.netset, format: netset, refresh: 1s }}]\n",
+            main.yaml()
+        ),
+    )
+    .unwrap();
+    let ns = NetNs::new("blkn");
+    let d = Daemon::start(Some(&ns), &c.cfg, &c.control);
+    let want = |v4: &[&str], v6: &[&str]| {
+        let s = |l: &[&str]| l.iter().map(|x| x.to_string()).collect::<BTreeSet<String>>();
+        (s(v4), s(v6))
+    };
+    wait_until(Duration::from_secs(10), "the daemon to load the sets", || {
+        ns.exec(&["nft", "list", "set", "inet", "fleetban", "block6"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    assert_eq!(
+        (set_elements(&ns, "block4"), set_elements(&ns, "block6")),
+        want(&["192.0.2.0/24"], &["2001:db8::/32"])
+    );
+    std::fs::write(&list, "198.51.100.0/24\n2001:db8::/32\n").unwrap();
+    wait_until(Duration::from_secs(10), "the refresh to reach nft", || {
+        set_elements(&ns, "block4") == want(&["198.51.100.0/24"], &[]).0
+    });
+    assert_eq!(set_elements(&ns, "block6"), want(&[], &["2001:db8::/32"]).1);
+    assert_eq!(d.status()["blocklists"][0]["entries"].as_u64(), Some(2));
+}
