@@ -26,6 +26,7 @@
 
 pub mod addr;
 pub mod bans;
+pub mod blocklist;
 pub mod config;
 pub mod control;
 pub mod daemon;

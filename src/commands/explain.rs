@@ -38,6 +38,9 @@ struct Explanation {
     /// Why it is never counted nor banned (empty: it can be).
     never_banned: Vec<String>,
     windows: Vec<WindowCount>,
+    /// `FILE: NETWORK` for each `blocklists:` file whose networks (as this
+    /// host loads them: allowed ones taken out) hold the address.
+    blocklisted: Vec<String>,
 }
 
 #[derive(Serialize)]
@@ -109,6 +112,7 @@ pub fn explain(path: &Path, addr: &str, json: bool) -> Outcome {
         covering: covering.iter().map(|r| line(r, now)).collect(),
         never_banned: never_banned(&config, &net),
         windows,
+        blocklisted: blocklisted(&config, &net),
     };
     if json {
         say!("{}", serde_json::to_string(&e).map_err(failed)?);
@@ -116,6 +120,25 @@ pub fn explain(path: &Path, addr: &str, json: bool) -> Outcome {
         say!("{}", render(&e, own, &covering, now).trim_end_matches('\n'));
     }
     Ok(())
+}
+
+/// The blocklist networks holding `net`, read from the files as the
+/// daemon reads them (an unreadable file is named with its error).
+fn blocklisted(config: &Config, net: &IpNet) -> Vec<String> {
+    let allowed = fleetban::detect::never_dropped(&config.never_banned());
+    let mut out = Vec::new();
+    for spec in &config.blocklists {
+        match fleetban::blocklist::load(spec, &allowed) {
+            Ok(l) => out.extend(
+                l.nets
+                    .iter()
+                    .filter(|n| n.contains(net))
+                    .map(|n| format!("{}: {}", spec.file.display(), AddrText(n))),
+            ),
+            Err(e) => out.push(format!("{}: unreadable ({e})", spec.file.display())),
+        }
+    }
+    out
 }
 
 /// Why `net` is never counted nor banned, one reason each.
@@ -192,6 +215,9 @@ fn render(e: &Explanation, own: Option<&BanRecord>, covering: &[&BanRecord], now
         out += "  never banned: no (it can be banned)\n";
     } else {
         out += &format!("  never banned: yes: {}\n", e.never_banned.join("; "));
+    }
+    for b in &e.blocklisted {
+        out += &format!("  blocklist: {b}\n");
     }
     let mut t = Table::new(&["RULE", "ALGORITHM", "COUNT", "LIMIT", "WINDOW"])
         .right(2)

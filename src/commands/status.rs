@@ -150,7 +150,33 @@ fn render(s: &Status, now: i64) -> String {
         }
         out += &indent(&t.render());
     }
+    out += &blocklists(s, now);
     out
+}
+
+/// The `blocklists:` files, when any is configured.
+fn blocklists(s: &Status, now: i64) -> String {
+    if s.blocklists.is_empty() {
+        return String::new();
+    }
+    let mut t = Table::new(&["FILE", "ENTRIES", "SKIPPED", "SPLIT", "REFRESHED", "ERROR"])
+        .right(1)
+        .right(2)
+        .right(3);
+    for b in &s.blocklists {
+        t.row(vec![
+            b.file.clone(),
+            b.entries.to_string(),
+            b.skipped_lines.to_string(),
+            b.split_entries.to_string(),
+            b.last_refresh
+                .as_deref()
+                .and_then(parse_time)
+                .map_or("never".to_owned(), |t| relative(t, now)),
+            b.error.clone().unwrap_or_else(|| "-".to_owned()),
+        ]);
+    }
+    format!("\nblocklists:\n{}", indent(&t.render()))
 }
 
 /// An RFC 3339 time as unix ms.

@@ -8,6 +8,7 @@
 //! column ([`ConfigError`]); loading goes on after an error where it can so
 //! that all of them are reported together.
 
+mod blocklists;
 mod error;
 mod firewall;
 mod http;
@@ -63,6 +64,8 @@ pub struct Config {
     /// Prometheus endpoint, off when `None`.
     pub metrics: Option<SocketAddr>,
     pub rules: Vec<Rule>,
+    /// `blocklists:`, validated (files are read by the daemon).
+    pub blocklists: Vec<crate::blocklist::Spec>,
 }
 
 impl Config {
@@ -91,6 +94,7 @@ impl Config {
             .as_ref()
             .and_then(|r| redis::redis_config(path, &base, r, &mut errors));
         let firewall = firewall::firewall_config(path, &main.firewall, &mut errors);
+        let blocklists = blocklists::blocklists(path, &base, &main.blocklists, &mut errors);
         let ipv6_prefix = match &main.ipv6_prefix {
             None => 64,
             Some(p) if (1..=128).contains(&p.value) => p.value,
@@ -174,6 +178,7 @@ impl Config {
                 .unwrap_or_else(|| PathBuf::from("/run/fleetban/control.sock")),
             metrics,
             rules,
+            blocklists,
         };
         Ok((config, errors))
     }

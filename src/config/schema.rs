@@ -32,6 +32,9 @@ pub struct MainFile {
     pub safety: SafetySection,
     pub control: Option<PathBuf>,
     pub metrics: Option<Spanned<String>>,
+    /// Local files of networks to drop (`blocklists.rs`).
+    #[serde(default)]
+    pub blocklists: Vec<super::blocklists::BlocklistSection>,
     pub rules: Spanned<List<String>>,
 }
 

@@ -15,7 +15,9 @@ mod status;
 
 pub use client::{BanAnswer, Client, ControlError};
 pub use server::{bind, serve, Handler};
-pub use status::{FirewallStatus, HttpStatus, RedisStatus, RuleStatus, SafetyStatus, SourceStatus, Status};
+pub use status::{
+    BlocklistStatus, FirewallStatus, HttpStatus, RedisStatus, RuleStatus, SafetyStatus, SourceStatus, Status,
+};
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};

@@ -31,6 +31,30 @@ pub struct Status {
     /// What the kernel holds of the bans (absent from an older daemon's).
     #[serde(default)]
     pub firewall: FirewallStatus,
+    /// One per `blocklists:` file (absent from an older daemon's).
+    #[serde(default)]
+    pub blocklists: Vec<BlocklistStatus>,
+}
+
+/// One blocklist file: what its last good read loaded, and its last error.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct BlocklistStatus {
+    pub file: String,
+    /// Networks of this file in the kernel's sets (merged, allowed ones taken out).
+    pub entries: u64,
+    /// Networks the file lists (valid lines).
+    pub listed: u64,
+    /// Lines neither comment nor network, skipped.
+    pub skipped_lines: u64,
+    /// Networks refused over `max_entries`.
+    pub over_cap: u64,
+    /// Listed networks split around an allowed address.
+    pub split_entries: u64,
+    /// The last successful read and load (RFC 3339).
+    pub last_refresh: Option<String>,
+    /// The last read or load error, while not followed by a success; the
+    /// last good networks stay in the kernel meanwhile.
+    pub error: Option<String>,
 }
 
 /// Whether the bans are in the kernel: after a failed nft call, the bans it

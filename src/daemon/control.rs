@@ -35,6 +35,7 @@ impl Handler for Answers {
         if request == Request::Status {
             let mut status = self.stats.report();
             status.firewall = self.enforced.status();
+            status.blocklists = self.enforced.blocklists();
             return Response::Status(Box::new(status));
         }
         let ban = match &request {

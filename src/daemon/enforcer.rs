@@ -57,6 +57,8 @@ pub struct Enforced {
     /// running longer than half the watchdog interval stops the pings
     /// (`notify::watchdog`), so that systemd restarts a hung enforcer.
     pub busy_since_ms: AtomicI64,
+    /// The blocklist files' state for `status` (`daemon::blocklist`).
+    pub blocklist: Mutex<Vec<crate::control::BlocklistStatus>>,
 }
 
 #[derive(Default)]
@@ -79,6 +81,7 @@ impl Default for Enforced {
             done: watch::channel(0).0,
             report: Mutex::new(Report::default()),
             busy_since_ms: AtomicI64::new(0),
+            blocklist: Mutex::new(Vec::new()),
         }
     }
 }
@@ -103,6 +106,14 @@ impl Enforced {
                 .collect(),
             recreated: r.recreated,
         }
+    }
+
+    /// The blocklist part of `status`.
+    pub fn blocklists(&self) -> Vec<crate::control::BlocklistStatus> {
+        self.blocklist
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Which of `nets` the kernel does not hold.
@@ -142,6 +153,9 @@ impl Enforced {
     }
 }
 
+// One input per source of work (bans, blocklist, addresses): a struct would
+// only rename them.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     mut enforcer: Enforcer,
     mut rx: UnboundedReceiver<Change>,
@@ -149,8 +163,11 @@ pub async fn run(
     mut own: OwnAddresses,
     stats: std::sync::Arc<super::stats::Stats>,
     enforced: std::sync::Arc<Enforced>,
+    mut blocks: watch::Receiver<super::blocklist::Wanted>,
     shutdown: CancellationToken,
 ) {
+    // A blocklist load that failed is tried again at the next check.
+    let mut blocks_failed = false;
     let mut warned = 0u32;
     let mut next_check = Instant::now() + CHECK_EVERY;
     let mut retry: Option<(Instant, Duration)> = None;
@@ -167,6 +184,13 @@ pub async fn run(
         let first = tokio::select! {
             c = rx.recv() => match c { Some(c) => Some(c), None => return },
             _ = sleep_until_opt(due) => None,
+            Ok(()) = blocks.changed() => {
+                let w = blocks.borrow_and_update().clone();
+                enforced.busy_since_ms.store(crate::now_ms(), Relaxed);
+                blocks_failed = !super::blocklist::apply(&mut enforcer, &w, &enforced.blocklist).await;
+                enforced.busy_since_ms.store(0, Relaxed);
+                continue;
+            }
             _ = shutdown.cancelled() => return,
         };
         enforced.busy_since_ms.store(crate::now_ms(), Relaxed);
@@ -179,6 +203,11 @@ pub async fn run(
                 next_check = Instant::now() + CHECK_EVERY;
                 let lifted = lift_own(&mut own, &mut allow, &mut enforcer).await;
                 let checked = enforcer.check(crate::now_ms()).await;
+                if blocks_failed || matches!(checked, Ok(Some(_))) {
+                    // A re-created table lost the blocklist sets too.
+                    let w = blocks.borrow().clone();
+                    blocks_failed = !super::blocklist::apply(&mut enforcer, &w, &enforced.blocklist).await;
+                }
                 match lifted.and(checked) {
                     Ok(Some(s)) => {
                         enforced.report().recreated += 1;

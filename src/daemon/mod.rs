@@ -14,6 +14,7 @@
 //! The pipeline commits what it has read and saves offsets; the nft table
 //! stays (the kernel keeps expiring bans while we are down).
 
+mod blocklist;
 mod control;
 mod enforcer;
 mod logging;
@@ -213,6 +214,23 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     }
     let stats = Arc::new(stats);
     let enforced = Arc::new(enforcer::Enforced::default());
+    // Blocklists: read and loaded before anything else is enforced after
+    // the bans, in one transaction; then refreshed by their own task.
+    let mut lists = blocklist::Blocklists::new(config.blocklists.clone(), config.never_banned());
+    let wanted = match config.blocklists.is_empty() {
+        true => blocklist::Wanted {
+            none: true,
+            ..Default::default()
+        },
+        false => {
+            let w = lists.read(true).unwrap_or_default();
+            blocklist::apply(&mut enforcer, &w, &enforced.blocklist).await;
+            w
+        }
+    };
+    let (blocks_tx, blocks_rx) = tokio::sync::watch::channel(wanted);
+    let (blocklist_reload_tx, blocklist_reload_rx) = tokio::sync::mpsc::unbounded_channel();
+    tracker.spawn(blocklist::run(lists, blocks_tx, blocklist_reload_rx, token.clone()));
     // The enforcer follows this host's addresses itself.
     let (own, enforcer_allow) = crate::detect::OwnAddresses::new(&config.never_banned());
     tracker.spawn(enforcer::run(
@@ -222,6 +240,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         own,
         stats.clone(),
         enforced.clone(),
+        blocks_rx,
         token.clone(),
     ));
     if let Some((fleet, last_id)) = fleet {
@@ -337,6 +356,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
                 match reload::reload(&config, &opts.config_path, &stats, &reload_tx, &mut follower, &offsets, &chunk_tx, &token).await {
                     Some(new) => {
                         stats.reloads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let _ = blocklist_reload_tx.send((new.blocklists.clone(), new.never_banned()));
                         config = new;
                     }
                     None => {

@@ -379,6 +379,7 @@ impl Stats {
             }),
             // Filled by the control socket from the enforcer's report.
             firewall: Default::default(),
+            blocklists: Vec::new(),
         }
     }
 }

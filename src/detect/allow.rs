@@ -47,6 +47,15 @@ impl AllowList {
     }
 }
 
+/// Loopback, this host's addresses now and `configured`, as networks: what
+/// a blocklist never drops (`daemon::blocklist` subtracts them).
+pub fn never_dropped(configured: &[IpNet]) -> Vec<IpNet> {
+    let mut nets = crate::addr::loopback().to_vec();
+    nets.extend(local_addresses().into_iter().map(IpNet::from));
+    nets.extend_from_slice(configured);
+    nets
+}
+
 /// This host's own addresses as they change (DHCP, a keepalived VIP): the
 /// enforcer reads the interfaces again before each batch of bans and every
 /// few seconds (`refresh`, one getifaddrs), so that an address added after

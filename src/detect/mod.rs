@@ -15,7 +15,7 @@ mod literal;
 mod plan;
 mod scan;
 
-pub use allow::{AllowList, OwnAddresses};
+pub use allow::{never_dropped, AllowList, OwnAddresses};
 pub use filter::RuleFilter;
 pub use plan::{Group, Plan};
 pub use scan::{Mode, RuleCount, Scanned, Scanner, Sink};

@@ -3,6 +3,7 @@
 
 use tracing::info;
 
+use super::block::{BlockApplied, BlockState};
 use super::cover::{Book, Plan};
 use super::{Element, ReconcileStats, Until};
 
@@ -14,6 +15,8 @@ const LOG_LIMIT: usize = 50;
 pub struct LogEnforcer {
     /// Wanted bans and what a kernel would hold.
     book: Book,
+    /// The blocklist, planned as for nft.
+    block: BlockState,
 }
 
 impl LogEnforcer {
@@ -72,10 +75,33 @@ impl LogEnforcer {
             "dry run: would delete the nftables table"
         );
         self.book.clear();
+        self.block = BlockState::default();
     }
 
     pub(super) fn book(&self) -> &Book {
         &self.book
+    }
+
+    pub fn set_blocklist(&mut self, nets: &[ipnet::IpNet]) -> BlockApplied {
+        let (_, a) = self.block.plan(&super::NftOptions::default(), nets);
+        info!(
+            full = a.full,
+            added = a.added,
+            deleted = a.deleted,
+            total = a.total,
+            "dry run: blocklist sets would change"
+        );
+        self.block.commit(nets);
+        a
+    }
+
+    pub fn remove_blocklist(&mut self) {
+        info!("dry run: would delete the blocklist chain and sets");
+        self.block = BlockState::default();
+    }
+
+    pub(super) fn block(&self) -> &BlockState {
+        &self.block
     }
 
     fn apply(&mut self, now_ms: i64) -> ReconcileStats {

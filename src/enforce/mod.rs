@@ -22,6 +22,7 @@
 //! timeouts are the remaining time, so the kernel expires bans on its own even
 //! while the daemon is down.
 
+mod block;
 mod change;
 mod cover;
 mod listing;
@@ -31,6 +32,7 @@ mod script;
 
 use std::time::Duration;
 
+pub use self::block::{BlockApplied, BlockState};
 pub use self::change::{fold, Change, Changes, Folded};
 #[doc(hidden)]
 pub use self::listing::bench_parse as bench_parse_listing;
@@ -331,6 +333,35 @@ impl Enforcer {
     /// Bans currently wanted, covered ones included.
     pub fn desired_len(&self) -> usize {
         self.book().desired_len()
+    }
+
+    /// Makes the blocklist sets `block4`/`block6` hold `nets` (sorted and
+    /// non-overlapping, as `blocklist::subtract` returns them): the whole
+    /// sets on the first call, the difference later; one transaction.
+    pub async fn set_blocklist(&mut self, nets: &[ipnet::IpNet]) -> Result<BlockApplied, EnforceError> {
+        match self {
+            Enforcer::Nft(e) => e.set_blocklist(nets).await,
+            Enforcer::Log(e) => Ok(e.set_blocklist(nets)),
+        }
+    }
+
+    /// Deletes the blocklist chain and sets.
+    pub async fn remove_blocklist(&mut self) -> Result<(), EnforceError> {
+        match self {
+            Enforcer::Nft(e) => e.remove_blocklist().await,
+            Enforcer::Log(e) => {
+                e.remove_blocklist();
+                Ok(())
+            }
+        }
+    }
+
+    /// What the blocklist sets are believed to hold.
+    pub fn blocklist(&self) -> &BlockState {
+        match self {
+            Enforcer::Nft(e) => e.block(),
+            Enforcer::Log(e) => e.block(),
+        }
     }
 
     fn book(&self) -> &cover::Book {

@@ -21,6 +21,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 use tracing::{debug, info, warn};
 
+use super::block::{self, BlockApplied, BlockState};
 use super::cover::{Book, Plan};
 use super::listing::{self, KernelView};
 use super::script::{self, Preamble};
@@ -48,6 +49,8 @@ pub struct NftEnforcer {
     /// sync) plans against that listing instead of listing again (an empty
     /// listing is cheap, one of 100k elements is not). Any apply clears it.
     fresh: Option<Instant>,
+    /// The blocklist sets' elements (`block.rs`).
+    block: BlockState,
 }
 
 impl NftEnforcer {
@@ -71,7 +74,43 @@ impl NftEnforcer {
             preamble: None,
             stale: true,
             fresh: None,
+            block: BlockState::default(),
         })
+    }
+
+    /// Makes the blocklist sets hold `nets` (sorted, non-overlapping): the
+    /// first call replaces them whole, later ones send the difference; one
+    /// transaction either way. A failure makes the next call a whole load.
+    pub async fn set_blocklist(&mut self, nets: &[ipnet::IpNet]) -> Result<BlockApplied, EnforceError> {
+        let (text, applied) = self.block.plan(&self.opts, nets);
+        if let Some(text) = text {
+            let started = Instant::now();
+            if let Err(e) = self.run("transaction", &["-f", "-"], Some(text)).await {
+                self.block.forget();
+                return Err(e);
+            }
+            debug!(
+                full = applied.full,
+                added = applied.added,
+                deleted = applied.deleted,
+                seconds = started.elapsed().as_secs_f64(),
+                "nft blocklist transaction applied"
+            );
+        }
+        self.block.commit(nets);
+        Ok(applied)
+    }
+
+    /// Deletes the blocklist chain and sets (none configured any more).
+    pub async fn remove_blocklist(&mut self) -> Result<(), EnforceError> {
+        self.run("transaction", &["-f", "-"], Some(block::render_remove(&self.opts)))
+            .await?;
+        self.block = BlockState::default();
+        Ok(())
+    }
+
+    pub(super) fn block(&self) -> &BlockState {
+        &self.block
     }
 
     pub async fn init(&mut self, now_ms: i64) -> Result<(), EnforceError> {
@@ -147,6 +186,8 @@ impl NftEnforcer {
             return Ok(None);
         }
         self.stale = true;
+        // The blocklist sets went with the table: the next load is whole.
+        self.block.forget();
         self.apply(now_ms).await.map(Some)
     }
 
@@ -172,6 +213,7 @@ impl NftEnforcer {
             Err(e) => return Err(e),
         };
         self.book.clear();
+        self.block = BlockState::default();
         self.preamble = Some(Preamble::create());
         self.stale = false;
         self.fresh = None;

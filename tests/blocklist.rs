@@ -1,0 +1,337 @@
+//! Blocklists against a real kernel: a generated file of 100,000 networks
+//! (with comments and garbage) read by `fleetban::blocklist` and loaded by
+//! the nft enforcer inside a network namespace of the test's own, reloaded
+//! by difference, and an allowed address inside a listed network still
+//! connecting (needs root, `ip` and `nft`); and the daemon with the `log`
+//! backend loading a file, showing it in `status`, applying a refresh,
+//! keeping the last good networks when the file goes, and refusing bad
+//! `blocklists:` entries with their line and column.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::{cli, wait_until, ConfigDir, Daemon, NetNs, Rule};
+use fleetban::blocklist::{self, Format, Spec};
+use fleetban::enforce::{Enforcer, NftOptions};
+use ipnet::IpNet;
+use serde_json::Value;
+
+fn spec() -> Spec {
+    Spec {
+        file: PathBuf::from("/generated"),
+        format: Format::Netset,
+        refresh: Duration::from_secs(3600),
+        max_entries: blocklist::DEFAULT_MAX_ENTRIES,
+    }
+}
+
+/// `n` /24s two apart (never merged), starting at 20.0.0.0, plus `shift`
+/// moved for the "changed" file: every 100th is replaced by one at 40.x.
+fn generated(n: u32, changed: bool) -> (String, BTreeSet<String>) {
+    let mut text = String::from("# generated netset\n#\n\n");
+    let mut want = BTreeSet::new();
+    for i in 0..n {
+        let base = if changed && i % 100 == 0 {
+            40u32 << 24
+        } else {
+            20u32 << 24
+        };
+        let a = Ipv4Addr::from(base + (i << 9));
+        text.push_str(&format!("{a}/24\n"));
+        want.insert(format!("{a}/24"));
+        if i % 10_000 == 0 {
+            text.push_str("garbage line\n999.1.2.3\n");
+        }
+    }
+    // A listed /24 holding the allowed 127.0.0.2: split into 8 around it.
+    text.push_str("127.0.0.0/24\n");
+    for s in [
+        "127.0.0.0/31",
+        "127.0.0.3",
+        "127.0.0.4/30",
+        "127.0.0.8/29",
+        "127.0.0.16/28",
+        "127.0.0.32/27",
+    ] {
+        want.insert(s.to_owned());
+    }
+    want.insert("127.0.0.64/26".to_owned());
+    want.insert("127.0.0.128/25".to_owned());
+    (text, want)
+}
+
+fn nft_opts(ns: &NetNs) -> NftOptions {
+    NftOptions {
+        command: ["ip", "netns", "exec", &ns.name, "nft"].map(String::from).to_vec(),
+        ..NftOptions::default()
+    }
+}
+
+/// The elements of `set` as nft lists them (`a.b.c.d/len` or `a.b.c.d`).
+fn set_elements(ns: &NetNs, set: &str) -> BTreeSet<String> {
+    let out = ns.run(&["nft", "-j", "list", "set", "inet", "fleetban", set]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut got = BTreeSet::new();
+    for o in v["nftables"].as_array().unwrap() {
+        let Some(elems) = o["set"]["elem"].as_array() else {
+            continue;
+        };
+        for e in elems {
+            let s = match (e.as_str(), &e["prefix"]) {
+                (Some(a), _) => a.to_owned(),
+                (None, p) if p.is_object() => format!("{}/{}", p["addr"].as_str().unwrap(), p["len"]),
+                _ => panic!("unexpected element {e}"),
+            };
+            got.insert(s);
+        }
+    }
+    got
+}
+
+#[tokio::test]
+async fn loads_100k_networks_reloads_by_difference_and_allowed_still_connects() {
+    let ns = NetNs::new("block");
+    // 127.0.1.10 is reached from 127.0.0.2 (allowed), 127.0.1.11 from .3
+    // (listed); the answers come from 127.0.1.x, which is not listed.
+    for (dst, src) in [("127.0.1.10/32", "127.0.0.2"), ("127.0.1.11/32", "127.0.0.3")] {
+        ns.run(&[
+            "ip", "route", "add", "local", dst, "dev", "lo", "src", src, "table", "local",
+        ]);
+    }
+    let allowed: Vec<IpNet> = vec!["127.0.0.2/32".parse().unwrap()];
+    let (text, want) = generated(99_990, false);
+    let loaded = blocklist::from_text(&text, &spec(), &allowed);
+    assert_eq!(
+        (loaded.listed, loaded.garbage, loaded.comments, loaded.split),
+        (99_991, 20, 3, 1)
+    );
+    assert_eq!(loaded.nets.len(), 99_998);
+
+    let mut e = Enforcer::nft(nft_opts(&ns)).unwrap();
+    e.init(common::now_ms()).await.unwrap();
+    let a = e.set_blocklist(&loaded.nets).await.unwrap();
+    assert!(a.full && a.added == 99_998, "{a:?}");
+    let got = set_elements(&ns, "block4");
+    assert_eq!(got.len(), 99_998);
+    assert_eq!(got, want);
+    assert!(
+        !got.iter().any(|s| s.starts_with("127.0.0.2")),
+        "the allowed address is not in the set"
+    );
+    assert_eq!(probe(&ns), ["PROBE 127.0.1.10 ok", "PROBE 127.0.1.11 fail"]);
+
+    // 1% changed: only the difference goes to nft.
+    let (text, want) = generated(99_990, true);
+    let loaded = blocklist::from_text(&text, &spec(), &allowed);
+    let a = e.set_blocklist(&loaded.nets).await.unwrap();
+    assert_eq!(
+        (a.full, a.added, a.deleted, a.total),
+        (false, 1000, 1000, 99_998),
+        "{a:?}"
+    );
+    assert_eq!(set_elements(&ns, "block4"), want);
+    assert_eq!(probe(&ns), ["PROBE 127.0.1.10 ok", "PROBE 127.0.1.11 fail"]);
+
+    // The ban chain is untouched and still works beside the blocklist.
+    let tables = ns.run(&["nft", "list", "table", "inet", "fleetban"]);
+    let listing = String::from_utf8_lossy(&tables.stdout);
+    assert!(
+        listing.contains("chain blocklist") && listing.contains("chain input"),
+        "{listing}"
+    );
+
+    // No file configured any more: chain and sets go.
+    e.remove_blocklist().await.unwrap();
+    let listing = String::from_utf8_lossy(&ns.run(&["nft", "list", "table", "inet", "fleetban"]).stdout).to_string();
+    assert!(
+        !listing.contains("block4") && listing.contains("chain input"),
+        "{listing}"
+    );
+    assert_eq!(probe(&ns), ["PROBE 127.0.1.10 ok", "PROBE 127.0.1.11 ok"]);
+}
+
+/// Helper for the test above, run inside the namespace as a child process;
+/// does nothing in a normal test run.
+#[test]
+fn packet_probe_child() {
+    let Ok(targets) = std::env::var("FLEETBAN_PROBE") else {
+        return;
+    };
+    let listener = TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            drop(conn);
+        }
+    });
+    for target in targets.split(',') {
+        let addr = SocketAddr::new(target.parse::<IpAddr>().unwrap(), port);
+        let ok = TcpStream::connect_timeout(&addr, Duration::from_millis(700)).is_ok();
+        println!("PROBE {target} {}", if ok { "ok" } else { "fail" });
+    }
+}
+
+fn probe(ns: &NetNs) -> Vec<String> {
+    let exe = std::env::current_exe().unwrap();
+    let exe = exe.to_str().expect("a UTF-8 test binary path");
+    let out = ns
+        .exec(&[exe, "packet_probe_child", "--exact", "--nocapture", "--test-threads=1"])
+        .env("FLEETBAN_PROBE", "127.0.1.10,127.0.1.11")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.find("PROBE ").map(|i| l[i..].to_owned()))
+        .collect();
+    lines.sort();
+    lines
+}
+
+/// The main file with `blocklists:` (one line, after the other keys).
+fn with_blocklists(c: &ConfigDir, entries: &str) {
+    let main = c.main_config().log_firewall().allow("[198.51.100.7]");
+    c.write(&main, &[Rule::new("web", &c.log, "{ hits: 10, window: 60s }")]);
+    let yaml = format!("{}blocklists: {entries}\n", main.yaml());
+    std::fs::write(&c.cfg, yaml).unwrap();
+}
+
+fn first_blocklist(d: &Daemon) -> Value {
+    d.status()["blocklists"][0].clone()
+}
+
+#[test]
+fn daemon_loads_shows_refreshes_and_keeps_the_last_good_list() {
+    let c = ConfigDir::new();
+    let list = c.path().join("drop.txt");
+    std::fs::write(
+        &list,
+        "; DROP\n192.0.2.0/24 ; SBL1\n198.51.100.0/24 ; SBL2\nbogus ; SBL3\n",
+    )
+    .unwrap();
+    with_blocklists(&c, "[{ file: drop.txt, format: drop, refresh: 1s }]");
+    // In a namespace of its own: only loopback is this host's (the test
+    // machine's own addresses would be taken out of the list too).
+    let ns = NetNs::new("blkd");
+    let d = Daemon::start(Some(&ns), &c.cfg, &c.control);
+    let b = first_blocklist(&d);
+    assert_eq!(b["file"], list.display().to_string());
+    // 198.51.100.0/24 minus the allowed .7: 8 networks, and 192.0.2.0/24.
+    assert_eq!((b["entries"].as_u64(), b["listed"].as_u64()), (Some(9), Some(2)), "{b}");
+    assert_eq!(
+        (b["skipped_lines"].as_u64(), b["split_entries"].as_u64()),
+        (Some(1), Some(1)),
+        "{b}"
+    );
+    assert!(b["last_refresh"].as_str().is_some_and(|t| t.contains('T')), "{b}");
+    assert!(b["error"].is_null(), "{b}");
+    let log = d.log_text();
+    assert!(
+        log.contains("drop.txt:4: \\\"bogus\\\"") || log.contains("drop.txt:4: \"bogus\""),
+        "{log}"
+    );
+    assert!(log.contains("dry run: blocklist sets would change"), "{log}");
+
+    // A refresh picks up a change: one network more.
+    std::fs::write(&list, "192.0.2.0/24\n198.51.100.0/24\n203.0.113.0/24\n").unwrap();
+    wait_until(Duration::from_secs(10), "the refresh to load the change", || {
+        first_blocklist(&d)["entries"].as_u64() == Some(10)
+    });
+    assert!(d.log_text().contains("added=1"), "{}", d.log_text());
+
+    // The file goes: the last good networks stay, the error is shown.
+    std::fs::remove_file(&list).unwrap();
+    wait_until(Duration::from_secs(10), "the missing file to be reported", || {
+        first_blocklist(&d)["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("drop.txt"))
+    });
+    assert_eq!(first_blocklist(&d)["entries"].as_u64(), Some(10));
+    assert!(d
+        .log_text()
+        .contains("Blocklist unreadable; its last good networks stay dropped."));
+    assert!(!d.log_text().contains("would delete the blocklist"));
+
+    // The human status shows the file.
+    let out = cli(&c.cfg, &["status"]);
+    assert!(out.text().contains("drop.txt"), "{}", out.text());
+
+    // explain names the blocklist network holding an address, and none
+    // for the allowed one inside it.
+    std::fs::write(&list, "198.51.100.0/24 ; SBL2\n").unwrap();
+    let e = cli(&c.cfg, &["explain", "--json", "198.51.100.9"]);
+    let v: Value = serde_json::from_str(&e.stdout).unwrap_or_else(|_| panic!("{}", e.text()));
+    assert_eq!(
+        v["blocklisted"],
+        serde_json::json!([format!("{}: 198.51.100.8/29", list.display())]),
+        "{v}"
+    );
+    let v: Value = serde_json::from_str(&cli(&c.cfg, &["explain", "--json", "198.51.100.7"]).stdout).unwrap();
+    assert_eq!(v["blocklisted"], serde_json::json!([]), "{v}");
+}
+
+#[test]
+fn bad_blocklist_entries_name_line_and_column() {
+    let c = ConfigDir::new();
+    with_blocklists(&c, "[{ file: a.txt, format: netset, refresh: 0s, max_entries: 0 }]");
+    let out = cli(&c.cfg, &["check"]);
+    assert!(!out.success());
+    let text = out.text();
+    let line = text
+        .lines()
+        .find(|l| l.contains("refresh must be at least 1s"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        line.contains("fleetban.yaml:") && line.matches(':').count() >= 3,
+        "{line}"
+    );
+    assert!(text.contains("max_entries must be between 1 and 5000000"), "{text}");
+    with_blocklists(&c, "[{ file: a.txt, format: csv }]");
+    let text = cli(&c.cfg, &["check"]).text();
+    assert!(text.contains("fleetban.yaml:") && text.contains("csv"), "{text}");
+    with_blocklists(&c, "[{ file: a.txt, format: netset, refersh: 1h }]");
+    let text = cli(&c.cfg, &["check"]).text();
+    assert!(text.contains("refersh"), "{text}");
+}
+
+#[test]
+fn daemon_with_nft_loads_and_refreshes_the_sets() {
+    let c = ConfigDir::new();
+    let list = c.path().join("list.netset");
+    std::fs::write(&list, "# x\n192.0.2.0/24\n2001:db8::/32\njunk\n").unwrap();
+    let main = c.main_config();
+    c.write(&main, &[Rule::new("web", &c.log, "{ hits: 10, window: 60s }")]);
+    std::fs::write(
+        &c.cfg,
+        format!(
+            "{}blocklists: [{{ file: list.netset, format: netset, refresh: 1s }}]\n",
+            main.yaml()
+        ),
+    )
+    .unwrap();
+    let ns = NetNs::new("blkn");
+    let d = Daemon::start(Some(&ns), &c.cfg, &c.control);
+    let want = |v4: &[&str], v6: &[&str]| {
+        let s = |l: &[&str]| l.iter().map(|x| x.to_string()).collect::<BTreeSet<String>>();
+        (s(v4), s(v6))
+    };
+    wait_until(Duration::from_secs(10), "the daemon to load the sets", || {
+        ns.exec(&["nft", "list", "set", "inet", "fleetban", "block6"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    assert_eq!(
+        (set_elements(&ns, "block4"), set_elements(&ns, "block6")),
+        want(&["192.0.2.0/24"], &["2001:db8::/32"])
+    );
+    std::fs::write(&list, "198.51.100.0/24\n2001:db8::/32\n").unwrap();
+    wait_until(Duration::from_secs(10), "the refresh to reach nft", || {
+        set_elements(&ns, "block4") == want(&["198.51.100.0/24"], &[]).0
+    });
+    assert_eq!(set_elements(&ns, "block6"), want(&[], &["2001:db8::/32"]).1);
+    assert_eq!(d.status()["blocklists"][0]["entries"].as_u64(), Some(2));
+}
