@@ -334,4 +334,20 @@ fn daemon_with_nft_loads_and_refreshes_the_sets() {
     });
     assert_eq!(set_elements(&ns, "block6"), want(&[], &["2001:db8::/32"]).1);
     assert_eq!(d.status()["blocklists"][0]["entries"].as_u64(), Some(2));
+
+    // Restarted without `blocklists:`: the chain and sets the earlier
+    // configuration left in the table are removed, never kept dropping.
+    let mut d = d;
+    d.stop(Duration::from_secs(10));
+    std::fs::write(&c.cfg, main.yaml()).unwrap();
+    let _d = Daemon::start(Some(&ns), &c.cfg, &c.control);
+    let table = || {
+        let out = ns.exec(&["nft", "list", "table", "inet", "fleetban"]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    wait_until(Duration::from_secs(10), "the old blocklist removed", || {
+        let t = table();
+        !t.contains("block4") && !t.contains("chain blocklist")
+    });
+    assert!(table().contains("chain input"), "{}", table());
 }

@@ -218,10 +218,18 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     // the bans, in one transaction; then refreshed by their own task.
     let mut lists = blocklist::Blocklists::new(config.blocklists.clone(), config.never_banned());
     let wanted = match config.blocklists.is_empty() {
-        true => blocklist::Wanted {
-            none: true,
-            ..Default::default()
-        },
+        true => {
+            // A blocklist an earlier configuration left in the table would
+            // go on dropping what this one no longer lists: removed (the
+            // removal is a no-op without it).
+            if let Err(e) = enforcer.remove_blocklist().await {
+                tracing::warn!(error = %e, "Removing a blocklist left in the table failed.");
+            }
+            blocklist::Wanted {
+                none: true,
+                ..Default::default()
+            }
+        }
         false => {
             let w = lists.read(true).unwrap_or_default();
             blocklist::apply(&mut enforcer, &w, &enforced.blocklist).await;
