@@ -10,7 +10,7 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -158,38 +158,11 @@ async fn loads_100k_networks_reloads_by_difference_and_allowed_still_connects() 
 /// does nothing in a normal test run.
 #[test]
 fn packet_probe_child() {
-    let Ok(targets) = std::env::var("FLEETBAN_PROBE") else {
-        return;
-    };
-    let listener = TcpListener::bind("0.0.0.0:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            drop(conn);
-        }
-    });
-    for target in targets.split(',') {
-        let addr = SocketAddr::new(target.parse::<IpAddr>().unwrap(), port);
-        let ok = TcpStream::connect_timeout(&addr, Duration::from_millis(700)).is_ok();
-        println!("PROBE {target} {}", if ok { "ok" } else { "fail" });
-    }
+    common::probe::child();
 }
 
 fn probe(ns: &NetNs) -> Vec<String> {
-    let exe = std::env::current_exe().unwrap();
-    let exe = exe.to_str().expect("a UTF-8 test binary path");
-    let out = ns
-        .exec(&[exe, "packet_probe_child", "--exact", "--nocapture", "--test-threads=1"])
-        .env("FLEETBAN_PROBE", "127.0.1.10,127.0.1.11")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.find("PROBE ").map(|i| l[i..].to_owned()))
-        .collect();
-    lines.sort();
-    lines
+    common::probe::run(ns, "127.0.1.10,127.0.1.11")
 }
 
 /// The main file with `blocklists:` (one line, after the other keys).

@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::IpAddr;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -485,41 +485,13 @@ async fn action_and_ports_shape_the_four_rules() {
 /// as a child process; does nothing in a normal test run.
 #[test]
 fn packet_probe_child() {
-    let Ok(targets) = std::env::var("FLEETBAN_PROBE") else {
-        return;
-    };
-    let listener = TcpListener::bind("0.0.0.0:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            drop(conn);
-        }
-    });
-    for target in targets.split(',') {
-        let addr = SocketAddr::new(target.parse().unwrap(), port);
-        let ok = TcpStream::connect_timeout(&addr, Duration::from_millis(700)).is_ok();
-        println!("PROBE {target} {}", if ok { "ok" } else { "fail" });
-    }
+    common::probe::child();
 }
 
 /// Connects from 127.0.0.2 and from 127.0.0.3 inside the namespace; returns
 /// the probe lines (`PROBE 127.0.0.10 ok`, ...).
 fn probe(ns: &NetNs) -> Vec<String> {
-    let exe = std::env::current_exe().unwrap();
-    let exe = exe.to_str().expect("a UTF-8 test binary path");
-    let out = ns
-        .exec(&[exe, "packet_probe_child", "--exact", "--nocapture", "--test-threads=1"])
-        .env("FLEETBAN_PROBE", "127.0.0.10,127.0.0.11")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        // libtest may print "test packet_probe_child ... " on the same line.
-        .filter_map(|l| l.find("PROBE ").map(|i| l[i..].to_owned()))
-        .collect();
-    lines.sort();
-    lines
+    common::probe::run(ns, "127.0.0.10,127.0.0.11")
 }
 
 #[tokio::test]

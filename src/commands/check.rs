@@ -7,7 +7,7 @@
 
 /// `writeln!` into the report, which `check` prints whole at its end: a
 /// reader that closed the pipe (`check | head -1`) is no panic.
-macro_rules! say {
+macro_rules! report {
     ($out:expr, $($arg:tt)*) => {{
         use std::fmt::Write as _;
         let _ = writeln!($out, $($arg)*);
@@ -36,7 +36,7 @@ pub fn check(path: &Path, online: bool, json: bool) -> Outcome {
         // stdout has the JSON; stderr the errors for people, exit 2.
         Err(Failure::Config(errs)) if json => {
             let line = CheckJson::failed(path, &errs);
-            super::completions::write_stdout(format!("{}\n", to_json(&line)).as_bytes())?;
+            super::write_stdout(format!("{}\n", to_json(&line)).as_bytes())?;
             return Err(Failure::Config(errs));
         }
         Err(e) => return Err(e),
@@ -49,9 +49,9 @@ pub fn check(path: &Path, online: bool, json: bool) -> Outcome {
             _ => Vec::new(),
         };
         let line = CheckJson::of(path, &config, &report, failures);
-        super::completions::write_stdout(format!("{}\n", to_json(&line)).as_bytes())?;
+        super::write_stdout(format!("{}\n", to_json(&line)).as_bytes())?;
     } else {
-        super::completions::write_stdout(report.as_bytes())?;
+        super::write_stdout(report.as_bytes())?;
     }
     result
 }
@@ -145,9 +145,9 @@ fn to_json(v: &impl serde::Serialize) -> String {
 
 /// Everything `check` prints, into `out`; a failure of `--online` after it.
 fn report_on(config: &Config, path: &Path, online: bool, out: &mut String) -> Outcome {
-    say!(out, "{}: ok, {} rule(s)", path.display(), config.rules.len());
+    report!(out, "{}: ok, {} rule(s)", path.display(), config.rules.len());
     for r in &config.rules {
-        say!(
+        report!(
             out,
             "  {}: {}, ban {}{}; format {}; logs {}",
             r.name,
@@ -175,26 +175,26 @@ fn report_on(config: &Config, path: &Path, online: bool, out: &mut String) -> Ou
     };
     if !config.proxies.is_empty() {
         let nets: Vec<String> = config.proxies.iter().map(|n| n.to_string()).collect();
-        say!(
+        report!(
             out,
             "  proxies: {} (never counted nor banned; their X-Forwarded-For is believed)",
             nets.join(", ")
         );
     }
     if let Some(h) = &config.http {
-        say!(out, "  http: {} (banned clients get {})", h.listen, h.deny_status);
+        report!(out, "  http: {} (banned clients get {})", h.listen, h.deny_status);
     }
     // Without --online the listpack warning assumes Redis's default; with
     // it, `online` warned with the server's own setting.
     if config.redis.is_some() && !online {
         for r in &config.rules {
             if let Some(w) = fleetban::limit::listpack_warning(&r.limit, fleetban::limit::LISTPACK_DEFAULT) {
-                say!(out, "warning: {}: {}: {w}", r.file.display(), r.name);
+                report!(out, "warning: {}: {}: {w}", r.file.display(), r.name);
             }
         }
     }
     for w in config.warnings() {
-        say!(out, "warning: {}: {w}", path.display());
+        report!(out, "warning: {}: {w}", path.display());
     }
     warn_logs(config, out);
     if !config.proxies.is_empty() {
@@ -212,17 +212,17 @@ fn report_on(config: &Config, path: &Path, online: bool, out: &mut String) -> Ou
 /// Redis and the firewall as configured, not contacted.
 fn offline_lines(config: &Config, out: &mut String) {
     match &config.redis {
-        Some(r) => say!(
+        Some(r) => report!(
             out,
             "  redis: {} (prefix {}): not contacted (--online checks it)",
             online::masked(&r.url),
             r.prefix
         ),
-        None => say!(out, "  redis: none (single host, embedded store)"),
+        None => report!(out, "  redis: none (single host, embedded store)"),
     }
     match config.firewall.backend {
-        Backend::Log => say!(out, "  firewall: log backend (bans are logged, nft is never run)"),
-        _ => say!(
+        Backend::Log => report!(out, "  firewall: log backend (bans are logged, nft is never run)"),
+        _ => report!(
             out,
             "  firewall: nftables, table inet {}: not contacted (--online checks it)",
             config.firewall.table
@@ -248,23 +248,23 @@ fn warn_logs(config: &Config, out: &mut String) {
                         }
                         tried.push((r.name.as_str(), p.clone()));
                         if let Some(w) = parses_nothing(r, p, &config.proxies) {
-                            say!(out, "warning: {w}");
+                            report!(out, "warning: {w}");
                         }
                     }
                 }
-                LogFile::Missing(_) => say!(
+                LogFile::Missing(_) => report!(
                     out,
                     "warning: log {} ({}): missing (no such file); the daemon follows it once it appears",
                     file.path(),
                     rules_named(&names)
                 ),
-                LogFile::NoMatch(_) => say!(
+                LogFile::NoMatch(_) => report!(
                     out,
                     "warning: log {} ({}): the glob matches no file; the daemon follows the files it matches later",
                     file.path(),
                     rules_named(&names)
                 ),
-                LogFile::Unreadable(_, e) => say!(
+                LogFile::Unreadable(_, e) => report!(
                     out,
                     "warning: log {} ({}): unreadable ({e}); the daemon retries it",
                     file.path(),
@@ -341,7 +341,7 @@ fn proxies_in_the_list(config: &Config, out: &mut String) {
         Ok(bans) => {
             for (net, _) in bans {
                 if let Some(proxy) = config.proxies.iter().find(|p| p.contains(&net) || net.contains(*p)) {
-                    say!(
+                    report!(
                         out,
                         "warning: {} is banned but overlaps the trusted proxy network {proxy}: the ban is not \
                          enforced while `proxies` lists it; lift it with `fleetban unban {}`",
@@ -351,7 +351,7 @@ fn proxies_in_the_list(config: &Config, out: &mut String) {
                 }
             }
         }
-        Err(e) => say!(
+        Err(e) => report!(
             out,
             "  ban list: not read ({e}), so bans of trusted proxies were not looked for"
         ),

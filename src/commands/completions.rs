@@ -6,12 +6,11 @@
 //! from a buffer: a reader that closes the pipe early (`| head`) ends the
 //! command quietly, exit 0.
 
-use std::io::Write;
 use std::path::Path;
 
 use clap_complete::Shell;
 
-use super::{failed, Outcome};
+use super::{write_stdout, Outcome};
 
 /// bash: the rule names for `${cur}`, `-c FILE` taken from the words typed.
 const BASH_RULES: &str = r#"_fleetban_rules() {
@@ -131,13 +130,4 @@ pub fn rules(config: &Path) -> Outcome {
         text += "\n";
     }
     write_stdout(text.as_bytes())
-}
-
-/// Writes `bytes` to stdout; a reader gone (`EPIPE`) is no failure.
-pub fn write_stdout(bytes: &[u8]) -> Outcome {
-    let mut out = std::io::stdout().lock();
-    match out.write_all(bytes).and_then(|()| out.flush()) {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        r => r.map_err(failed),
-    }
 }

@@ -8,8 +8,7 @@ use std::io::Write;
 
 use clap::{Arg, ArgAction, Command};
 
-use super::completions::write_stdout;
-use super::{failed, Outcome};
+use super::{failed, write_stdout, Outcome};
 
 /// The sections written by hand (roff), after COMMANDS.
 const REFERENCE: &str = include_str!("manpage.roff");

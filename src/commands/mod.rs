@@ -84,6 +84,16 @@ pub fn say_line(line: std::fmt::Arguments) {
     }
 }
 
+/// Writes `bytes` to stdout; a reader gone (`EPIPE`) is no failure.
+pub fn write_stdout(bytes: &[u8]) -> Outcome {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.map_err(failed),
+    }
+}
+
 /// The configuration at `path`, or every error in it.
 pub fn load(path: &Path) -> Result<Config, Failure> {
     Config::load(path).map_err(Failure::Config)

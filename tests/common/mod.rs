@@ -37,6 +37,7 @@ mod netns;
 mod nft;
 mod nginx;
 pub mod operator;
+pub mod probe;
 mod redis;
 pub mod replay;
 pub use access_log::{append, combined_line, combined_lines, now_ms};

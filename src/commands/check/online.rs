@@ -21,10 +21,10 @@ pub fn contact(config: &Config, out: &mut String) -> Vec<String> {
     let rt = runtime();
     let mut failures = Vec::new();
     match &config.redis {
-        None => say!(out, "  redis: none (single host, embedded store)"),
+        None => report!(out, "  redis: none (single host, embedded store)"),
         Some(r) => match rt.block_on(async { tokio::time::timeout(WAIT, redis(r)).await }) {
             Ok(Ok(found)) => {
-                say!(
+                report!(
                     out,
                     "  redis: {} (prefix {}): ok, answers PING; the user may run every command fleetban sends",
                     masked(&r.url),
@@ -32,17 +32,17 @@ pub fn contact(config: &Config, out: &mut String) -> Vec<String> {
                 );
                 for rule in &config.rules {
                     if let Some(w) = fleetban::limit::listpack_warning(&rule.limit, found) {
-                        say!(out, "warning: {}: {}: {w}", rule.file.display(), rule.name);
+                        report!(out, "warning: {}: {}: {w}", rule.file.display(), rule.name);
                     }
                 }
             }
             Ok(Err(e)) => {
-                say!(out, "  redis: {}: FAILED: {e}", masked(&r.url));
+                report!(out, "  redis: {}: FAILED: {e}", masked(&r.url));
                 failures.push(format!("redis {}: {e}", masked(&r.url)));
             }
             Err(_) => {
                 let e = format!("no answer within {}s", WAIT.as_secs());
-                say!(out, "  redis: {}: FAILED: {e}", masked(&r.url));
+                report!(out, "  redis: {}: FAILED: {e}", masked(&r.url));
                 failures.push(format!("redis {}: {e}", masked(&r.url)));
             }
         },
@@ -61,21 +61,21 @@ pub fn contact(config: &Config, out: &mut String) -> Vec<String> {
             })
         });
     match probed {
-        Ok(None) => say!(
+        Ok(None) => report!(
             out,
             "  firewall: log backend (bans are logged, nft is never run): nothing to contact"
         ),
-        Ok(Some(true)) => say!(
+        Ok(Some(true)) => report!(
             out,
             "  firewall: nftables: ok, nft lists the tables; table inet {table} is there"
         ),
-        Ok(Some(false)) => say!(
+        Ok(Some(false)) => report!(
             out,
             "  firewall: nftables: ok, nft lists the tables; table inet {table} not there yet \
              (the daemon creates it)"
         ),
         Err(e) => {
-            say!(out, "  firewall: nftables: FAILED: {e}");
+            report!(out, "  firewall: nftables: FAILED: {e}");
             failures.push(format!("firewall: {e}"));
         }
     }
