@@ -65,6 +65,44 @@ pub fn client_key(a: IpAddr, v6_prefix: u8) -> IpNet {
     }
 }
 
+/// What a rule counts and bans a client as (`limit.key`): its address (an
+/// IPv6 client by its `ipv6_prefix`, [`client_key`]), or the network
+/// around it, which catches a pool of addresses each under the limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Keying {
+    #[default]
+    Address,
+    /// `key: network`: IPv4 clients by their /`v4`, IPv6 ones by their /`v6`
+    /// (never longer than the main `ipv6_prefix`: one host has a whole /64).
+    Network { v4: u8, v6: u8 },
+}
+
+impl Keying {
+    /// The key `a` is counted and banned under.
+    pub fn key(self, a: IpAddr, v6_prefix: u8) -> IpNet {
+        match self {
+            Keying::Address => client_key(a, v6_prefix),
+            Keying::Network { v4, v6 } => match normalize(a) {
+                IpAddr::V4(a) => IpNet::V4(Ipv4Net::new(a, v4.min(32)).unwrap_or_else(|_| Ipv4Net::from(a)).trunc()),
+                IpAddr::V6(a) => {
+                    let bits = v6.min(v6_prefix).min(128);
+                    IpNet::V6(Ipv6Net::new(a, bits).unwrap_or_else(|_| Ipv6Net::from(a)).trunc())
+                }
+            },
+        }
+    }
+}
+
+/// How many clients a ban of `net` covers: IPv4 addresses, IPv6 prefixes of
+/// `v6_prefix` bits (saturating). The safety valve weighs a ban by it.
+pub fn clients_covered(net: &IpNet, v6_prefix: u8) -> u64 {
+    let spare = match net {
+        IpNet::V4(n) => 32 - u32::from(n.prefix_len()),
+        IpNet::V6(n) => u32::from(v6_prefix.min(128).saturating_sub(n.prefix_len())),
+    };
+    1u64.checked_shl(spare).filter(|_| spare < 64).unwrap_or(u64::MAX)
+}
+
 /// A few networks asked once per line whether they hold an address: kept
 /// as (network, mask) integers per family, scanned linearly. Decides as
 /// `IpNet::contains` on the [`normalize`]d address.
@@ -152,6 +190,26 @@ mod tests {
             client_key("2001:db8::9".parse().unwrap(), 128).to_string(),
             "2001:db8::9/128"
         );
+    }
+
+    #[test]
+    fn network_keys_and_the_clients_they_cover() {
+        let net = Keying::Network { v4: 24, v6: 48 };
+        assert_eq!(net.key("198.51.100.77".parse().unwrap(), 64).to_string(), "198.51.100.0/24");
+        assert_eq!(net.key("::ffff:198.51.100.77".parse().unwrap(), 64).to_string(), "198.51.100.0/24");
+        assert_eq!(net.key("2001:db8:1:2:3::9".parse().unwrap(), 64).to_string(), "2001:db8:1::/48");
+        // Never longer than the client's own prefix.
+        let long = Keying::Network { v4: 32, v6: 96 };
+        assert_eq!(long.key("2001:db8:1:2:3::9".parse().unwrap(), 64).to_string(), "2001:db8:1:2::/64");
+        assert_eq!(Keying::Address.key("198.51.100.77".parse().unwrap(), 64).to_string(), "198.51.100.77/32");
+        let covered = |s: &str| clients_covered(&s.parse().unwrap(), 64);
+        assert_eq!(covered("198.51.100.0/24"), 256);
+        assert_eq!(covered("198.51.100.7/32"), 1);
+        assert_eq!(covered("0.0.0.0/0"), 1 << 32);
+        assert_eq!(covered("2001:db8:1::/48"), 65_536);
+        assert_eq!(covered("2001:db8:1:2::/64"), 1);
+        assert_eq!(covered("2001:db8::9/128"), 1);
+        assert_eq!(covered("::/0"), u64::MAX);
     }
 
     #[test]

@@ -94,9 +94,10 @@ impl Bans {
         }
     }
 
-    /// At most `max_per_minute` new rule bans a minute (`safety:`).
-    pub fn with_valve(mut self, max_per_minute: u32) -> Bans {
-        self.valve = Some(SafetyValve::new(max_per_minute));
+    /// At most `max_per_minute` new rule bans a minute (`safety:`), a
+    /// network counting the clients it covers (IPv6 ones of `v6_prefix`).
+    pub fn with_valve(mut self, max_per_minute: u32, v6_prefix: u8) -> Bans {
+        self.valve = Some(SafetyValve::new(max_per_minute, v6_prefix));
         self
     }
 
@@ -236,12 +237,16 @@ impl Bans {
     /// The valve: true if one more rule ban may be applied now.
     fn admit(&mut self, req: &BanRequest, now_ms: i64) -> bool {
         let Some(valve) = &mut self.valve else { return true };
-        if valve.admit(now_ms) {
+        if valve.admit(&req.addr, now_ms) {
             return true;
         }
         let n = self.counters.refused.fetch_add(1, Relaxed);
         self.counters.refused_at_ms.store(now_ms, Relaxed);
-        if n < 10 || n.is_power_of_two() {
+        if valve.too_wide(&req.addr) {
+            tracing::warn!(rule = %req.rule, addr = %AddrText(&req.addr), clients = valve.weight_of(&req.addr),
+                max_bans_per_minute = valve.max(), refused = n + 1,
+                "Safety valve: this network covers more clients than `safety.max_bans_per_minute` allows in a minute; ban not applied (raise it, or count a longer prefix).");
+        } else if n < 10 || n.is_power_of_two() {
             tracing::warn!(rule = %req.rule, addr = %AddrText(&req.addr), refused = n + 1,
                 "Safety valve: too many bans this minute; ban not applied.");
         }

@@ -126,7 +126,7 @@ impl<'a> CheckJson<'a> {
                 .map(|r| RuleJson {
                     name: r.name.clone(),
                     file: r.file.display().to_string(),
-                    limit: describe_limit(&r.limit),
+                    limit: describe_limit(&r.limit) + &describe_keying(r.limit.keying),
                     ban: duration(r.ban.duration_ms),
                     format: format_name(&r.format),
                     logs: r.logs.clone(),
@@ -151,7 +151,7 @@ fn report_on(config: &Config, path: &Path, online: bool, out: &mut String) -> Ou
             out,
             "  {}: {}, ban {}{}; format {}; logs {}",
             r.name,
-            describe_limit(&r.limit),
+            describe_limit(&r.limit) + &describe_keying(r.limit.keying),
             duration(r.ban.duration_ms),
             if r.ban.factor > 1.0 {
                 format!(
@@ -366,6 +366,14 @@ pub fn duration(ms: i64) -> String {
         .iter()
         .find(|(u, _)| ms != 0 && ms % u == 0)
         .map_or(format!("{ms}ms"), |(u, name)| format!("{}{name}", ms / u))
+}
+
+/// `, per network (/24, /48)` for a rule counting networks.
+fn describe_keying(k: fleetban::addr::Keying) -> String {
+    match k {
+        fleetban::addr::Keying::Address => String::new(),
+        fleetban::addr::Keying::Network { v4, v6 } => format!(", per network (/{v4}, /{v6})"),
+    }
 }
 
 /// `100 hits per 1m (sliding_window)`, `burst 20, one token every 200ms (token_bucket)`.

@@ -211,6 +211,27 @@ impl Config {
                     r.file.display()
                 ));
             }
+            if let crate::addr::Keying::Network { v4, v6 } = r.limit.keying {
+                // The safety valve weighs a ban by the clients it covers.
+                let max = u64::from(self.max_bans_per_minute);
+                let nets: [IpNet; 2] = [
+                    format!("0.0.0.0/{v4}").parse().expect("a valid length"),
+                    format!("::/{}", v6.min(self.ipv6_prefix)).parse().expect("a valid length"),
+                ];
+                for net in nets {
+                    let clients = crate::addr::clients_covered(&net, self.ipv6_prefix);
+                    if clients > max {
+                        out.push(format!(
+                            "rule {} ({}): a /{} ban covers {clients} clients, more than \
+                             `safety.max_bans_per_minute` ({max}) lets through in a minute: the safety valve \
+                             refuses every such ban; raise it or count a longer prefix",
+                            r.name,
+                            r.file.display(),
+                            net.prefix_len()
+                        ));
+                    }
+                }
+            }
         }
         out
     }

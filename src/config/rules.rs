@@ -40,6 +40,9 @@ pub struct Limit {
     pub prefilter: Option<f64>,
     pub scope: Scope,
     pub clock: Clock,
+    /// What a client is counted and banned as (`key`, `ipv4_prefix`,
+    /// `ipv6_prefix`).
+    pub keying: crate::addr::Keying,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -229,6 +232,28 @@ fn rule_of(
     })
 }
 
+/// `key: network` and its lengths. A network shorter than /8 (IPv4) or /16
+/// (IPv6) is refused: one ban would cover a country's worth of clients.
+fn keying_of(l: &schema::LimitSpec) -> Result<crate::addr::Keying, String> {
+    match l.key {
+        schema::KeyKind::Address => match (l.ipv4_prefix, l.ipv6_prefix) {
+            (None, None) => Ok(crate::addr::Keying::Address),
+            _ => Err("`ipv4_prefix` and `ipv6_prefix` apply with `key: network` only".into()),
+        },
+        schema::KeyKind::Network => {
+            let v4 = l.ipv4_prefix.unwrap_or(24);
+            let v6 = l.ipv6_prefix.unwrap_or(56);
+            if !(8..=32).contains(&v4) {
+                return Err(format!("`ipv4_prefix` must be between 8 and 32, not {v4}"));
+            }
+            if !(16..=128).contains(&v6) {
+                return Err(format!("`ipv6_prefix` must be between 16 and 128, not {v6}"));
+            }
+            Ok(crate::addr::Keying::Network { v4, v6 })
+        }
+    }
+}
+
 /// The validated limit of one rule: each algorithm takes its own parameters
 /// and refuses the others'.
 fn limit_of(l: &schema::LimitSpec) -> Result<Limit, String> {
@@ -241,6 +266,7 @@ fn limit_of(l: &schema::LimitSpec) -> Result<Limit, String> {
         prefilter: None,
         scope: l.scope,
         clock: l.clock,
+        keying: keying_of(l)?,
     };
     if l.prefilter.is_some() && l.algorithm != Algorithm::SlidingWindow {
         return Err(format!("`prefilter` applies to `sliding_window` only, not to `{algo}`"));

@@ -264,6 +264,21 @@ pub struct LimitSpec {
     pub scope: Scope,
     #[serde(default)]
     pub clock: Clock,
+    /// What a client is counted and banned as: its address, or its network.
+    #[serde(default)]
+    pub key: KeyKind,
+    /// `key: network`: the IPv4 network's length (default 24).
+    pub ipv4_prefix: Option<u8>,
+    /// `key: network`: the IPv6 network's length (default 56).
+    pub ipv6_prefix: Option<u8>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyKind {
+    #[default]
+    Address,
+    Network,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]

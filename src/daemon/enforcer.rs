@@ -173,6 +173,7 @@ pub async fn run(
     let mut retry: Option<(Instant, Duration)> = None;
     let (mut failures, mut recreated) = (Every::default(), Every::default());
     let mut taken: Vec<(u64, IpNet, bool)> = Vec::new();
+    let mut splits = Splits::default();
     loop {
         let wake = enforcer.next_wakeup().map(|t| {
             let ms = (t - crate::now_ms()).clamp(0, 3_600_000) as u64;
@@ -237,13 +238,17 @@ pub async fn run(
                     false => lift_own(&mut own, &mut allow, &mut enforcer).await,
                 };
                 let adds = std::mem::take(&mut f.adds);
+                // A network ban applied as pieces is applied, for `ban`'s wait.
+                let asked: Vec<IpNet> = adds.iter().map(|e| e.net.trunc()).collect();
                 let mut refused = Vec::new();
-                f.adds = allowed(adds, &allow, &mut warned, Some(&mut refused));
+                f.adds = allowed(adds, &allow, &mut warned, &mut splits, Some(&mut refused));
                 taken.clear();
                 let kept = f.adds.iter().map(|e| (e.net.trunc(), true));
+                let split = asked.into_iter().filter(|n| splits.0.contains_key(n)).map(|n| (n, true));
+                let kept = split.chain(kept);
                 let refused = refused.into_iter().map(|n| (n.trunc(), false));
                 taken.extend(kept.chain(refused).take(RECENT).map(|(n, k)| (number, n, k)));
-                let applied = apply(&mut enforcer, f, &allow, &mut warned, &stats).await;
+                let applied = apply(&mut enforcer, f, &allow, &mut warned, &mut splits, &stats).await;
                 lifted.and(applied)
             }
         };
@@ -284,54 +289,94 @@ async fn apply(
     f: Folded,
     allow: &AllowList,
     warned: &mut u32,
+    splits: &mut Splits,
     stats: &super::stats::Stats,
 ) -> Result<(), EnforceError> {
     let now = crate::now_ms();
     // One line per unban of a ban this host held, whoever asked (manual,
     // another host, the fleet's list); none for an address never banned.
-    for net in f.removes.iter().filter(|n| enforcer.wants(n)) {
+    for net in f.removes.iter().filter(|n| enforcer.wants(n) || splits.0.contains_key(&n.trunc())) {
         tracing::info!(addr = %crate::addr::AddrText(net), "Unbanned.");
     }
+    let removes = splits.expand(f.removes);
     let started = std::time::Instant::now();
     let result = match f.replace {
         Some(elems) => {
+            splits.0.clear();
             let r = enforcer
-                .replace_all(&allowed(elems, allow, warned, None), now)
+                .replace_all(&allowed(elems, allow, warned, splits, None), now)
                 .await
                 .map(|_| ());
             // A reconcile read and copied the whole list: give it back.
             super::trim_heap();
             r
         }
-        None => enforcer.update(&f.adds, &f.removes, now).await,
+        None => enforcer.update(&f.adds, &removes, now).await,
     };
     stats.nft_apply.observe(started.elapsed().as_secs_f64());
     result
 }
 
-/// `elems` without those overlapping the allow list (noted in `refused`).
+/// `elems` without the addresses of the allow list: a ban inside an allowed
+/// network (or of an allowed address) is not applied (noted in `refused`);
+/// a network ban holding allowed addresses is split into the networks
+/// around them (noted in `splits`, so that its unban lifts every piece).
 fn allowed(
     elems: Vec<Element>,
     allow: &AllowList,
     warned: &mut u32,
+    splits: &mut Splits,
     mut refused: Option<&mut Vec<IpNet>>,
 ) -> Vec<Element> {
-    elems
-        .into_iter()
-        .filter(|e| {
-            let ok = !allow.overlaps(&e.net);
-            if !ok {
-                if *warned < 20 {
-                    *warned += 1;
-                    tracing::warn!(addr = %e.net, "Ban of an allowed address (loopback, own, `allow:` or `proxies:`) not applied.");
-                }
-                if let Some(r) = refused.as_deref_mut() {
-                    r.push(e.net);
-                }
+    let mut out = Vec::with_capacity(elems.len());
+    for e in elems {
+        if !allow.overlaps(&e.net) {
+            splits.0.remove(&e.net.trunc());
+            out.push(e);
+            continue;
+        }
+        let pieces = crate::blocklist::subtract(&[e.net.trunc()], allow.nets()).nets;
+        if pieces.is_empty() {
+            if *warned < 20 {
+                *warned += 1;
+                tracing::warn!(addr = %AddrText(&e.net), "Ban of an allowed address (loopback, own, `allow:` or `proxies:`) not applied.");
             }
-            ok
-        })
-        .collect()
+            if let Some(r) = refused.as_deref_mut() {
+                r.push(e.net);
+            }
+            continue;
+        }
+        if *warned < 20 && splits.0.get(&e.net.trunc()) != Some(&pieces) {
+            *warned += 1;
+            tracing::warn!(
+                addr = %AddrText(&e.net),
+                networks = pieces.len(),
+                "Network ban split around the allowed addresses inside it (loopback, own, `allow:` or `proxies:`): those stay reachable."
+            );
+        }
+        out.extend(pieces.iter().map(|&net| Element { net, until: e.until }));
+        splits.0.insert(e.net.trunc(), pieces);
+    }
+    out
+}
+
+/// The network bans applied as pieces around allowed addresses: ban ->
+/// the networks put into the kernel for it.
+#[derive(Default)]
+pub(super) struct Splits(std::collections::HashMap<IpNet, Vec<IpNet>>);
+
+impl Splits {
+    /// `removes` with each split ban replaced by its pieces.
+    fn expand(&mut self, removes: Vec<IpNet>) -> Vec<IpNet> {
+        let mut out = Vec::with_capacity(removes.len());
+        for net in removes {
+            match self.0.remove(&net.trunc()) {
+                Some(pieces) => out.extend(pieces),
+                None => out.push(net),
+            }
+        }
+        out
+    }
 }
 
 /// Follows this host's addresses (one getifaddrs): when they changed, the
@@ -358,4 +403,46 @@ async fn lift_own(own: &mut OwnAddresses, allow: &mut AllowList, enforcer: &mut 
         tracing::warn!(addr = %AddrText(n), "A ban covers an address this host now has: lifted here, the list keeps it.");
     }
     enforcer.remove(&lift, crate::now_ms()).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::enforce::Until;
+
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_network_ban_is_split_around_allowed_addresses_and_its_unban_lifts_every_piece() {
+        let allow = AllowList::only(&[net("198.51.100.7/32"), net("203.0.113.0/24")]);
+        let (mut warned, mut splits, mut refused) = (0, Splits::default(), Vec::new());
+        let ban = |s: &str| Element {
+            net: net(s),
+            until: Until::At(1_000_000),
+        };
+        let out = allowed(
+            vec![ban("198.51.100.0/24"), ban("203.0.113.5/32"), ban("203.0.113.0/25"), ban("192.0.2.1/32")],
+            &allow,
+            &mut warned,
+            &mut splits,
+            Some(&mut refused),
+        );
+        // Inside an allowed network: refused, whole.
+        assert_eq!(refused, vec![net("203.0.113.5/32"), net("203.0.113.0/25")]);
+        let applied: Vec<IpNet> = out.iter().map(|e| e.net).collect();
+        // The /24 minus .7 is eight networks, /25 .. /32, none holding .7.
+        assert_eq!(applied.len(), 9, "{applied:?}");
+        assert!(applied.contains(&net("192.0.2.1/32")));
+        assert!(applied.iter().all(|n| !n.contains(&net("198.51.100.7/32"))));
+        let covered: u64 = applied[..8].iter().map(|n| 1u64 << (32 - n.prefix_len())).sum();
+        assert_eq!(covered, 255);
+        assert!(out.iter().all(|e| e.until == Until::At(1_000_000)));
+        let lifted = splits.expand(vec![net("198.51.100.0/24"), net("192.0.2.1/32")]);
+        assert_eq!(lifted.len(), 9);
+        assert_eq!(lifted[..8], applied[..8]);
+        // Lifted once: a second unban is the network itself.
+        assert_eq!(splits.expand(vec![net("198.51.100.0/24")]), vec![net("198.51.100.0/24")]);
+    }
 }

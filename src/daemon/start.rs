@@ -87,7 +87,7 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
         );
         return Store {
             limiter: Limiter::memory(rules),
-            bans: Bans::new(list, &config.host_id, to_enforcer).with_valve(config.max_bans_per_minute),
+            bans: Bans::new(list, &config.host_id, to_enforcer).with_valve(config.max_bans_per_minute, config.ipv6_prefix),
             health: None,
             fleet: None,
             hot: None,
@@ -98,7 +98,7 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
     let keys = Keys::new(&r.prefix);
     let health = Health::default();
     let bans = Bans::new(BanList::redis(con.clone(), keys.clone()), &config.host_id, to_enforcer)
-        .with_valve(config.max_bans_per_minute)
+        .with_valve(config.max_bans_per_minute, config.ipv6_prefix)
         .with_queue(health.clone());
     let (news_tx, news_rx) = tokio::sync::mpsc::unbounded_channel();
     let (marks_tx, marks_rx) = tokio::sync::mpsc::unbounded_channel();

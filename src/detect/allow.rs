@@ -41,6 +41,11 @@ impl AllowList {
         self.0.contains(a)
     }
 
+    /// The allowed networks.
+    pub fn nets(&self) -> &[IpNet] {
+        self.0.nets()
+    }
+
     /// True when banning `net` would drop any allowed address.
     pub fn overlaps(&self, net: &IpNet) -> bool {
         self.0.overlaps(net)

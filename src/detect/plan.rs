@@ -26,6 +26,8 @@ pub struct Plan {
     pub filters: Vec<RuleFilter>,
     /// Per rule: its window (ms) and where its hits take their time from.
     pub times: Vec<(i64, Clock)>,
+    /// Per rule: what a client is counted as (`limit.key`).
+    pub keys: Vec<crate::addr::Keying>,
     formats: Vec<Format>,
     /// Hops trusted to name the client in a forwarded list.
     proxies: NetSet,
@@ -50,6 +52,7 @@ impl Plan {
         Ok(Plan {
             filters: rules.iter().map(|r| RuleFilter::new(&r.matches, &r.ignore)).collect(),
             times: rules.iter().map(|r| (r.limit.window_ms, r.limit.clock)).collect(),
+            keys: rules.iter().map(|r| r.limit.keying).collect(),
             formats: rules.iter().map(|r| r.format.clone()).collect(),
             proxies,
             globs: rules
@@ -64,6 +67,7 @@ impl Plan {
         Plan {
             filters: Vec::new(),
             times: Vec::new(),
+            keys: Vec::new(),
             formats: Vec::new(),
             proxies: NetSet::default(),
             globs: Vec::new(),

@@ -218,7 +218,8 @@ impl Scanner {
                 if allow.contains(req.addr) {
                     continue;
                 }
-                let key = crate::addr::client_key(req.addr, ipv6_prefix);
+                // Keyed once per line; a rule counting networks masks it.
+                let address = crate::addr::client_key(req.addr, ipv6_prefix);
                 for &ri in &g.rules {
                     if !plan.filters[ri].accepts(&req) {
                         continue;
@@ -240,7 +241,12 @@ impl Scanner {
                         out.stale += 1;
                         continue;
                     }
-                    if sink.is_banned(&key, time) {
+                    let key = match plan.keys[ri] {
+                        crate::addr::Keying::Address => address,
+                        network => network.key(req.addr, ipv6_prefix),
+                    };
+                    // A ban of the client's network covers its address too.
+                    if sink.is_banned(&address, time) {
                         continue;
                     }
                     counts[ri].hits += 1;
