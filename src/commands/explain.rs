@@ -12,7 +12,7 @@ use anyhow::Context;
 use ipnet::IpNet;
 use serde::Serialize;
 
-use fleetban::addr::{client_key, loopback, AddrText};
+use fleetban::addr::{client_key, loopback, AddrText, Keying};
 use fleetban::bans::{BanList, BanRecord};
 use fleetban::config::Config;
 use fleetban::control::{Client, WindowCount};
@@ -78,27 +78,49 @@ pub fn explain(path: &Path, addr: &str, json: bool) -> Outcome {
         net
     };
     let now = fleetban::now_ms();
-    let (records, windows) = match &config.redis {
+    // Each rule counts the client under its own key: the address, or its
+    // network for `key: network`; one reading per distinct key.
+    let rule_keys: Vec<IpNet> = config
+        .rules
+        .iter()
+        .map(|r| match r.limit.keying {
+            Keying::Address => key,
+            k if net.prefix_len() == net.max_prefix_len() => k.key(net.addr(), config.ipv6_prefix),
+            _ => net,
+        })
+        .collect();
+    let mut distinct: Vec<IpNet> = rule_keys.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let (records, by_key) = match &config.redis {
         Some(r) => {
             let rt = runtime();
             rt.block_on(async {
                 let mut list = BanList::connect(r).await.with_context(|| format!("redis {}", r.url))?;
                 let records = list.records(now).await.map_err(failed)?;
-                let windows = match &mut list {
-                    BanList::Redis { con, keys } => redis_windows(&config, con, keys, &key, now)
-                        .await
-                        .context("reading the windows")?,
-                    BanList::Memory(_) => Vec::new(),
-                };
-                Ok::<_, super::Failure>((records, windows))
+                let mut by_key = Vec::new();
+                if let BanList::Redis { con, keys } = &mut list {
+                    for k in &distinct {
+                        let w = redis_windows(&config, con, keys, k, now)
+                            .await
+                            .context("reading the windows")?;
+                        by_key.push(w);
+                    }
+                }
+                Ok::<_, super::Failure>((records, by_key))
             })?
         }
         None => {
             let client = Client::new(&config.control);
             let records = client.bans().map_err(failed)?;
-            (records, client.explain(key).map_err(failed)?)
+            let by_key = distinct
+                .iter()
+                .map(|k| client.explain(*k).map_err(failed))
+                .collect::<Result<Vec<_>, _>>()?;
+            (records, by_key)
         }
     };
+    let windows = rule_window(&rule_keys, &distinct, by_key);
     let own = records.iter().find(|r| r.addr == net || r.addr == key);
     let covering: Vec<&BanRecord> = records
         .iter()
@@ -136,6 +158,22 @@ fn blocklisted(config: &Config, net: &IpNet) -> Vec<String> {
                     .map(|n| format!("{}: {}", spec.file.display(), AddrText(n))),
             ),
             Err(e) => out.push(format!("{}: unreadable ({e})", spec.file.display())),
+        }
+    }
+    out
+}
+
+/// Rule i's window read under its own key `rule_keys[i]`, from the readings
+/// of every rule under each distinct key (an empty reading: none).
+fn rule_window(rule_keys: &[IpNet], distinct: &[IpNet], by_key: Vec<Vec<WindowCount>>) -> Vec<WindowCount> {
+    let mut out = Vec::new();
+    for (i, k) in rule_keys.iter().enumerate() {
+        let at = distinct.binary_search(k).expect("every rule key is in the distinct list");
+        if let Some(w) = by_key.get(at).and_then(|r| r.get(i)) {
+            out.push(WindowCount {
+                key: AddrText(k).to_string(),
+                ..w.clone()
+            });
         }
     }
     out
@@ -219,9 +257,9 @@ fn render(e: &Explanation, own: Option<&BanRecord>, covering: &[&BanRecord], now
     for b in &e.blocklisted {
         out += &format!("  blocklist: {b}\n");
     }
-    let mut t = Table::new(&["RULE", "ALGORITHM", "COUNT", "LIMIT", "WINDOW"])
-        .right(2)
-        .right(3);
+    let mut t = Table::new(&["RULE", "KEY", "ALGORITHM", "COUNT", "LIMIT", "WINDOW"])
+        .right(3)
+        .right(4);
     for w in &e.windows {
         let count = match w.algorithm.as_str() {
             "token_bucket" => format!("{} in use", w.count),
@@ -229,6 +267,7 @@ fn render(e: &Explanation, own: Option<&BanRecord>, covering: &[&BanRecord], now
         };
         t.row(vec![
             w.rule.clone(),
+            w.key.clone(),
             w.algorithm.clone(),
             count,
             w.limit.to_string(),

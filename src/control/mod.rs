@@ -74,6 +74,10 @@ pub struct Cover {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WindowCount {
     pub rule: String,
+    /// The key this rule counts the client under: its address (or IPv6
+    /// prefix), or its network for `limit.key: network`.
+    #[serde(default)]
+    pub key: String,
     /// `sliding_window`, `fixed_window`, `sliding_counter`, `token_bucket`.
     pub algorithm: String,
     /// Hits counted in the window now (token bucket: tokens in use).
@@ -91,6 +95,7 @@ impl WindowCount {
             limit: u64::from(rule.hits),
             window_ms: rule.window_ms,
             rule: rule.name,
+            key: String::new(),
             count,
         }
     }
