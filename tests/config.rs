@@ -52,6 +52,9 @@ type Case = (
 const BAD: &[Case] = &[
     ("unknown key in main", "rules: [r.yaml]\nredis_url: x\n", GOOD_RULE, "fleetban.yaml", "2:1", &["redis_url"]),
     ("unknown key in rule", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: 1s }\n    bans: {}\n", "r.yaml", "5:5", &["bans"]),
+    ("network prefix too short", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { key: network, ipv4_prefix: 4, hits: 1, window: 1s }\n", "r.yaml", "4:", &["ipv4_prefix", "between 8 and 32", "not 4"]),
+    ("prefix without key: network", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { ipv6_prefix: 48, hits: 1, window: 1s }\n", "r.yaml", "4:", &["ipv6_prefix", "key: network"]),
+    ("unknown key kind", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { key: subnet, hits: 1, window: 1s }\n", "r.yaml", "4:", &["subnet", "network"]),
     ("bad duration", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: soon }\n", "r.yaml", "4:", &["duration", "soon", "60s"]),
     ("bad status", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    match: { status: [200, 6xx] }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["6xx", "4xx"]),
     ("bad regex", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    ignore: { path: '(unclosed' }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["regular expression"]),
