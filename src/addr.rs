@@ -195,13 +195,28 @@ mod tests {
     #[test]
     fn network_keys_and_the_clients_they_cover() {
         let net = Keying::Network { v4: 24, v6: 48 };
-        assert_eq!(net.key("198.51.100.77".parse().unwrap(), 64).to_string(), "198.51.100.0/24");
-        assert_eq!(net.key("::ffff:198.51.100.77".parse().unwrap(), 64).to_string(), "198.51.100.0/24");
-        assert_eq!(net.key("2001:db8:1:2:3::9".parse().unwrap(), 64).to_string(), "2001:db8:1::/48");
+        assert_eq!(
+            net.key("198.51.100.77".parse().unwrap(), 64).to_string(),
+            "198.51.100.0/24"
+        );
+        assert_eq!(
+            net.key("::ffff:198.51.100.77".parse().unwrap(), 64).to_string(),
+            "198.51.100.0/24"
+        );
+        assert_eq!(
+            net.key("2001:db8:1:2:3::9".parse().unwrap(), 64).to_string(),
+            "2001:db8:1::/48"
+        );
         // Never longer than the client's own prefix.
         let long = Keying::Network { v4: 32, v6: 96 };
-        assert_eq!(long.key("2001:db8:1:2:3::9".parse().unwrap(), 64).to_string(), "2001:db8:1:2::/64");
-        assert_eq!(Keying::Address.key("198.51.100.77".parse().unwrap(), 64).to_string(), "198.51.100.77/32");
+        assert_eq!(
+            long.key("2001:db8:1:2:3::9".parse().unwrap(), 64).to_string(),
+            "2001:db8:1:2::/64"
+        );
+        assert_eq!(
+            Keying::Address.key("198.51.100.77".parse().unwrap(), 64).to_string(),
+            "198.51.100.77/32"
+        );
         let covered = |s: &str| clients_covered(&s.parse().unwrap(), 64);
         assert_eq!(covered("198.51.100.0/24"), 256);
         assert_eq!(covered("198.51.100.7/32"), 1);

@@ -168,7 +168,9 @@ fn blocklisted(config: &Config, net: &IpNet) -> Vec<String> {
 fn rule_window(rule_keys: &[IpNet], distinct: &[IpNet], by_key: Vec<Vec<WindowCount>>) -> Vec<WindowCount> {
     let mut out = Vec::new();
     for (i, k) in rule_keys.iter().enumerate() {
-        let at = distinct.binary_search(k).expect("every rule key is in the distinct list");
+        let at = distinct
+            .binary_search(k)
+            .expect("every rule key is in the distinct list");
         if let Some(w) = by_key.get(at).and_then(|r| r.get(i)) {
             out.push(WindowCount {
                 key: AddrText(k).to_string(),

@@ -216,7 +216,9 @@ impl Config {
                 let max = u64::from(self.max_bans_per_minute);
                 let nets: [IpNet; 2] = [
                     format!("0.0.0.0/{v4}").parse().expect("a valid length"),
-                    format!("::/{}", v6.min(self.ipv6_prefix)).parse().expect("a valid length"),
+                    format!("::/{}", v6.min(self.ipv6_prefix))
+                        .parse()
+                        .expect("a valid length"),
                 ];
                 for net in nets {
                     let clients = crate::addr::clients_covered(&net, self.ipv6_prefix);

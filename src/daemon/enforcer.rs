@@ -244,7 +244,10 @@ pub async fn run(
                 f.adds = allowed(adds, &allow, &mut warned, &mut splits, Some(&mut refused));
                 taken.clear();
                 let kept = f.adds.iter().map(|e| (e.net.trunc(), true));
-                let split = asked.into_iter().filter(|n| splits.0.contains_key(n)).map(|n| (n, true));
+                let split = asked
+                    .into_iter()
+                    .filter(|n| splits.0.contains_key(n))
+                    .map(|n| (n, true));
                 let kept = split.chain(kept);
                 let refused = refused.into_iter().map(|n| (n.trunc(), false));
                 taken.extend(kept.chain(refused).take(RECENT).map(|(n, k)| (number, n, k)));
@@ -295,7 +298,11 @@ async fn apply(
     let now = crate::now_ms();
     // One line per unban of a ban this host held, whoever asked (manual,
     // another host, the fleet's list); none for an address never banned.
-    for net in f.removes.iter().filter(|n| enforcer.wants(n) || splits.0.contains_key(&n.trunc())) {
+    for net in f
+        .removes
+        .iter()
+        .filter(|n| enforcer.wants(n) || splits.0.contains_key(&n.trunc()))
+    {
         tracing::info!(addr = %crate::addr::AddrText(net), "Unbanned.");
     }
     let removes = splits.expand(f.removes);
@@ -423,7 +430,12 @@ mod tests {
             until: Until::At(1_000_000),
         };
         let out = allowed(
-            vec![ban("198.51.100.0/24"), ban("203.0.113.5/32"), ban("203.0.113.0/25"), ban("192.0.2.1/32")],
+            vec![
+                ban("198.51.100.0/24"),
+                ban("203.0.113.5/32"),
+                ban("203.0.113.0/25"),
+                ban("192.0.2.1/32"),
+            ],
             &allow,
             &mut warned,
             &mut splits,
@@ -443,6 +455,9 @@ mod tests {
         assert_eq!(lifted.len(), 9);
         assert_eq!(lifted[..8], applied[..8]);
         // Lifted once: a second unban is the network itself.
-        assert_eq!(splits.expand(vec![net("198.51.100.0/24")]), vec![net("198.51.100.0/24")]);
+        assert_eq!(
+            splits.expand(vec![net("198.51.100.0/24")]),
+            vec![net("198.51.100.0/24")]
+        );
     }
 }

@@ -87,7 +87,8 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
         );
         return Store {
             limiter: Limiter::memory(rules),
-            bans: Bans::new(list, &config.host_id, to_enforcer).with_valve(config.max_bans_per_minute, config.ipv6_prefix),
+            bans: Bans::new(list, &config.host_id, to_enforcer)
+                .with_valve(config.max_bans_per_minute, config.ipv6_prefix),
             health: None,
             fleet: None,
             hot: None,

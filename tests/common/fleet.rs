@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use super::{get_from, nft_bans, veth_pair, ConfigDir, Daemon, NetNs, Nginx, Redis, Rule};
+use super::{get_from, nft_bans, veth_pair, ConfigDir, Daemon, MainConfig, NetNs, Nginx, Redis, Rule};
 
 /// The clients' addresses: a local route on the client namespace's
 /// loopback, each host routing it back over its own link.
@@ -51,6 +51,18 @@ impl Fleet {
     /// `limit:`), banned 10 minutes; `redis_options` after the `url` of the
     /// `redis:` section ("" for the defaults).
     pub fn start(hosts: u8, limit: &str, redis_options: &str, program: &Path) -> Fleet {
+        Fleet::start_with(hosts, limit, redis_options, program, |m| m)
+    }
+
+    /// As [`Fleet::start`], each host's main config passed through `main`
+    /// (e.g. an `allow:` list).
+    pub fn start_with(
+        hosts: u8,
+        limit: &str,
+        redis_options: &str,
+        program: &Path,
+        main: impl Fn(MainConfig) -> MainConfig,
+    ) -> Fleet {
         assert!((1..=20).contains(&hosts), "1 to 20 hosts, got {hosts}");
         let redis = Redis::start();
         let client = NetNs::new("clients");
@@ -76,10 +88,12 @@ impl Fleet {
                 .matching("{ method: [GET] }")
                 .ban("10m");
             files.write(
-                &files
-                    .main_config()
-                    .host_id(&format!("web-{i}"))
-                    .redis(&fleet.redis.url(), redis_options),
+                &main(
+                    files
+                        .main_config()
+                        .host_id(&format!("web-{i}"))
+                        .redis(&fleet.redis.url(), redis_options),
+                ),
                 &[rule],
             );
             let daemon = Daemon::start_program(program, Some(&ns), &files.cfg, &files.control, &[]);
