@@ -238,3 +238,41 @@ fn the_check_reports_missing_and_wrong_samples() {
         "{problems:?}"
     );
 }
+
+/// `nginx-first-hit` (`hits: 0`) through `fleetban test`: each prober of
+/// its samples is banned at its first request, and no other client.
+#[test]
+fn the_first_hit_rule_bans_every_prober_at_its_first_request() {
+    let files = common::ConfigDir::new();
+    let samples = repo().join("rules/samples/nginx-first-hit.log");
+    let text = std::fs::read_to_string(&samples).unwrap();
+    std::fs::copy(&samples, &files.log).unwrap();
+    let yaml = std::fs::read_to_string(repo().join("rules/nginx-first-hit.yaml"))
+        .unwrap()
+        .replace("/var/log/nginx/access.log", files.log.to_str().unwrap());
+    std::fs::write(files.path().join("first-hit.yaml"), yaml).unwrap();
+    files
+        .main_config()
+        .log_firewall()
+        .rule_files(&[files.path().join("first-hit.yaml")])
+        .write(&files.cfg);
+    let out = common::cli(&files.cfg, &["test", "--json", files.log.to_str().unwrap()]);
+    assert!(out.success(), "{out:?}");
+    let bans: Vec<(String, u64)> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a JSON line"))
+        .filter(|e| e["event"] == "ban")
+        .map(|b| (b["addr"].as_str().unwrap().to_owned(), b["line"].as_u64().unwrap()))
+        .collect();
+    // Each prober's first log line in the file (1-based, comments included).
+    let mut first: Vec<(String, u64)> = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let addr = line.split(' ').next().unwrap_or("");
+        if addr.starts_with("203.0.113.") && !first.iter().any(|(a, _)| a == addr) {
+            first.push((addr.to_owned(), n as u64 + 1));
+        }
+    }
+    assert_eq!(first.len(), 5);
+    assert_eq!(bans, first, "{}", out.stdout);
+}
