@@ -78,14 +78,14 @@ fn model(reqs: &[Req], limits: [usize; 2]) -> Vec<(usize, usize, String)> {
     let mut bans: Vec<(String, i64)> = Vec::new();
     let mut out = Vec::new();
     for (i, r) in reqs.iter().enumerate() {
-        for rule in 0..2 {
+        for (rule, &limit) in limits.iter().enumerate() {
             if bans.iter().any(|(k, until)| r.time < *until && holds(k, &r.addr)) {
                 break;
             }
             let key = model_key(&r.addr, rule);
             let w = windows.entry((rule, key.clone())).or_default();
             w.retain(|&t| t > r.time - WINDOW);
-            if w.len() >= limits[rule] {
+            if w.len() >= limit {
                 bans.push((key.clone(), r.time + BAN_MS));
                 out.push((i, rule, key));
             } else {

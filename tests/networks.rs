@@ -67,6 +67,21 @@ fn fifty_addresses_of_one_network_are_dropped_as_a_24_by_every_host_and_an_allow
         serde_json::from_str(&fleet.redis.cli(&["HGET", "{fleetban}:banrec", NETWORK])).expect("a JSON record");
     assert_eq!(rec["rule"], common::fleet::RULE, "{rec}");
     assert_eq!(rec["hits"], LIMIT + 1, "{rec}");
+    assert_eq!(
+        rec["reason"],
+        format!("{} hits of the network within 1m", LIMIT + 1),
+        "{rec}"
+    );
+    // explain: a sender is covered by the network's ban, and the rule's
+    // window is read under the network.
+    let out = cli(&fleet.hosts[1].files.cfg, &["explain", "10.213.64.18", "--json"]);
+    assert!(out.success(), "{out:?}");
+    let e: serde_json::Value = serde_json::from_str(&out.stdout).expect("JSON");
+    assert_eq!(e["banned"], true, "{e}");
+    assert_eq!(e["covering"][0]["addr"], NETWORK, "{e}");
+    assert_eq!(e["covering"][0]["rule"], common::fleet::RULE, "{e}");
+    assert_eq!(e["windows"][0]["key"], NETWORK, "{e}");
+    assert!(e["windows"][0]["count"].as_u64().unwrap() >= LIMIT as u64, "{e}");
 
     // Every host: every sender, and an address of the /24 that never sent
     // anything, unanswered; the allowed address answered.
@@ -182,4 +197,37 @@ fn fleetban_test_names_the_network_a_pool_of_addresses_is_banned_as() {
             .contains("pool: 100 hits per 1m (sliding_window), per network (/24, /56)"),
         "{check:?}"
     );
+}
+
+/// A network wider than the safety valve's whole budget would never be
+/// banned: `check` says so, naming the rule, the length and the budget.
+#[test]
+fn check_warns_of_a_network_the_safety_valve_would_always_refuse() {
+    let files = ConfigDir::new();
+    let rules = [Rule::new(
+        "wide",
+        &files.log,
+        "{ key: network, ipv4_prefix: 16, ipv6_prefix: 56, hits: 100, window: 60s }",
+    )];
+    files.write(&files.main_config().log_firewall(), &rules);
+    let out = cli(&files.cfg, &["check"]);
+    assert!(out.success(), "{out:?}");
+    assert!(
+        out.stdout.contains("rule wide (")
+            && out
+                .stdout
+                .contains("a /16 ban covers 65536 clients, more than `safety.max_bans_per_minute` (600)"),
+        "{out:?}"
+    );
+    // The /56 (256 client /64s) fits: one warning only.
+    assert_eq!(out.stdout.matches("warning:").count(), 1, "{out:?}");
+    files.write(
+        &files
+            .main_config()
+            .log_firewall()
+            .safety("{ max_bans_per_minute: 70000 }"),
+        &rules,
+    );
+    let out = cli(&files.cfg, &["check"]);
+    assert!(!out.stdout.contains("warning:"), "{out:?}");
 }

@@ -58,6 +58,8 @@ pub struct RuleInfo {
     pub name: String,
     pub window_ms: i64,
     pub ban: BanPolicy,
+    /// Counts networks (`limit.key: network`), not addresses.
+    pub network: bool,
     /// This rule's counters in `Stats` (kept across reloads by name).
     pub counters: Arc<RuleCounters>,
 }
@@ -612,7 +614,8 @@ impl Pipeline {
             addr: key,
             rule: info.name.clone(),
             reason: format!(
-                "{hits} hits within {}",
+                "{hits} hits{} within {}",
+                if info.network { " of the network" } else { "" },
                 humantime::format_duration(Duration::from_millis(info.window_ms as u64))
             ),
             host: self.bans.host().to_owned(),
