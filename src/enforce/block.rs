@@ -1,13 +1,23 @@
-//! The blocklist's nft part: two interval sets `block4`/`block6` (no
-//! timeout: a blocklist holds until the file says otherwise) and their own
-//! base chain `blocklist` in the same table, beside the ban chain `input`
-//! (whose listing and rules `listing.rs` checks; it ignores these).
+//! The blocklist's nft part: one plain set per prefix length present in the
+//! list, `block4_L` / `block6_L` (the network address of each /L; no
+//! timeout: a blocklist holds until the file says otherwise), each matched
+//! by one rule `ip saddr & MASK @block4_L` in its own base chain
+//! `blocklist`, beside the ban chain `input` (whose listing and rules
+//! `listing.rs` checks; it ignores these).
+//!
+//! Plain sets, not interval sets: nft 1.0.6 reads every element of every
+//! interval set in the ruleset before any element change, so a 100k
+//! interval blocklist made every later ban cost 1.2-2 s; a plain set is
+//! not read (BENCHMARKS.md, "Blocklists"). A packet pays one masked lookup
+//! per length present (FireHOL's level 1 has ~20).
 //!
 //! The first load after start (or after the table was re-created) replaces
-//! both sets whole: sets, chain, rules, `flush set` and every element in one
-//! transaction, so there is no moment without the old or the new list. Later
-//! loads send only the difference (a set that loses elements is re-filled
-//! whole, see [`render_diff`]). Input is rendered from typed values only.
+//! everything in one transaction: the chain emptied, every set of a length
+//! absent from the list (and the interval sets of earlier versions) deleted,
+//! each present length's set flushed and filled, the rules added, so there
+//! is no moment without the old or the new list. Later loads send only the
+//! difference (sets and rules of new lengths, elements added and deleted).
+//! Input is rendered from typed values only.
 
 use std::fmt::Write;
 
@@ -18,11 +28,65 @@ use super::{Action, NftOptions};
 /// The chain that drops blocklisted sources; runs before the ban chain.
 pub(crate) const BLOCK_CHAIN: &str = "blocklist";
 pub(crate) const BLOCK_PRIO: i64 = -11;
-/// (name, nft type, rule match).
-pub(crate) const BLOCK_SETS: [(&str, &str, &str); 2] = [
-    ("block4", "ipv4_addr", "ip saddr"),
-    ("block6", "ipv6_addr", "ip6 saddr"),
-];
+/// The interval sets of the first layout, deleted by a full load.
+const LEGACY_SETS: [(&str, &str); 2] = [("block4", "ipv4_addr"), ("block6", "ipv6_addr")];
+
+/// The set of a family (IPv6 or not) and a prefix length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Length {
+    v6: bool,
+    len: u8,
+}
+
+impl Length {
+    fn of(net: &IpNet) -> Length {
+        Length {
+            v6: net.addr().is_ipv6(),
+            len: net.prefix_len(),
+        }
+    }
+
+    /// Every length a family can have, /1 to /32 and /1 to /128.
+    fn all() -> impl Iterator<Item = Length> {
+        (1..=32u8)
+            .map(|len| Length { v6: false, len })
+            .chain((1..=128u8).map(|len| Length { v6: true, len }))
+    }
+
+    fn set(self) -> String {
+        format!("block{}_{}", if self.v6 { 6 } else { 4 }, self.len)
+    }
+
+    fn ty(self) -> &'static str {
+        if self.v6 {
+            "ipv6_addr"
+        } else {
+            "ipv4_addr"
+        }
+    }
+
+    /// `ip saddr & 255.255.255.0`, `ip6 saddr & ffff:ffff:ffff::`, or
+    /// the bare field for a whole address.
+    fn matcher(self) -> String {
+        let (field, max) = if self.v6 { ("ip6 saddr", 128) } else { ("ip saddr", 32) };
+        if self.len == max {
+            return field.to_owned();
+        }
+        let mask = match self.v6 {
+            false => {
+                IpNet::V4(ipnet::Ipv4Net::new(std::net::Ipv4Addr::UNSPECIFIED, self.len).expect("a length of 1-31"))
+                    .netmask()
+                    .to_string()
+            }
+            true => {
+                IpNet::V6(ipnet::Ipv6Net::new(std::net::Ipv6Addr::UNSPECIFIED, self.len).expect("a length of 1-127"))
+                    .netmask()
+                    .to_string()
+            }
+        };
+        format!("{field} & {mask}")
+    }
+}
 
 /// What the kernel is believed to hold of the blocklist.
 #[derive(Debug, Default)]
@@ -67,7 +131,7 @@ impl BlockState {
                     deleted: del.len(),
                     total: nets.len(),
                 };
-                let text = (!add.is_empty() || !del.is_empty()).then(|| render_diff(opts, nets, &add, &del));
+                let text = (!add.is_empty() || !del.is_empty()).then(|| render_diff(opts, old, &add, &del));
                 (text, a)
             }
         }
@@ -98,93 +162,111 @@ impl BlockState {
     }
 }
 
-/// Sets, chain and rules (idempotent `add`s), both sets flushed, every element.
-pub(crate) fn render_full(opts: &NftOptions, nets: &[IpNet]) -> String {
-    let mut out = String::with_capacity(1024 + nets.len() * 22);
+/// The lengths `nets` holds, sorted.
+fn lengths(nets: &[IpNet]) -> Vec<Length> {
+    let mut out: Vec<Length> = nets.iter().map(Length::of).collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+fn add_set(out: &mut String, t: &str, l: Length) {
+    let _ = writeln!(out, "add set inet {t} {} {{ type {}; }}", l.set(), l.ty());
+}
+
+/// The rule dropping (or rejecting) the sources of length `l`'s set.
+fn add_rule(out: &mut String, opts: &NftOptions, l: Length) {
     let t = opts.table.as_str();
-    // `let _ =`: writing to a String cannot fail.
-    let _ = writeln!(out, "add table inet {t}");
-    for (name, ty, _) in BLOCK_SETS {
-        let _ = writeln!(out, "add set inet {t} {name} {{ type {ty}; flags interval; }}");
-        let _ = writeln!(out, "flush set inet {t} {name}");
+    let _ = write!(out, "add rule inet {t} {BLOCK_CHAIN} ");
+    if !opts.ports.is_empty() {
+        let ports: Vec<String> = opts.ports.iter().map(u16::to_string).collect();
+        let _ = write!(out, "tcp dport {{ {} }} ", ports.join(", "));
     }
+    let verdict = match opts.action {
+        Action::Drop => "drop",
+        Action::Reject => "reject",
+    };
+    let name = l.set();
+    let _ = writeln!(
+        out,
+        "{} @{name} counter {verdict} comment \"fleetban {name} {verdict}\"",
+        l.matcher()
+    );
+}
+
+/// Empties the chain and deletes every blocklist set but those of `keep`
+/// (each `add` first, so that every `delete` is valid).
+fn clear(out: &mut String, t: &str, keep: &[Length]) {
+    let _ = writeln!(out, "add table inet {t}");
     let _ = writeln!(
         out,
         "add chain inet {t} {BLOCK_CHAIN} {{ type filter hook input priority {BLOCK_PRIO}; policy accept; }}"
     );
     let _ = writeln!(out, "flush chain inet {t} {BLOCK_CHAIN}");
-    for (name, _, matcher) in BLOCK_SETS {
-        let _ = write!(out, "add rule inet {t} {BLOCK_CHAIN} ");
-        if !opts.ports.is_empty() {
-            let ports: Vec<String> = opts.ports.iter().map(u16::to_string).collect();
-            let _ = write!(out, "tcp dport {{ {} }} ", ports.join(", "));
-        }
-        let verdict = match opts.action {
-            Action::Drop => "drop",
-            Action::Reject => "reject",
-        };
-        let _ = writeln!(
-            out,
-            "{matcher} @{name} counter {verdict} comment \"fleetban {name} {verdict}\""
-        );
+    for (name, ty) in LEGACY_SETS {
+        let _ = writeln!(out, "add set inet {t} {name} {{ type {ty}; flags interval; }}");
+        let _ = writeln!(out, "delete set inet {t} {name}");
+    }
+    for l in Length::all().filter(|l| !keep.contains(l)) {
+        add_set(out, t, l);
+        let _ = writeln!(out, "delete set inet {t} {}", l.set());
+    }
+}
+
+/// Chain and rules, every set of a length present flushed and filled, the
+/// others deleted.
+pub(crate) fn render_full(opts: &NftOptions, nets: &[IpNet]) -> String {
+    let mut out = String::with_capacity(16 * 1024 + nets.len() * 18);
+    let t = opts.table.as_str();
+    let present = lengths(nets);
+    // `let _ =`: writing to a String cannot fail.
+    clear(&mut out, t, &present);
+    for &l in &present {
+        add_set(&mut out, t, l);
+        let _ = writeln!(out, "flush set inet {t} {}", l.set());
+    }
+    for &l in &present {
+        add_rule(&mut out, opts, l);
     }
     elements(&mut out, "add", t, nets);
     out
 }
 
-/// A refresh. Additions go as they are; but a set that loses any element
-/// is flushed and re-filled whole in the same transaction (never empty in
-/// between): nft 1.0.6 spends ~0.2-2 s of CPU per element deleted from a
-/// 100k-element interval set (1,000 deletions: over 100 s), while a whole
-/// re-fill costs ~1.2 s (BENCHMARKS.md, "Blocklists").
-pub(crate) fn render_diff(opts: &NftOptions, all: &[IpNet], add: &[IpNet], del: &[IpNet]) -> String {
-    let mut out = String::with_capacity(64 + add.len() * 22);
+/// A refresh: sets and rules for lengths `old` did not have, then the
+/// deletions and additions (plain sets delete an element in ~ms).
+pub(crate) fn render_diff(opts: &NftOptions, old: &[IpNet], add: &[IpNet], del: &[IpNet]) -> String {
+    let mut out = String::with_capacity(64 + (add.len() + del.len()) * 18);
     let t = opts.table.as_str();
-    let of = |n: &IpNet, i: usize| usize::from(n.addr().is_ipv6()) == i;
-    for (i, (name, _, _)) in BLOCK_SETS.iter().enumerate() {
-        if del.iter().any(|n| of(n, i)) {
-            let _ = writeln!(out, "flush set inet {t} {name}");
-            let whole: Vec<IpNet> = all.iter().filter(|n| of(n, i)).copied().collect();
-            elements(&mut out, "add", t, &whole);
-        } else {
-            let added: Vec<IpNet> = add.iter().filter(|n| of(n, i)).copied().collect();
-            elements(&mut out, "add", t, &added);
-        }
+    let had = lengths(old);
+    for l in lengths(add).into_iter().filter(|l| !had.contains(l)) {
+        add_set(&mut out, t, l);
+        add_rule(&mut out, opts, l);
     }
+    elements(&mut out, "delete", t, del);
+    elements(&mut out, "add", t, add);
     out
 }
 
-/// Text that removes the chain and sets, whether they exist or not (the
-/// `add`s make the `delete`s always valid): the config lists no file.
+/// Text that removes the chain and every blocklist set, whether they exist
+/// or not: the config lists no file.
 pub(crate) fn render_remove(opts: &NftOptions) -> String {
     let t = opts.table.as_str();
-    let mut out =
-        format!("add table inet {t}\nadd chain inet {t} {BLOCK_CHAIN}\ndelete chain inet {t} {BLOCK_CHAIN}\n");
-    for (name, ty, _) in BLOCK_SETS {
-        let _ = writeln!(out, "add set inet {t} {name} {{ type {ty}; flags interval; }}");
-        let _ = writeln!(out, "delete set inet {t} {name}");
-    }
+    let mut out = String::with_capacity(16 * 1024);
+    clear(&mut out, t, &[]);
+    let _ = writeln!(out, "delete chain inet {t} {BLOCK_CHAIN}");
     out
 }
 
+/// `VERB element` of each set, its network addresses one per line.
 fn elements(out: &mut String, verb: &str, table: &str, nets: &[IpNet]) {
-    for (i, (name, _, _)) in BLOCK_SETS.iter().enumerate() {
-        let mut open = false;
-        for net in nets.iter().filter(|n| usize::from(n.addr().is_ipv6()) == i) {
-            if open {
-                out.push_str(",\n");
-            } else {
-                let _ = writeln!(out, "{verb} element inet {table} {name} {{");
-                open = true;
-            }
-            let _ = match net.prefix_len() == net.max_prefix_len() {
-                true => write!(out, "{}", net.addr()),
-                false => write!(out, "{net}"),
-            };
+    let mut sorted: Vec<&IpNet> = nets.iter().collect();
+    sorted.sort_by_key(|n| Length::of(n));
+    for group in sorted.chunk_by(|a, b| Length::of(a) == Length::of(b)) {
+        let _ = writeln!(out, "{verb} element inet {table} {} {{", Length::of(group[0]).set());
+        for (i, net) in group.iter().enumerate() {
+            let _ = write!(out, "{}{}", if i > 0 { ",\n" } else { "" }, net.network());
         }
-        if open {
-            out.push_str("\n}\n");
-        }
+        out.push_str("\n}\n");
     }
 }
 
@@ -204,14 +286,31 @@ mod tests {
         let (text, a) = st.plan(&opts, &first);
         let text = text.unwrap();
         assert!(a.full && a.added == 3);
+        // The interval sets of the first layout and absent lengths go.
         assert!(text.contains(
-            "add set inet fleetban block4 { type ipv4_addr; flags interval; }\nflush set inet fleetban block4\n"
+            "add set inet fleetban block4 { type ipv4_addr; flags interval; }\ndelete set inet fleetban block4\n"
         ));
-        assert!(text.contains(
-            "add rule inet fleetban blocklist ip saddr @block4 counter drop comment \"fleetban block4 drop\"\n"
-        ));
+        assert!(
+            text.contains("add set inet fleetban block4_16 { type ipv4_addr; }\ndelete set inet fleetban block4_16\n")
+        );
+        assert!(!text.contains("delete set inet fleetban block4_24\n"));
+        assert!(
+            text.contains("add set inet fleetban block4_24 { type ipv4_addr; }\nflush set inet fleetban block4_24\n")
+        );
+        for rule in [
+            "ip saddr & 255.255.255.0 @block4_24 counter drop comment \"fleetban block4_24 drop\"",
+            "ip saddr @block4_32 counter drop comment \"fleetban block4_32 drop\"",
+            "ip6 saddr & ffff:ffff:: @block6_32 counter drop comment \"fleetban block6_32 drop\"",
+        ] {
+            assert!(
+                text.contains(&format!("add rule inet fleetban blocklist {rule}\n")),
+                "{rule}"
+            );
+        }
+        // The chain is emptied before any set it references is deleted.
+        assert!(text.find("flush chain").unwrap() < text.find("delete set").unwrap());
         assert!(text.ends_with(
-            "add element inet fleetban block4 {\n10.0.0.0/24,\n192.0.2.1\n}\nadd element inet fleetban block6 {\n2001:db8::/32\n}\n"
+            "add element inet fleetban block4_24 {\n10.0.0.0\n}\nadd element inet fleetban block4_32 {\n192.0.2.1\n}\nadd element inet fleetban block6_32 {\n2001:db8::\n}\n"
         ));
         st.commit(&first);
         assert_eq!(st.plan(&opts, &first).0, None);
@@ -220,19 +319,29 @@ mod tests {
         assert_eq!((a.full, a.added, a.deleted, a.total), (false, 1, 1, 3));
         assert_eq!(
             text.unwrap(),
-            "flush set inet fleetban block4\nadd element inet fleetban block4 {\n10.0.0.0/24,\n198.51.100.0/24\n}\n"
+            "delete element inet fleetban block4_32 {\n192.0.2.1\n}\nadd element inet fleetban block4_24 {\n198.51.100.0\n}\n"
         );
         st.commit(&second);
+        // A new length brings its set and rule.
         let third = nets(&["10.0.0.0/24", "198.51.100.0/24", "2001:db8::/32", "2001:db8:1::/48"]);
         let (text, a) = st.plan(&opts, &third);
         assert_eq!((a.added, a.deleted), (1, 0));
         assert_eq!(
             text.unwrap(),
-            "add element inet fleetban block6 {\n2001:db8:1::/48\n}\n"
+            "add set inet fleetban block6_48 { type ipv6_addr; }\nadd rule inet fleetban blocklist ip6 saddr & ffff:ffff:ffff:: @block6_48 counter drop comment \"fleetban block6_48 drop\"\nadd element inet fleetban block6_48 {\n2001:db8:1::\n}\n"
         );
         st.commit(&second);
         assert_eq!(st.covering(&"198.51.100.7/32".parse().unwrap()), Some(second[1]));
         st.forget();
         assert!(st.plan(&opts, &second).1.full);
+    }
+
+    #[test]
+    fn removal_deletes_the_chain_and_every_set() {
+        let text = render_remove(&NftOptions::default());
+        assert!(text.contains("delete set inet fleetban block4_32\n"));
+        assert!(text.contains("delete set inet fleetban block6_128\n"));
+        assert!(text.contains("delete set inet fleetban block6\n"));
+        assert!(text.ends_with("delete chain inet fleetban blocklist\n"));
     }
 }

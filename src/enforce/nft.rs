@@ -175,15 +175,22 @@ impl NftEnforcer {
         self.book.wake()
     }
 
-    /// Whether the table is still in the kernel (`nft list tables`: cheap,
-    /// whatever the number of bans); when it is gone (`nft flush ruleset`,
-    /// an nftables service reload) it is re-created with every wanted ban
-    /// and the stats of that load are returned.
+    /// Whether the table is still in the kernel, asked by listing its small
+    /// set `v6net` (other IPv6 networks than /64s: few). nft 1.0.6 fetches
+    /// every element of every set for `list tables` (0.4 s with 100k bans,
+    /// 1.3 s with a 100k interval set, every 5 s), but only the one set
+    /// for `list set`. When it is gone (`nft flush ruleset`, an nftables
+    /// service reload) it is re-created with every wanted ban and the stats
+    /// of that load are returned.
     pub async fn check(&mut self, now_ms: i64) -> Result<Option<ReconcileStats>, EnforceError> {
-        let out = self.run("list tables", &["list", "tables"], None).await?;
-        let want = format!("table inet {}", self.opts.table);
-        if String::from_utf8_lossy(&out).lines().any(|l| l.trim() == want) {
-            return Ok(None);
+        let set = super::script::SETS[3].0;
+        match self
+            .run("list set", &["list", "set", "inet", &self.opts.table, set], None)
+            .await
+        {
+            Ok(_) => return Ok(None),
+            Err(EnforceError::Nft { stderr, .. }) if is_enoent(&stderr) => {}
+            Err(e) => return Err(e),
         }
         self.stale = true;
         // The blocklist sets went with the table: the next load is whole.
