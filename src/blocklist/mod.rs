@@ -1,5 +1,5 @@
 //! Blocklists: networks from local files (FireHOL netset, Spamhaus DROP)
-//! dropped by their own nftables interval sets (`block4`/`block6`,
+//! dropped by their own nftables sets (one per prefix length, `block4_24`,
 //! `enforce::block`), apart from the fleet's bans.
 //!
 //! This module is the pure part: read a file ([`parse`]), cap it, merge it

@@ -335,7 +335,7 @@ impl Enforcer {
         self.book().desired_len()
     }
 
-    /// Makes the blocklist sets `block4`/`block6` hold `nets` (sorted and
+    /// Makes the blocklist sets (`block4_L`/`block6_L`) hold `nets` (sorted and
     /// non-overlapping, as `blocklist::subtract` returns them): the whole
     /// sets on the first call, the difference later; one transaction.
     pub async fn set_blocklist(&mut self, nets: &[ipnet::IpNet]) -> Result<BlockApplied, EnforceError> {
