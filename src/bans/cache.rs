@@ -7,23 +7,29 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 
-use ipnet::{IpNet, Ipv6Net};
+use ipnet::IpNet;
 
 use crate::enforce::Until;
 
-/// IPv6 bans at least this long are kept in the exact map (client prefixes
-/// and single addresses); shorter ones, and IPv4 networks, are `wide`.
+/// Bans at least this long are kept in the exact map and looked up per
+/// length present (an address, an IPv6 client prefix, the networks of
+/// `limit.key: network` and `escalate_network`); shorter ones are `wide`,
+/// few, scanned linearly.
+const V4_EXACT_MIN: u8 = 8;
 const V6_EXACT_MIN: u8 = 48;
 
 #[derive(Clone)]
 pub struct BanCache {
-    /// Keys banned one by one (an address, or an IPv6 client prefix).
+    /// Bans of an exact length: addresses, client prefixes, networks.
     exact: HashMap<IpNet, Until, foldhash::fast::RandomState>,
-    /// How many IPv6 entries of `exact` have each prefix length: the
-    /// lengths [`BanCache::covering`] looks an address up at (usually only
-    /// `ipv6_prefix`, and 128 for manual bans of one address).
+    /// How many IPv4 entries of `exact` have each prefix length: the
+    /// lengths an address is looked up at (usually 32, and 24 with
+    /// network rules).
+    v4_lengths: [u32; 33],
+    /// The same for IPv6 (usually only `ipv6_prefix`, and 128 for manual
+    /// bans of one address).
     v6_lengths: [u32; 129],
-    /// Wider networks banned by an operator; few, scanned linearly.
+    /// Wider networks (an operator's /4, a /32 of IPv6); few.
     wide: Vec<(IpNet, Until)>,
 }
 
@@ -31,6 +37,7 @@ impl Default for BanCache {
     fn default() -> BanCache {
         BanCache {
             exact: HashMap::default(),
+            v4_lengths: [0; 33],
             v6_lengths: [0; 129],
             wide: Vec::new(),
         }
@@ -39,7 +46,7 @@ impl Default for BanCache {
 
 fn is_exact(net: &IpNet) -> bool {
     match net {
-        IpNet::V4(n) => n.prefix_len() == 32,
+        IpNet::V4(n) => n.prefix_len() >= V4_EXACT_MIN,
         IpNet::V6(n) => n.prefix_len() >= V6_EXACT_MIN,
     }
 }
@@ -69,10 +76,11 @@ impl BanCache {
     }
 
     fn count_length(&mut self, net: &IpNet, by: i32) {
-        if let IpNet::V6(n) = net {
-            let c = &mut self.v6_lengths[usize::from(n.prefix_len())];
-            *c = c.saturating_add_signed(by);
-        }
+        let c = match net {
+            IpNet::V4(n) => &mut self.v4_lengths[usize::from(n.prefix_len())],
+            IpNet::V6(n) => &mut self.v6_lengths[usize::from(n.prefix_len())],
+        };
+        *c = c.saturating_add_signed(by);
     }
 
     /// Replaces the whole view (after a reconcile).
@@ -83,10 +91,26 @@ impl BanCache {
         }
     }
 
+    /// The exact-length bans of `net` and of the networks of each length
+    /// present up to `max` that hold it, with their ends.
+    fn exact_holding(&self, net: &IpNet, max: u8) -> impl Iterator<Item = (IpNet, Until)> + '_ {
+        let (min, lengths): (u8, &[u32]) = match net {
+            IpNet::V4(_) => (V4_EXACT_MIN, &self.v4_lengths),
+            IpNet::V6(_) => (V6_EXACT_MIN, &self.v6_lengths),
+        };
+        let net = *net;
+        (min..=max.min(net.prefix_len()))
+            .filter(move |&len| lengths[usize::from(len)] > 0)
+            .filter_map(move |len| {
+                let p = IpNet::new(net.addr(), len).ok()?.trunc();
+                self.exact.get(&p).map(|u| (p, *u))
+            })
+    }
+
     /// When the last ban covering the client `key` ends (its own, or a wider
     /// network's); None if it has none.
     pub fn until(&self, key: &IpNet) -> Option<Until> {
-        let own = self.exact.get(key).copied();
+        let own = self.exact_holding(key, key.prefix_len()).map(|(_, u)| u).max();
         own.max(self.wide_covering(|n| n.contains(key)))
     }
 
@@ -96,16 +120,8 @@ impl BanCache {
     /// address. None if no ban covers it.
     pub fn covering(&self, addr: IpAddr) -> Option<Until> {
         let addr = crate::addr::normalize(addr);
-        let own = match addr {
-            IpAddr::V4(a) => self.exact.get(&IpNet::V4(a.into())).copied(),
-            IpAddr::V6(a) => (V6_EXACT_MIN..=128)
-                .filter(|&len| self.v6_lengths[usize::from(len)] > 0)
-                .filter_map(|len| {
-                    let net = Ipv6Net::new(a, len).ok()?.trunc();
-                    self.exact.get(&IpNet::V6(net)).copied()
-                })
-                .max(),
-        };
+        let net = IpNet::from(addr);
+        let own = self.exact_holding(&net, net.max_prefix_len()).map(|(_, u)| u).max();
         own.max(self.wide_covering(|n| n.contains(&addr)))
     }
 
@@ -128,18 +144,8 @@ impl BanCache {
             .filter(|(n, _)| n != net && n.contains(net))
             .copied()
             .collect();
-        if let IpNet::V6(v6) = net {
-            for len in V6_EXACT_MIN..v6.prefix_len() {
-                if self.v6_lengths[usize::from(len)] == 0 {
-                    continue;
-                }
-                if let Ok(p) = Ipv6Net::new(v6.addr(), len) {
-                    let p = IpNet::V6(p.trunc());
-                    if let Some(u) = self.exact.get(&p) {
-                        out.push((p, *u));
-                    }
-                }
-            }
+        if net.prefix_len() > 0 {
+            out.extend(self.exact_holding(net, net.prefix_len() - 1));
         }
         out
     }
@@ -165,11 +171,13 @@ impl BanCache {
     /// Forgets bans that ended before `now_ms`.
     pub fn expire(&mut self, now_ms: i64) {
         let live = |u: &Until| matches!(u, Until::Permanent) || matches!(u, Until::At(t) if *t > now_ms);
-        let lengths = &mut self.v6_lengths;
+        let (v4, v6) = (&mut self.v4_lengths, &mut self.v6_lengths);
         self.exact.retain(|n, u| {
             let keep = live(u);
-            if let (false, IpNet::V6(n)) = (keep, n) {
-                lengths[usize::from(n.prefix_len())] -= 1;
+            match (keep, n) {
+                (true, _) => {}
+                (false, IpNet::V4(n)) => v4[usize::from(n.prefix_len())] -= 1,
+                (false, IpNet::V6(n)) => v6[usize::from(n.prefix_len())] -= 1,
             }
             keep
         });
@@ -251,7 +259,8 @@ mod tests {
 
         fn net() -> impl Strategy<Value = IpNet> {
             prop_oneof![
-                (any::<u8>(), 20u8..=32).prop_map(|(b, len)| IpNet::new(v4(b).into(), len).unwrap().trunc()),
+                (any::<u8>(), prop_oneof![4u8..8, 20u8..=32])
+                    .prop_map(|(b, len)| IpNet::new(v4(b).into(), len).unwrap().trunc()),
                 (any::<u8>(), prop_oneof![Just(64u8), Just(128u8), 30u8..=128]).prop_map(|(b, len)| IpNet::new(
                     v6(b).into(),
                     len
@@ -289,7 +298,7 @@ mod tests {
             /// `covering` is "the latest end of any ban whose network
             /// contains the address", over inserts, removes and expiry.
             #[test]
-            fn covering_is_any_ban_containing_the_address(ops in prop::collection::vec(op(), 0..60), probes in prop::collection::vec(addr(), 1..40)) {
+            fn covering_is_any_ban_containing_the_address(ops in prop::collection::vec(op(), 0..60), probes in prop::collection::vec(addr(), 1..40), keys in prop::collection::vec(net(), 1..20)) {
                 let mut cache = BanCache::default();
                 let mut model: Vec<(IpNet, Until)> = Vec::new();
                 for op in ops {
@@ -315,6 +324,17 @@ mod tests {
                     let a4 = crate::addr::normalize(a);
                     let want = model.iter().filter(|(n, _)| n.contains(&a4)).map(|(_, u)| *u).max();
                     prop_assert_eq!(cache.covering(a), want, "{}", a);
+                }
+                // `until` of a client key (an address, a prefix, a network)
+                // and `wider`: the bans containing it, and those but its own.
+                for k in keys.into_iter().chain(model.iter().map(|(n, _)| *n).collect::<Vec<_>>()) {
+                    let want = model.iter().filter(|(n, _)| n.contains(&k)).map(|(_, u)| *u).max();
+                    prop_assert_eq!(cache.until(&k), want, "{}", k);
+                    let mut wider = cache.wider(&k);
+                    wider.sort_unstable();
+                    let mut want: Vec<(IpNet, Until)> = model.iter().filter(|(n, _)| *n != k && n.contains(&k)).copied().collect();
+                    want.sort_unstable();
+                    prop_assert_eq!(wider, want, "{}", k);
                 }
                 prop_assert_eq!(cache.len(), model.len());
             }

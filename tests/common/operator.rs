@@ -136,7 +136,10 @@ pub fn explain_cases(r: &ConfigDir) {
     assert_eq!(e["windows"][0]["algorithm"], "sliding_window");
     let human = cli(&r.cfg, &["explain", "203.0.113.9"]).stdout;
     assert!(human.starts_with("203.0.113.9: not banned"), "{human}");
-    assert!(human.contains("scraper  203.0.113.9  sliding_window      3      5"), "{human}");
+    assert!(
+        human.contains("scraper  203.0.113.9  sliding_window      3      5"),
+        "{human}"
+    );
 
     assert_eq!(
         cli(&r.cfg, &["ban", "198.51.100.0/24", "--reason", "net abuse"]).code,
