@@ -158,15 +158,24 @@ impl Bans {
         // Known down: straight to the local ban and the queue, no timeout paid.
         let outcome = match self.known_down() {
             true => Err(BanListError::Down),
-            false => self.list.ban(&req, now_ms).await,
+            false => self.list.ban_escalating(&req, now_ms).await,
         };
         match outcome {
-            Ok(Outcome::Banned(rec)) => Ok(self.banned(rec, at_ms, now_ms)),
-            Ok(Outcome::AlreadyBanned(until)) => {
+            Ok((Outcome::Banned(rec), network)) => {
+                let applied = self.banned(rec, at_ms, now_ms);
+                if let Some(net) = network {
+                    // Decided with the address's ban (`escalate_network:`),
+                    // which the valve admitted: enforced at once here, the
+                    // other hosts through its event.
+                    self.banned(net, at_ms, now_ms);
+                }
+                Ok(applied)
+            }
+            Ok((Outcome::AlreadyBanned(until), _)) => {
                 self.enforce(req.addr, until);
                 Ok(Applied::Already(until))
             }
-            Ok(Outcome::Changed { rec, .. }) => {
+            Ok((Outcome::Changed { rec, .. }, _)) => {
                 // Not for a rule's ban (ban.lua answers those 0 or 1).
                 let until = rec.until();
                 self.enforce(req.addr, until);
@@ -219,17 +228,21 @@ impl Bans {
 
     /// [`Bans::ban`] for an embedded list, without a runtime: `fleetban
     /// test` applies each decision before it reads the next hit. None for
-    /// a Redis list, or when the ban is not new.
-    pub fn ban_embedded(&mut self, req: &BanRequest, now_ms: i64) -> Option<BanRecord> {
+    /// a Redis list, or when the ban is not new; with the ban of the
+    /// address's network it triggered, if any (`escalate_network:`).
+    pub fn ban_embedded(&mut self, req: &BanRequest, now_ms: i64) -> Option<(BanRecord, Option<BanRecord>)> {
         let BanList::Memory(m) = &mut self.list else {
             return None;
         };
-        match m.ban(req, now_ms) {
-            Outcome::Banned(rec) => {
+        match m.ban_escalating(req, now_ms) {
+            (Outcome::Banned(rec), network) => {
                 self.enforce(rec.addr, rec.until());
-                Some(rec)
+                if let Some(net) = &network {
+                    self.enforce(net.addr, net.until());
+                }
+                Some((rec, network))
             }
-            Outcome::AlreadyBanned(_) | Outcome::Changed { .. } => None,
+            (Outcome::AlreadyBanned(_) | Outcome::Changed { .. }, _) => None,
         }
     }
 
@@ -393,18 +406,25 @@ impl Bans {
                 q.pop();
                 continue;
             }
-            match self.list.ban(req, *at).await {
-                Ok(out) => {
+            match self.list.ban_escalating(req, *at).await {
+                Ok((out, network)) => {
                     let until = match out {
                         Outcome::Banned(rec) | Outcome::Changed { rec, .. } => rec.until(),
                         Outcome::AlreadyBanned(u) => u,
                     };
-                    let net = req.addr;
+                    let mut elems = vec![Element { net: req.addr, until }];
+                    if let Some(n) = network {
+                        tracing::info!(rule = %n.rule, addr = %AddrText(&n.addr), reason = %n.reason,
+                            until = %n.until.map_or("forever".into(), crate::rfc3339), "Banned.");
+                        elems.push(Element { net: n.addr, until: n.until() });
+                    }
                     q.pop();
                     q.written();
                     self.refusals.over(q.len());
-                    self.cache.insert(net, until);
-                    self.changes.send(Change::Add(vec![Element { net, until }]));
+                    for e in &elems {
+                        self.cache.insert(e.net, e.until);
+                    }
+                    self.changes.send(Change::Add(elems));
                 }
                 Err(e) => {
                     write_failed(q, &mut self.refusals, &e);

@@ -29,7 +29,7 @@ pub use error::{ConfigError, ConfigErrors};
 pub use firewall::FirewallConfig;
 pub use http::{HttpConfig, Listen, DEFAULT_GROUP as DEFAULT_HTTP_GROUP};
 pub use redis::{RedisConfig, Sentinel, Servers, TlsFiles};
-pub use rules::{BanPolicy, Limit, Rule};
+pub use rules::{BanPolicy, Limit, NetworkEscalation, Rule};
 pub use schema::{ActionSpec, Algorithm, Backend, Clock, MatchSpec, OnDown, Scope};
 pub use values::{Dur, Level, Method, Net, Rate, Re, StatusPat};
 
@@ -144,7 +144,7 @@ impl Config {
                 ));
             }
             for file in files {
-                rules::load_rule_file(&file, &proxies, &mut rules, &mut seen, &mut errors);
+                rules::load_rule_file(&file, &proxies, ipv6_prefix, &mut rules, &mut seen, &mut errors);
             }
         }
         if rules.is_empty() && errors.is_empty() {
