@@ -79,7 +79,9 @@ fn escalation_is_the_same_in_redis_embedded_and_the_model() {
     let rt = common::runtime();
     let cfg = redis.config("fleetban", Duration::from_secs(2));
     // Three hosts, each with its own connection to the one Redis.
-    let hosts: Vec<_> = (0..3).map(|_| common::connect(&rt, &cfg, Duration::from_secs(2))).collect();
+    let hosts: Vec<_> = (0..3)
+        .map(|_| common::connect(&rt, &cfg, Duration::from_secs(2)))
+        .collect();
     let pool = pool();
     let mut runner = TestRunner::new(Config {
         cases: 48,
@@ -126,7 +128,10 @@ fn escalation_is_the_same_in_redis_embedded_and_the_model() {
             from_redis.sort_by_key(|r| r.addr);
             from_memory.sort_by_key(|r| r.addr);
             prop_assert_eq!(&from_redis, &from_memory);
-            for r in from_redis.iter().filter(|r| r.addr.prefix_len() < 64 && r.addr.prefix_len() != 32) {
+            for r in from_redis
+                .iter()
+                .filter(|r| r.addr.prefix_len() < 64 && r.addr.prefix_len() != 32)
+            {
                 prop_assert!(r.reason.starts_with("3 addresses of "), "{}", r.reason);
                 prop_assert!(r.reason.ends_with("banned within 1m (rule scan)"), "{}", r.reason);
             }
@@ -137,7 +142,11 @@ fn escalation_is_the_same_in_redis_embedded_and_the_model() {
             Ok(())
         })
         .unwrap();
-    assert!(escalated.get() >= 10, "only {} network bans in all cases", escalated.get());
+    assert!(
+        escalated.get() >= 10,
+        "only {} network bans in all cases",
+        escalated.get()
+    );
 }
 
 /// The model's own cases, so that it cannot agree with a wrong
@@ -160,7 +169,10 @@ fn the_model_bans_the_network_of_the_third_distinct_address_within_the_period() 
     // Once it ends, a fourth and fifth within the period ban it again.
     assert_eq!(m.ban(n("203.0.113.5/32"), 190_000), (true, None));
     assert_eq!(m.ban(n("203.0.113.6/32"), 191_000), (true, None));
-    assert_eq!(m.ban(n("203.0.113.7/32"), 192_000), (true, Some((net, 192_000, 312_000))));
+    assert_eq!(
+        m.ban(n("203.0.113.7/32"), 192_000),
+        (true, Some((net, 192_000, 312_000)))
+    );
 }
 
 /// Five addresses of one /24, each over the rule's limit: the fifth ban
@@ -178,9 +190,16 @@ fn five_banned_addresses_ban_their_24_in_test_and_in_the_daemon() {
     // address of another /24.
     let t0 = 1_700_000_000_000;
     let mut text = String::new();
-    for (i, a) in ["203.0.113.1", "203.0.113.2", "198.51.100.9", "203.0.113.3", "203.0.113.4", "203.0.113.5"]
-        .iter()
-        .enumerate()
+    for (i, a) in [
+        "203.0.113.1",
+        "203.0.113.2",
+        "198.51.100.9",
+        "203.0.113.3",
+        "203.0.113.4",
+        "203.0.113.5",
+    ]
+    .iter()
+    .enumerate()
     {
         for k in 0..3 {
             text += &combined_line(a, t0 + (i as i64 * 10 + k) * 1000, "/", 200);
@@ -200,13 +219,24 @@ fn five_banned_addresses_ban_their_24_in_test_and_in_the_daemon() {
     let addrs: Vec<&str> = bans.iter().map(|b| b["addr"].as_str().unwrap()).collect();
     assert_eq!(
         addrs,
-        ["203.0.113.1", "203.0.113.2", "198.51.100.9", "203.0.113.3", "203.0.113.4", "203.0.113.5", "203.0.113.0/24"],
+        [
+            "203.0.113.1",
+            "203.0.113.2",
+            "198.51.100.9",
+            "203.0.113.3",
+            "203.0.113.4",
+            "203.0.113.5",
+            "203.0.113.0/24"
+        ],
         "{}",
         out.stdout
     );
     let net = &bans[6];
     assert_eq!(net["rule"], "burst");
-    assert_eq!(net["reason"], "5 addresses of 203.0.113.0/24 banned within 1h (rule burst)");
+    assert_eq!(
+        net["reason"],
+        "5 addresses of 203.0.113.0/24 banned within 1h (rule burst)"
+    );
     assert_eq!(net["line"], bans[5]["line"], "at the line of the fifth address's ban");
     assert_eq!(net["until"], fleetban::rfc3339(t0 + 52_000 + 86_400_000));
     assert!(bans[..6].iter().all(|b| b.get("reason").is_none()));
@@ -221,7 +251,13 @@ fn five_banned_addresses_ban_their_24_in_test_and_in_the_daemon() {
     let d = Daemon::start(None, &r.cfg, &r.control);
     let now = now_ms();
     let mut live = String::new();
-    for a in ["203.0.113.11", "203.0.113.12", "203.0.113.13", "203.0.113.14", "203.0.113.15"] {
+    for a in [
+        "203.0.113.11",
+        "203.0.113.12",
+        "203.0.113.13",
+        "203.0.113.14",
+        "203.0.113.15",
+    ] {
         for k in 0..3 {
             live += &combined_line(a, now + k, "/", 200);
         }
@@ -230,12 +266,19 @@ fn five_banned_addresses_ban_their_24_in_test_and_in_the_daemon() {
     let mut listed: Vec<serde_json::Value> = Vec::new();
     wait_until(Duration::from_secs(20), "the /24 in `bans --json`", || {
         let out = cli(&r.cfg, &["bans", "--json"]);
-        listed = out.stdout.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+        listed = out
+            .stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
         listed.iter().any(|b| b["addr"] == "203.0.113.0/24")
     });
     let net = listed.iter().find(|b| b["addr"] == "203.0.113.0/24").unwrap();
     assert_eq!(net["rule"], "burst", "{net}");
-    assert_eq!(net["reason"], "5 addresses of 203.0.113.0/24 banned within 1h (rule burst)");
+    assert_eq!(
+        net["reason"],
+        "5 addresses of 203.0.113.0/24 banned within 1h (rule burst)"
+    );
     let explained = cli(&r.cfg, &["explain", "203.0.113.200"]);
     assert!(
         explained.stdout.contains("203.0.113.0/24") && explained.stdout.contains("5 addresses of 203.0.113.0/24"),
@@ -251,10 +294,22 @@ fn five_banned_addresses_ban_their_24_in_test_and_in_the_daemon() {
 fn bad_escalate_network_keys_are_errors_at_their_place() {
     let r = ConfigDir::new();
     for (yaml, want) in [
-        ("{ bans: 1, within: 1h, duration: 1d }", "`escalate_network.bans` is 1: expected at least 2"),
-        ("{ ipv4_prefix: 32, bans: 5, within: 1h, duration: 1d }", "`escalate_network.ipv4_prefix` is 32"),
-        ("{ ipv6_prefix: 64, bans: 5, within: 1h, duration: 1d }", "shorter than `ipv6_prefix` (64"),
-        ("{ bans: 5, within: 0s, duration: 1d }", "`escalate_network.within` is 0s, below a second"),
+        (
+            "{ bans: 1, within: 1h, duration: 1d }",
+            "`escalate_network.bans` is 1: expected at least 2",
+        ),
+        (
+            "{ ipv4_prefix: 32, bans: 5, within: 1h, duration: 1d }",
+            "`escalate_network.ipv4_prefix` is 32",
+        ),
+        (
+            "{ ipv6_prefix: 64, bans: 5, within: 1h, duration: 1d }",
+            "shorter than `ipv6_prefix` (64",
+        ),
+        (
+            "{ bans: 5, within: 0s, duration: 1d }",
+            "`escalate_network.within` is 0s, below a second",
+        ),
         ("{ bans: 5, within: 1h }", "duration"),
         ("{ bans: 5, within: 1h, duration: 1d, every: 2 }", "every"),
     ] {

@@ -416,7 +416,10 @@ impl Bans {
                     if let Some(n) = network {
                         tracing::info!(rule = %n.rule, addr = %AddrText(&n.addr), reason = %n.reason,
                             until = %n.until.map_or("forever".into(), crate::rfc3339), "Banned.");
-                        elems.push(Element { net: n.addr, until: n.until() });
+                        elems.push(Element {
+                            net: n.addr,
+                            until: n.until(),
+                        });
                     }
                     q.pop();
                     q.written();

@@ -80,7 +80,8 @@ impl Tracker {
         self.notes += 1;
         if self.notes >= SWEEP_EVERY {
             self.notes = 0;
-            self.seen.retain(|_, (within, m)| m.values().any(|&t| t > now_ms - *within));
+            self.seen
+                .retain(|_, (within, m)| m.values().any(|&t| t > now_ms - *within));
         }
         let (within, m) = self.seen.entry((rule.to_owned(), net)).or_default();
         *within = within_ms;

@@ -712,7 +712,9 @@ impl MemoryBans {
     /// as ban.lua's `escalate_network` step).
     pub fn ban_escalating(&mut self, req: &BanRequest, now_ms: i64) -> (Outcome, Option<BanRecord>) {
         let out = self.ban(req, now_ms);
-        let Mode::Auto(policy) = req.mode else { return (out, None) };
+        let Mode::Auto(policy) = req.mode else {
+            return (out, None);
+        };
         let Outcome::Banned(_) = out else { return (out, None) };
         let Some((e, net)) = policy
             .network

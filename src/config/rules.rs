@@ -225,10 +225,11 @@ fn rule_of(
     if let Some(f) = esc.and_then(|e| e.forget_after) {
         at_least_a_second("escalate.forget_after", f, &mut error);
     }
-    let network = spec
-        .escalate_network
-        .as_ref()
-        .and_then(|n| network_of(&n.value, ipv6_prefix).map_err(|msg| error(n.referenced, msg)).ok());
+    let network = spec.escalate_network.as_ref().and_then(|n| {
+        network_of(&n.value, ipv6_prefix)
+            .map_err(|msg| error(n.referenced, msg))
+            .ok()
+    });
     if errors.len() > before {
         return None;
     }
@@ -256,7 +257,10 @@ fn rule_of(
 fn network_of(n: &schema::EscalateNetworkSpec, ipv6_prefix: u8) -> Result<NetworkEscalation, String> {
     let what = "escalate_network";
     if !(8..=31).contains(&n.ipv4_prefix) {
-        return Err(format!("`{what}.ipv4_prefix` is {}: expected 8 to 31 (wider than one address)", n.ipv4_prefix));
+        return Err(format!(
+            "`{what}.ipv4_prefix` is {}: expected 8 to 31 (wider than one address)",
+            n.ipv4_prefix
+        ));
     }
     if !(16..ipv6_prefix).contains(&n.ipv6_prefix) {
         return Err(format!(
@@ -266,7 +270,10 @@ fn network_of(n: &schema::EscalateNetworkSpec, ipv6_prefix: u8) -> Result<Networ
         ));
     }
     if n.bans < 2 {
-        return Err(format!("`{what}.bans` is {}: expected at least 2 distinct addresses", n.bans));
+        return Err(format!(
+            "`{what}.bans` is {}: expected at least 2 distinct addresses",
+            n.bans
+        ));
     }
     for (key, d) in [("within", n.within), ("duration", n.duration)] {
         if d.as_ms() < 1000 {

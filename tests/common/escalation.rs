@@ -44,7 +44,8 @@ impl EscalationModel {
     /// The rule bans `addr` at `t`: whether the ban is new, and the network
     /// ban it triggered.
     pub fn ban(&mut self, addr: IpNet, t: i64) -> (bool, Option<ModelBan>) {
-        let active = |bans: &[ModelBan], what: IpNet| bans.iter().any(|&(a, from, to)| a == what && from <= t && t < to);
+        let active =
+            |bans: &[ModelBan], what: IpNet| bans.iter().any(|&(a, from, to)| a == what && from <= t && t < to);
         if active(&self.addresses, addr) {
             return (false, None);
         }
