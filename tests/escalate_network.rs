@@ -240,6 +240,16 @@ fn five_banned_addresses_ban_their_24_in_test_and_in_the_daemon() {
     assert_eq!(net["line"], bans[5]["line"], "at the line of the fifth address's ban");
     assert_eq!(net["until"], fleetban::rfc3339(t0 + 52_000 + 86_400_000));
     assert!(bans[..6].iter().all(|b| b.get("reason").is_none()));
+    // The human report names the network's trigger under its table.
+    let human = cli(&r.cfg, &["test", replayed.to_str().unwrap()]);
+    assert!(
+        human
+            .stdout
+            .lines()
+            .any(|l| l == "203.0.113.0/24: 5 addresses of 203.0.113.0/24 banned within 1h (rule burst)"),
+        "{}",
+        human.text()
+    );
 
     // The daemon (with Redis, log firewall): the same, live, ban.lua
     // deciding.
@@ -328,4 +338,39 @@ fn bad_escalate_network_keys_are_errors_at_their_place() {
             .unwrap_or_else(|| panic!("no error {want:?} for {yaml}: {}", out.text()));
         assert!(line.starts_with(&format!("{rules}:5:")), "{line}");
     }
+}
+
+/// On a three-master Cluster the escalation's key is in the list's slot
+/// (`{fleetban}:esc:...`): the daemon's fifth ban bans the /24 there too.
+#[test]
+fn the_network_ban_goes_through_a_cluster_in_the_same_script() {
+    let nodes = Redis::start_cluster();
+    let r = ConfigDir::new();
+    r.write(
+        &r.main_config().log_firewall().redis_yaml(&format!(
+            "redis: {{ cluster: ['redis://127.0.0.1:{}'], hold: 10ms }}\n",
+            nodes[0].port()
+        )),
+        &[Rule::new("burst", &r.log, "{ hits: 2, window: 60s }")
+            .ban("10m")
+            .escalate_network("{ bans: 5, within: 1h, duration: 1d }")],
+    );
+    let _d = Daemon::start(None, &r.cfg, &r.control);
+    let now = now_ms();
+    let mut live = String::new();
+    for i in 1..=5 {
+        for k in 0..3 {
+            live += &combined_line(&format!("198.51.100.{i}"), now + k, "/", 200);
+        }
+    }
+    append(&r.log, &live);
+    wait_until(Duration::from_secs(20), "the /24 banned through the Cluster", || {
+        cli(&r.cfg, &["bans", "--json"])
+            .stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .any(|b| {
+                b["addr"] == "198.51.100.0/24" && b["reason"].as_str().is_some_and(|s| s.starts_with("5 addresses"))
+            })
+    });
 }
