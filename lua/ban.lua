@@ -3,8 +3,12 @@
 -- KEYS[2] {prefix}:banrec   HASH  address -> JSON record
 -- KEYS[3] {prefix}:events   STREAM
 -- KEYS[4] {prefix}:off:ADDR STRING offence count, TTL forget_after
+-- KEYS[5] {prefix}:esc:RULE:NET ZSET  (escalate_network only) member =
+--         address the rule banned in NET, score = its latest ban (ms)
 -- ARGV: addr, now_ms, duration_ms, factor, max_ms, forget_after_ms,
---       rule, reason, host, hits, mode, stream_maxlen, replace
+--       rule, reason, host, hits, mode, stream_maxlen, replace,
+--       net, net_bans, net_within_ms, net_duration_ms, net_reason
+--       (net = '' without escalate_network)
 -- mode: 'auto'  a rule decided: no-op if a ban is already active; escalates
 --       'set'   an operator's ban of duration_ms
 --       'perm'  an operator's permanent ban
@@ -12,7 +16,13 @@
 -- permanent ban stays permanent) and the active ban's rule, host, start
 -- and count are kept, its reason too unless a new one is given; with
 -- replace = '1' it is replaced whatever the ends (`ban --replace`).
--- Returns {code, until, count, effect, was}: code 1 for a new ban (effect
+-- escalate_network: a rule's new ban of addr (code 1) is noted in
+-- KEYS[5]; addresses whose latest ban is not later than now - within
+-- leave it; when net_bans or more are left and net itself is not banned,
+-- net is banned until now + net_duration_ms (its record, list entry and
+-- event written here, in the same step), and net_until is that end.
+-- Returns {code, until, count, effect, was, net_until}: net_until '' when
+-- no network was banned. code 1 for a new ban (effect
 -- 'new'), 0 if a rule's ban found one active (effect 'active'), 2 for an
 -- operator's ban of an active one (effect 'kept', 'extended' or
 -- 'replaced'; was = the active ban's end). A damaged record (not a JSON
@@ -61,7 +71,7 @@ if mode == 'auto' and cur then
   local rec = redis.call('HGET', KEYS[2], addr)
   if not rec or currec then
     local count = (currec and tonumber(currec['count'])) or 1
-    return {0, fmt(cur), count, 'active', fmt(cur)}
+    return {0, fmt(cur), count, 'active', fmt(cur), ''}
   end
 end
 
@@ -124,4 +134,31 @@ if effect ~= 'kept' then
 end
 local was = ''
 if cur then was = fmt(cur) end
-return {code, until_s, count, effect, was}
+
+local net_until = ''
+local net = ARGV[14]
+if mode == 'auto' and code == 1 and net and net ~= '' and KEYS[5] then
+  local within = tonumber(ARGV[16])
+  -- The latest ban counts: an older time written late (a queued ban)
+  -- does not move an address back.
+  local seen = redis.call('ZSCORE', KEYS[5], addr)
+  if not seen or tonumber(seen) < now then
+    redis.call('ZADD', KEYS[5], now, addr)
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - within)
+  redis.call('PEXPIRE', KEYS[5], within)
+  if redis.call('ZCARD', KEYS[5]) >= tonumber(ARGV[15]) then
+    local ncur = redis.call('ZSCORE', KEYS[1], net)
+    local active = ncur == 'inf' or ncur == '+inf' or (ncur and tonumber(ncur) > now)
+    if not active then
+      local nu = now + tonumber(ARGV[17])
+      net_until = fmt(nu)
+      redis.call('HSET', KEYS[2], net, cjson.encode({rule = ARGV[7], reason = ARGV[18],
+        host = ARGV[9], since = now, ['until'] = nu, count = 1, hits = 0}))
+      redis.call('ZADD', KEYS[1], net_until, net)
+      redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[12], '*', 'op', 'ban', 'addr', net,
+        'until', net_until, 'rule', ARGV[7], 'host', ARGV[9])
+    end
+  end
+end
+return {code, until_s, count, effect, was, net_until}

@@ -37,6 +37,9 @@ pub struct Decision {
     /// its line number there (from 1, after decompression).
     pub file: usize,
     pub line: u64,
+    /// A network's ban triggered by its banned addresses
+    /// (`escalate_network:`): what triggered it; empty otherwise.
+    pub reason: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -332,7 +335,7 @@ impl Replay<'_> {
             hits,
             mode: Mode::Auto(self.rules[rule].ban),
         };
-        if let Some(rec) = self.bans.ban_embedded(&req, hit.time_ms) {
+        if let Some((rec, network)) = self.bans.ban_embedded(&req, hit.time_ms) {
             self.report.rules[rule].bans += 1;
             self.pending
                 .push((hit.offset, Pending::Ban(self.report.decisions.len())));
@@ -345,7 +348,24 @@ impl Replay<'_> {
                 file: self.file,
                 // Filled in by `tell`.
                 line: 0,
+                reason: String::new(),
             });
+            // `escalate_network:`: the network, at the same line.
+            if let Some(net) = network {
+                self.report.rules[rule].bans += 1;
+                self.pending
+                    .push((hit.offset, Pending::Ban(self.report.decisions.len())));
+                self.report.decisions.push(Decision {
+                    addr: net.addr,
+                    rule: net.rule,
+                    at_ms: hit.time_ms,
+                    until_ms: net.until,
+                    hits: 0,
+                    file: self.file,
+                    line: 0,
+                    reason: net.reason,
+                });
+            }
         }
     }
 

@@ -19,6 +19,7 @@ fn policy() -> BanPolicy {
         factor: 3.0,
         max_ms: 300_000,
         forget_after_ms: 3_600_000,
+        network: None,
     }
 }
 

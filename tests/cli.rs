@@ -239,7 +239,17 @@ fn the_man_page_names_every_configuration_key_the_readme_lists() {
         .filter_map(|l| l.strip_prefix("| `")?.split('`').next())
         .collect();
     assert!(keys.len() > 20, "README's table: {keys:?}");
-    keys.extend(["name", "logs", "format", "match", "ignore", "limit", "ban", "escalate"]);
+    keys.extend([
+        "name",
+        "logs",
+        "format",
+        "match",
+        "ignore",
+        "limit",
+        "ban",
+        "escalate",
+        "escalate_network",
+    ]);
     for key in keys {
         let leaf = key.rsplit('.').next().unwrap().replace('-', "\\-");
         assert!(

@@ -214,9 +214,9 @@ fn check_warns_of_a_network_the_safety_valve_would_always_refuse() {
     assert!(out.success(), "{out:?}");
     assert!(
         out.stdout.contains("rule wide (")
-            && out
-                .stdout
-                .contains("a /16 ban covers 65536 clients, more than `safety.max_bans_per_minute` (600)"),
+            && out.stdout.contains(
+                "a /16 ban (key: network) covers 65536 clients, more than `safety.max_bans_per_minute` (600)"
+            ),
         "{out:?}"
     );
     // The /56 (256 client /64s) fits: one warning only.

@@ -156,18 +156,33 @@ impl Bans {
         if !self.admit(&req, now_ms) {
             return Ok(Applied::Refused);
         }
+        // The network it may escalate to weighs its clients too: without
+        // room for it in the valve, this ban does not escalate.
+        let req = self.escalation_within_valve(req, now_ms);
         // Known down: straight to the local ban and the queue, no timeout paid.
         let outcome = match self.known_down() {
             true => Err(BanListError::Down),
-            false => self.list.ban(&req, now_ms).await,
+            false => self.list.ban_escalating(&req, now_ms).await,
         };
         match outcome {
-            Ok(Outcome::Banned(rec)) => Ok(self.banned(rec, at_ms, now_ms)),
-            Ok(Outcome::AlreadyBanned(until)) => {
+            Ok((Outcome::Banned(rec), network)) => {
+                let applied = self.banned(rec, at_ms, now_ms);
+                if let Some(net) = network {
+                    // Decided with the address's ban (`escalate_network:`),
+                    // room checked in the valve: counted there, enforced at
+                    // once here, the other hosts through its event.
+                    if let Some(v) = &mut self.valve {
+                        v.admit(&net.addr, now_ms);
+                    }
+                    self.banned(net, at_ms, now_ms);
+                }
+                Ok(applied)
+            }
+            Ok((Outcome::AlreadyBanned(until), _)) => {
                 self.enforce(req.addr, until);
                 Ok(Applied::Already(until))
             }
-            Ok(Outcome::Changed { rec, .. }) => {
+            Ok((Outcome::Changed { rec, .. }, _)) => {
                 // Not for a rule's ban (ban.lua answers those 0 or 1).
                 let until = rec.until();
                 self.enforce(req.addr, until);
@@ -220,18 +235,40 @@ impl Bans {
 
     /// [`Bans::ban`] for an embedded list, without a runtime: `fleetban
     /// test` applies each decision before it reads the next hit. None for
-    /// a Redis list, or when the ban is not new.
-    pub fn ban_embedded(&mut self, req: &BanRequest, now_ms: i64) -> Option<BanRecord> {
+    /// a Redis list, or when the ban is not new; with the ban of the
+    /// address's network it triggered, if any (`escalate_network:`).
+    pub fn ban_embedded(&mut self, req: &BanRequest, now_ms: i64) -> Option<(BanRecord, Option<BanRecord>)> {
         let BanList::Memory(m) = &mut self.list else {
             return None;
         };
-        match m.ban(req, now_ms) {
-            Outcome::Banned(rec) => {
+        match m.ban_escalating(req, now_ms) {
+            (Outcome::Banned(rec), network) => {
                 self.enforce(rec.addr, rec.until());
-                Some(rec)
+                if let Some(net) = &network {
+                    self.enforce(net.addr, net.until());
+                }
+                Some((rec, network))
             }
-            Outcome::AlreadyBanned(_) | Outcome::Changed { .. } => None,
+            (Outcome::AlreadyBanned(_) | Outcome::Changed { .. }, _) => None,
         }
+    }
+
+    /// `req` without its network escalation when the valve has no room
+    /// for the network's clients this minute (said in a warning).
+    fn escalation_within_valve(&mut self, mut req: BanRequest, now_ms: i64) -> BanRequest {
+        let (Some(valve), Mode::Auto(p)) = (&mut self.valve, &mut req.mode) else {
+            return req;
+        };
+        let Some(net) = p.network.and_then(|e| super::escalate::network_of(&req.addr, &e)) else {
+            return req;
+        };
+        if !valve.fits(&net, now_ms) {
+            tracing::warn!(rule = %req.rule, addr = %AddrText(&net), clients = valve.weight_of(&net),
+                max_bans_per_minute = valve.max(),
+                "Safety valve: no room this minute for the network this ban may escalate to; not escalated.");
+            p.network = None;
+        }
+        req
     }
 
     /// The valve: true if one more rule ban may be applied now.
@@ -398,18 +435,28 @@ impl Bans {
                 q.pop();
                 continue;
             }
-            match self.list.ban(req, *at).await {
-                Ok(out) => {
+            match self.list.ban_escalating(req, *at).await {
+                Ok((out, network)) => {
                     let until = match out {
                         Outcome::Banned(rec) | Outcome::Changed { rec, .. } => rec.until(),
                         Outcome::AlreadyBanned(u) => u,
                     };
-                    let net = req.addr;
+                    let mut elems = vec![Element { net: req.addr, until }];
+                    if let Some(n) = network {
+                        tracing::info!(rule = %n.rule, addr = %AddrText(&n.addr), reason = %n.reason,
+                            until = %n.until.map_or("forever".into(), crate::rfc3339), "Banned.");
+                        elems.push(Element {
+                            net: n.addr,
+                            until: n.until(),
+                        });
+                    }
                     q.pop();
                     q.written();
                     self.refusals.over(q.len());
-                    self.cache.insert(net, until);
-                    self.changes.send(Change::Add(vec![Element { net, until }]));
+                    for e in &elems {
+                        self.cache.insert(e.net, e.until);
+                    }
+                    self.changes.send(Change::Add(elems));
                 }
                 Err(e) => {
                     write_failed(q, &mut self.refusals, &e);

@@ -72,20 +72,42 @@ impl BanList {
 
     /// Writes a ban (or finds the one already active) at `now_ms`.
     pub async fn ban(&mut self, req: &BanRequest, now_ms: i64) -> Result<Outcome, BanListError> {
+        Ok(self.ban_escalating(req, now_ms).await?.0)
+    }
+
+    /// [`BanList::ban`], and the ban of the address's network that it
+    /// triggered in the same step, if any (`escalate_network:`,
+    /// `bans::escalate`).
+    pub async fn ban_escalating(
+        &mut self,
+        req: &BanRequest,
+        now_ms: i64,
+    ) -> Result<(Outcome, Option<BanRecord>), BanListError> {
         match self {
             BanList::Memory(m) => {
-                let out = m.ban(req, now_ms);
+                let out = m.ban_escalating(req, now_ms);
                 m.persist();
                 Ok(out)
             }
             BanList::Redis { con, keys } => {
+                let esc = match req.mode {
+                    Mode::Auto(p) => p
+                        .network
+                        .and_then(|e| super::escalate::network_of(&req.addr, &e).map(|n| (e, n))),
+                    _ => None,
+                };
                 let (duration, factor, max, forget, mode) = match req.mode {
                     Mode::Auto(p) => (p.duration_ms, p.factor, p.max_ms, p.forget_after_ms, "auto"),
                     Mode::For { ms, .. } => (ms, 1.0, ms, 1, "set"),
                     Mode::Permanent { .. } => (0, 1.0, 0, 1, "perm"),
                 };
                 let addr = AddrText(&req.addr).to_string();
-                let mut cmd = BAN.cmd(&[&keys.bans(), &keys.records(), &keys.events(), &keys.offences(&req.addr)]);
+                // The escalation's key only with an escalation: no key
+                // outside the list's slot (Cluster).
+                let mut names = vec![keys.bans(), keys.records(), keys.events(), keys.offences(&req.addr)];
+                names.extend(esc.map(|(_, n)| keys.escalation(&req.rule, &n)));
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                let mut cmd = BAN.cmd(&names);
                 cmd.arg(&addr)
                     .arg(now_ms)
                     .arg(duration)
@@ -99,12 +121,31 @@ impl BanList {
                     .arg(mode)
                     .arg(STREAM_MAXLEN)
                     .arg(if req.mode.replaces() { "1" } else { "0" });
-                let (code, until, count, effect, was): (i64, String, i64, String, String) = BAN.run(con, &cmd).await?;
+                match esc {
+                    Some((e, n)) => cmd
+                        .arg(AddrText(&n).to_string())
+                        .arg(e.bans)
+                        .arg(e.within_ms)
+                        .arg(e.duration_ms)
+                        .arg(super::escalate::reason(&e, &n, &req.rule)),
+                    None => cmd.arg("").arg(0).arg(0).arg(0).arg(""),
+                };
+                let (code, until, count, effect, was, net_until): (i64, String, i64, String, String, String) =
+                    BAN.run(con, &cmd).await?;
                 let until = parse_until(&until).ok_or_else(|| BanListError::Reply(until.clone()))?;
                 let count = u32::try_from(count).unwrap_or(1);
+                let network = match (esc, net_until.as_str()) {
+                    (Some((e, n)), t) if !t.is_empty() => {
+                        let Some(Until::At(t)) = parse_until(t) else {
+                            return Err(BanListError::Reply(net_until));
+                        };
+                        Some(super::escalate::record(req, &e, n, now_ms, t))
+                    }
+                    _ => None,
+                };
                 match code {
-                    1 => Ok(Outcome::Banned(req.record(now_ms, until_ms(until), count))),
-                    0 => Ok(Outcome::AlreadyBanned(until)),
+                    1 => Ok((Outcome::Banned(req.record(now_ms, until_ms(until), count)), network)),
+                    0 => Ok((Outcome::AlreadyBanned(until), None)),
                     _ => {
                         let effect = Effect::parse(&effect).ok_or_else(|| BanListError::Reply(effect.clone()))?;
                         let was = parse_until(&was).ok_or_else(|| BanListError::Reply(was.clone()))?;
@@ -119,7 +160,7 @@ impl BanList {
                             .map(|j| j.into_record(req.addr))
                             .unwrap_or_else(|| req.record(now_ms, None, count));
                         rec.until = until_ms(until);
-                        Ok(Outcome::Changed { rec, effect, was })
+                        Ok((Outcome::Changed { rec, effect, was }, None))
                     }
                 }
             }
@@ -561,6 +602,8 @@ pub struct MemoryBans {
     bans: HashMap<IpNet, BanRecord>,
     /// Offence count and its expiry per address (escalation).
     offences: HashMap<IpNet, (u32, i64)>,
+    /// The addresses each rule banned per network (`escalate_network:`).
+    escalations: super::escalate::Tracker,
     file: Option<PathBuf>,
     /// The file could not be read as a list at start.
     lost: bool,
@@ -663,6 +706,30 @@ impl MemoryBans {
 
     fn active(&self, now_ms: i64) -> impl Iterator<Item = &BanRecord> {
         self.bans.values().filter(move |r| r.until.is_none_or(|t| t > now_ms))
+    }
+
+    /// [`MemoryBans::ban`], and the network ban it triggered (same rules
+    /// as ban.lua's `escalate_network` step).
+    pub fn ban_escalating(&mut self, req: &BanRequest, now_ms: i64) -> (Outcome, Option<BanRecord>) {
+        let out = self.ban(req, now_ms);
+        let Mode::Auto(policy) = req.mode else {
+            return (out, None);
+        };
+        let Outcome::Banned(_) = out else { return (out, None) };
+        let Some((e, net)) = policy
+            .network
+            .and_then(|e| super::escalate::network_of(&req.addr, &e).map(|n| (e, n)))
+        else {
+            return (out, None);
+        };
+        let n = self.escalations.note(&req.rule, net, req.addr, now_ms, e.within_ms);
+        // `ban` dropped the expired entries: any left is active.
+        if n < e.bans || self.bans.contains_key(&net) {
+            return (out, None);
+        }
+        let rec = super::escalate::record(req, &e, net, now_ms, now_ms + e.duration_ms);
+        self.bans.insert(net, rec.clone());
+        (out, Some(rec))
     }
 
     /// Same rules as ban.lua.

@@ -5,11 +5,13 @@
 //!
 //! `apply` holds [`Bans`], the one owner of ban application; `list` is the
 //! ban list itself, in Redis (`lua/ban.lua`, `lua/unban.lua`) or embedded;
+//! `escalate` the ban of a network many of whose addresses were banned;
 //! `valve` the per-host cap on new bans; `queue` the bans waiting for
 //! Redis; `cache` this host's view of the list.
 
 mod apply;
 mod cache;
+pub mod escalate;
 pub mod list;
 mod queue;
 mod refuse;

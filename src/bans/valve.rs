@@ -35,6 +35,18 @@ impl SafetyValve {
 
     /// Whether a ban of `net` may be applied at `now_ms`; counts it if so.
     pub fn admit(&mut self, net: &IpNet, now_ms: i64) -> bool {
+        if !self.fits(net, now_ms) {
+            self.refused += 1;
+            return false;
+        }
+        let w = self.weight_of(net);
+        self.weight += w;
+        self.recent.push_back((now_ms, w));
+        true
+    }
+
+    /// Whether a ban of `net` would be admitted at `now_ms` (not counted).
+    pub fn fits(&mut self, net: &IpNet, now_ms: i64) -> bool {
         while let Some(&(t, w)) = self.recent.front() {
             if t > now_ms - 60_000 {
                 break;
@@ -42,14 +54,7 @@ impl SafetyValve {
             self.weight -= w;
             self.recent.pop_front();
         }
-        let w = self.weight_of(net);
-        if self.weight.saturating_add(w) > u64::from(self.max_per_minute) {
-            self.refused += 1;
-            return false;
-        }
-        self.weight += w;
-        self.recent.push_back((now_ms, w));
-        true
+        self.weight.saturating_add(self.weight_of(net)) <= u64::from(self.max_per_minute)
     }
 
     /// How many clients a ban of `net` counts as.

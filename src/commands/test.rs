@@ -58,6 +58,9 @@ struct BanLine<'a> {
     file: String,
     hits: u32,
     line: u64,
+    /// A network's ban triggered by its banned addresses: what triggered it.
+    #[serde(skip_serializing_if = "str::is_empty")]
+    reason: &'a str,
     rule: &'a str,
     until: Option<String>,
 }
@@ -287,6 +290,7 @@ fn event_json(out: &mut impl Write, event: &Event<'_>) -> std::io::Result<()> {
             file: file.display().to_string(),
             hits: d.hits,
             line: d.line,
+            reason: &d.reason,
             rule: &d.rule,
             until: d.until_ms.map(fleetban::rfc3339),
         }),
@@ -373,6 +377,10 @@ fn summary_human(
             ]);
         }
         writeln!(out, "{}", bans.render())?;
+        // The networks banned for their banned addresses (`escalate_network:`).
+        for d in report.decisions.iter().filter(|d| !d.reason.is_empty()) {
+            writeln!(out, "{}: {}", AddrText(&d.addr), d.reason)?;
+        }
     }
     let mut files = Table::new(&["FILE", "LINES", "READ BY"]).right(1);
     for f in &report.files {

@@ -29,7 +29,7 @@ pub use error::{ConfigError, ConfigErrors};
 pub use firewall::FirewallConfig;
 pub use http::{HttpConfig, Listen, DEFAULT_GROUP as DEFAULT_HTTP_GROUP};
 pub use redis::{RedisConfig, Sentinel, Servers, TlsFiles};
-pub use rules::{BanPolicy, Limit, Rule};
+pub use rules::{BanPolicy, Limit, NetworkEscalation, Rule};
 pub use schema::{ActionSpec, Algorithm, Backend, Clock, MatchSpec, OnDown, Scope};
 pub use values::{Dur, Level, Method, Net, Rate, Re, StatusPat};
 
@@ -144,7 +144,7 @@ impl Config {
                 ));
             }
             for file in files {
-                rules::load_rule_file(&file, &proxies, &mut rules, &mut seen, &mut errors);
+                rules::load_rule_file(&file, &proxies, ipv6_prefix, &mut rules, &mut seen, &mut errors);
             }
         }
         if rules.is_empty() && errors.is_empty() {
@@ -211,9 +211,16 @@ impl Config {
                     r.file.display()
                 ));
             }
+            // The safety valve weighs a ban by the clients it covers.
+            let mut lengths = Vec::new();
             if let crate::addr::Keying::Network { v4, v6 } = r.limit.keying {
-                // The safety valve weighs a ban by the clients it covers.
-                let max = u64::from(self.max_bans_per_minute);
+                lengths.push(("key: network", v4, v6));
+            }
+            if let Some(e) = r.ban.network {
+                lengths.push(("escalate_network", e.ipv4_prefix, e.ipv6_prefix));
+            }
+            let max = u64::from(self.max_bans_per_minute);
+            for (what, v4, v6) in lengths {
                 let nets: [IpNet; 2] = [
                     format!("0.0.0.0/{v4}").parse().expect("a valid length"),
                     format!("::/{}", v6.min(self.ipv6_prefix))
@@ -224,9 +231,9 @@ impl Config {
                     let clients = crate::addr::clients_covered(&net, self.ipv6_prefix);
                     if clients > max {
                         out.push(format!(
-                            "rule {} ({}): a /{} ban covers {clients} clients, more than \
+                            "rule {} ({}): a /{} ban ({what}) covers {clients} clients, more than \
                              `safety.max_bans_per_minute` ({max}) lets through in a minute: the safety valve \
-                             refuses every such ban; raise it or count a longer prefix",
+                             refuses every such ban; raise it or use a longer prefix",
                             r.name,
                             r.file.display(),
                             net.prefix_len()

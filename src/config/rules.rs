@@ -53,11 +53,26 @@ pub struct BanPolicy {
     pub max_ms: i64,
     /// Bans older than this no longer count towards `n`.
     pub forget_after_ms: i64,
+    /// `escalate_network:`: the network of enough banned addresses is banned.
+    pub network: Option<NetworkEscalation>,
+}
+
+/// `escalate_network:` validated: when `bans` distinct addresses of one
+/// network (`/ipv4_prefix`, `/ipv6_prefix`) have been banned by the rule
+/// within `within_ms`, fleet-wide, the network is banned for `duration_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NetworkEscalation {
+    pub ipv4_prefix: u8,
+    pub ipv6_prefix: u8,
+    pub bans: u32,
+    pub within_ms: i64,
+    pub duration_ms: i64,
 }
 
 pub(super) fn load_rule_file(
     file: &Path,
     proxies: &[ipnet::IpNet],
+    ipv6_prefix: u8,
     rules: &mut Vec<Rule>,
     seen: &mut HashMap<String, (PathBuf, Location)>,
     errors: &mut Vec<ConfigError>,
@@ -75,7 +90,7 @@ pub(super) fn load_rule_file(
     };
     let base = file.parent().map(Path::to_path_buf).unwrap_or_default();
     for spec in specs {
-        if let Some(rule) = rule_of(file, &base, spec, proxies, seen, errors) {
+        if let Some(rule) = rule_of(file, &base, spec, proxies, ipv6_prefix, seen, errors) {
             rules.push(rule);
         }
     }
@@ -90,6 +105,7 @@ fn rule_of(
     base: &Path,
     spec: schema::RuleSpec,
     proxies: &[ipnet::IpNet],
+    ipv6_prefix: u8,
     seen: &mut HashMap<String, (PathBuf, Location)>,
     errors: &mut Vec<ConfigError>,
 ) -> Option<Rule> {
@@ -212,6 +228,11 @@ fn rule_of(
     if let Some(f) = esc.and_then(|e| e.forget_after) {
         at_least_a_second("escalate.forget_after", f, &mut error);
     }
+    let network = spec.escalate_network.as_ref().and_then(|n| {
+        network_of(&n.value, ipv6_prefix)
+            .map_err(|msg| error(n.referenced, msg))
+            .ok()
+    });
     if errors.len() > before {
         return None;
     }
@@ -228,6 +249,7 @@ fn rule_of(
             factor,
             max_ms,
             forget_after_ms: esc.and_then(|e| e.forget_after).map_or(week, Dur::as_ms),
+            network,
         },
     })
 }
@@ -252,6 +274,47 @@ fn keying_of(l: &schema::LimitSpec) -> Result<crate::addr::Keying, String> {
             Ok(crate::addr::Keying::Network { v4, v6 })
         }
     }
+}
+
+/// `escalate_network:` validated. The network must be wider than the
+/// rule's clients (an IPv4 address, an IPv6 `/ipv6_prefix`): a network of
+/// one client is that client's own ban.
+fn network_of(n: &schema::EscalateNetworkSpec, ipv6_prefix: u8) -> Result<NetworkEscalation, String> {
+    let what = "escalate_network";
+    if !(8..=31).contains(&n.ipv4_prefix) {
+        return Err(format!(
+            "`{what}.ipv4_prefix` is {}: expected 8 to 31 (wider than one address)",
+            n.ipv4_prefix
+        ));
+    }
+    if !(16..ipv6_prefix).contains(&n.ipv6_prefix) {
+        return Err(format!(
+            "`{what}.ipv6_prefix` is {}: expected 16 to {}, shorter than `ipv6_prefix` ({ipv6_prefix}, the length of an IPv6 client)",
+            n.ipv6_prefix,
+            ipv6_prefix.saturating_sub(1)
+        ));
+    }
+    if n.bans < 2 {
+        return Err(format!(
+            "`{what}.bans` is {}: expected at least 2 distinct addresses",
+            n.bans
+        ));
+    }
+    for (key, d) in [("within", n.within), ("duration", n.duration)] {
+        if d.as_ms() < 1000 {
+            return Err(format!(
+                "`{what}.{key}` is {}, below a second (write e.g. `1h`)",
+                humantime::format_duration(d.0)
+            ));
+        }
+    }
+    Ok(NetworkEscalation {
+        ipv4_prefix: n.ipv4_prefix,
+        ipv6_prefix: n.ipv6_prefix,
+        bans: n.bans,
+        within_ms: n.within.as_ms(),
+        duration_ms: n.duration.as_ms(),
+    })
 }
 
 /// The validated limit of one rule: each algorithm takes its own parameters

@@ -190,6 +190,7 @@ pub struct RuleSpec {
     pub ignore: MatchSpec,
     pub limit: Spanned<LimitSpec>,
     pub ban: Option<Spanned<BanSpec>>,
+    pub escalate_network: Option<Spanned<EscalateNetworkSpec>>,
 }
 
 /// A rule file read key by key (`split.rs`): every key optional, so that
@@ -215,6 +216,7 @@ pub struct RuleKeys {
     pub ignore: Option<MatchSpec>,
     pub limit: Option<Spanned<LimitSpec>>,
     pub ban: Option<Spanned<BanSpec>>,
+    pub escalate_network: Option<Spanned<EscalateNetworkSpec>>,
 }
 
 /// `match:` / `ignore:` — every key given must match (AND); values in a list are alternatives (OR).
@@ -350,6 +352,29 @@ pub struct EscalateSpec {
 
 fn default_factor() -> f64 {
     2.0
+}
+
+/// `escalate_network:` — when `bans` distinct addresses of one network of
+/// these prefix lengths are banned by the rule within `within`, fleet-wide,
+/// the network is banned for `duration` (`bans::escalate`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EscalateNetworkSpec {
+    #[serde(default = "default_escalate_v4")]
+    pub ipv4_prefix: u8,
+    #[serde(default = "default_escalate_v6")]
+    pub ipv6_prefix: u8,
+    pub bans: u32,
+    pub within: Dur,
+    pub duration: Dur,
+}
+
+fn default_escalate_v4() -> u8 {
+    24
+}
+
+fn default_escalate_v6() -> u8 {
+    56
 }
 
 /// `format:` is `combined`, `common`, `json`, `nginx_error`, `{ log_format: '...' }`,

@@ -231,6 +231,14 @@ impl Keys {
     pub fn offences(&self, addr: &IpNet) -> String {
         format!("{{{}}}:off:{}", self.prefix, AddrText(addr))
     }
+
+    /// `{fleetban}:esc:RULE:NETWORK`: ZSET of the addresses of `net` that
+    /// `rule` banned, scored by their latest ban (ms), for
+    /// `escalate_network:` (`lua/ban.lua`); in the list's slot, it expires
+    /// `within` after the last ban.
+    pub fn escalation(&self, rule: &str, net: &IpNet) -> String {
+        format!("{{{}}}:esc:{rule}:{}", self.prefix, AddrText(net))
+    }
 }
 
 /// The Cluster hash slot of `key` (CRC16/XMODEM of its hash tag, or of the
@@ -318,6 +326,8 @@ mod tests {
         assert_eq!(keys.bans(), "{fb}:bans");
         assert_eq!(keys.hosts(), "{fb}:hosts");
         assert_eq!(keys.offences(&addr), "{fb}:off:192.0.2.7");
+        let net: IpNet = "192.0.2.0/24".parse().unwrap();
+        assert_eq!(keys.escalation("scan", &net), "{fb}:esc:scan:192.0.2.0/24");
     }
 
     #[test]

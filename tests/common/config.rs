@@ -58,7 +58,7 @@ pub struct Rule {
 impl Rule {
     /// Rule `name` reading `log`, with `limit` the YAML of its `limit:`.
     pub fn new(name: &str, log: impl AsRef<Path>, limit: &str) -> Rule {
-        let keys = Keys::new(&["logs", "format", "match", "ignore", "limit", "ban"])
+        let keys = Keys::new(&["logs", "format", "match", "ignore", "limit", "ban", "escalate_network"])
             .set("logs", format!("[{}]", log.as_ref().display()))
             .set("limit", limit.to_owned());
         Rule {
@@ -90,6 +90,11 @@ impl Rule {
     /// `ban: { duration: <duration> }`; without it the rule's default ban.
     pub fn ban(self, duration: &str) -> Rule {
         self.set("ban", format!("{{ duration: {duration} }}"))
+    }
+
+    /// `escalate_network:`, e.g. `"{ bans: 5, within: 1h, duration: 1d }"`.
+    pub fn escalate_network(self, yaml: &str) -> Rule {
+        self.set("escalate_network", yaml.to_owned())
     }
 }
 

@@ -28,6 +28,7 @@ mod access_log;
 mod cli;
 mod config;
 mod daemon;
+pub mod escalation;
 pub mod fleet;
 mod http;
 mod machine;
