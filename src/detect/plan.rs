@@ -7,7 +7,7 @@ use std::path::Path;
 use ipnet::IpNet;
 
 use crate::addr::NetSet;
-use crate::config::{Clock, Rule};
+use crate::config::{Clock, Distinct, Rule};
 use crate::parse::{Format, FormatError, Parser};
 
 use super::RuleFilter;
@@ -26,6 +26,8 @@ pub struct Plan {
     pub filters: Vec<RuleFilter>,
     /// Per rule: its window (ms) and where its hits take their time from.
     pub times: Vec<(i64, Clock)>,
+    /// Per rule: the field whose values are its hits' members (`distinct:`).
+    pub distinct: Vec<Option<Distinct>>,
     formats: Vec<Format>,
     /// Hops trusted to name the client in a forwarded list.
     proxies: NetSet,
@@ -50,6 +52,7 @@ impl Plan {
         Ok(Plan {
             filters: rules.iter().map(|r| RuleFilter::new(&r.matches, &r.ignore)).collect(),
             times: rules.iter().map(|r| (r.limit.window_ms, r.limit.clock)).collect(),
+            distinct: rules.iter().map(|r| r.limit.distinct).collect(),
             formats: rules.iter().map(|r| r.format.clone()).collect(),
             proxies,
             globs: rules
@@ -64,6 +67,7 @@ impl Plan {
         Plan {
             filters: Vec::new(),
             times: Vec::new(),
+            distinct: Vec::new(),
             formats: Vec::new(),
             proxies: NetSet::default(),
             globs: Vec::new(),
