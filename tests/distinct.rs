@@ -33,9 +33,11 @@ fn test_bans_the_prober_and_not_the_busy_page() {
         }
     }
     std::fs::write(&r.log, &lines).unwrap();
-    let rules = [Rule::new("probing", "/unused", "{ distinct: path, hits: 30, window: 5m }")
-        .matching("{ status: [404] }")
-        .ban("1h")];
+    let rules = [
+        Rule::new("probing", "/unused", "{ distinct: path, hits: 30, window: 5m }")
+            .matching("{ status: [404] }")
+            .ban("1h"),
+    ];
     r.write(&MainConfig::new(), &rules);
     let out = cli(&r.cfg, &["test", "--json", r.log.to_str().expect("a UTF-8 temp path")]);
     assert_eq!(out.code, 0, "{}", out.text());
@@ -55,7 +57,9 @@ fn test_bans_the_prober_and_not_the_busy_page() {
     let check = cli(&r.cfg, &["check"]);
     assert_eq!(check.code, 0, "{}", check.text());
     assert!(
-        check.stdout.contains("30 distinct values per 5m (distinct path, a sliding window of values)"),
+        check
+            .stdout
+            .contains("30 distinct values per 5m (distinct path, a sliding window of values)"),
         "{}",
         check.stdout
     );
@@ -79,15 +83,15 @@ fn a_hash_collision_counts_two_values_once_and_bans_later_never_earlier() {
     let mut seen = std::collections::HashMap::new();
     let (a, b) = (0..200_000)
         .map(|i| format!("/p{i}"))
-        .find_map(|p| match seen.insert(folded(&p, 2), p.clone()) {
-            Some(first) => Some((first, p)),
-            None => None,
-        })
+        .find_map(|p| seen.insert(folded(&p, 2), p.clone()).map(|first| (first, p)))
         .expect("a 24-bit collision among 200,000 values");
     assert_ne!(a, b);
     let member = |path: &str| {
         let line = combined_line("192.0.2.1", 0, path, 404);
-        let req = Parser::new(&Format::Combined).unwrap().parse(line.trim_end().as_bytes()).unwrap();
+        let req = Parser::new(&Format::Combined)
+            .unwrap()
+            .parse(line.trim_end().as_bytes())
+            .unwrap();
         value_member(Distinct::Path, &req)
     };
     let t = now_ms();
@@ -109,7 +113,11 @@ fn a_hash_collision_counts_two_values_once_and_bans_later_never_earlier() {
 
     let redis = Redis::start();
     let rt = runtime();
-    let con = connect(&rt, &redis.config("coll", Duration::from_secs(2)), Duration::from_secs(5));
+    let con = connect(
+        &rt,
+        &redis.config("coll", Duration::from_secs(2)),
+        Duration::from_secs(5),
+    );
     let mut lim = RedisLimiter::new(con, Keys::new("coll"), "h1", rules);
     let mut out = Vec::new();
     let batch = |hits: &[Hit]| Batch {
@@ -119,5 +127,8 @@ fn a_hash_collision_counts_two_values_once_and_bans_later_never_earlier() {
     };
     rt.block_on(lim.check(&[batch(&hits[..3]), batch(&hits[3..])], &mut out))
         .expect("redis check");
-    assert_eq!(out, vec![Verdict::Under { count: 2 }, Verdict::Over { index: 0, count: 2 }]);
+    assert_eq!(
+        out,
+        vec![Verdict::Under { count: 2 }, Verdict::Over { index: 0, count: 2 }]
+    );
 }

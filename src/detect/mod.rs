@@ -128,7 +128,10 @@ mod tests {
         assert_ne!(value_member(Distinct::Status, &a), value_member(Distinct::Status, &b));
         a.user_agent = b"-";
         b.user_agent = b"-";
-        assert_eq!(value_member(Distinct::UserAgent, &a), value_member(Distinct::UserAgent, &b));
+        assert_eq!(
+            value_member(Distinct::UserAgent, &a),
+            value_member(Distinct::UserAgent, &b)
+        );
         a.host = b"a.example";
         assert_ne!(value_member(Distinct::Host, &a), value_member(Distinct::Host, &b));
         assert!(value_member(Distinct::Host, &a) <= i64::MAX as u64);
