@@ -189,6 +189,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_distinct_window_past_the_listpack_is_warned_about_without_the_prefilter_remedy() {
+        let limit = |hits| crate::config::Limit {
+            algorithm: Algorithm::SlidingWindow,
+            hits,
+            window_ms: 60_000,
+            interval_us: 0,
+            prefilter: None,
+            distinct: Some(Distinct::Path),
+            scope: Scope::Fleet,
+            clock: Clock::Log,
+        };
+        assert_eq!(listpack_warning(&limit(128), LISTPACK_DEFAULT), None);
+        let w = listpack_warning(&limit(500), LISTPACK_DEFAULT).expect("a warning past 128");
+        assert!(w.contains("distinct path holds up to 500 values"), "{w}");
+        assert!(!w.contains("prefilter"), "{w}");
+    }
+
+    #[test]
     fn zset_members_fold_to_24_or_32_bits() {
         assert_eq!(zset_member(12_345, 100), 12_345);
         assert_eq!(zset_member(12_345, 1000), 12_345);
