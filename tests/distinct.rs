@@ -132,3 +132,51 @@ fn a_hash_collision_counts_two_values_once_and_bans_later_never_earlier() {
         vec![Verdict::Under { count: 2 }, Verdict::Over { index: 0, count: 2 }]
     );
 }
+
+/// The bound on memory: a value over the limit is never added, so a
+/// client's window in Redis holds at most `hits` members however many
+/// values it sends (the ZSET read back with ZCARD), and its members carry
+/// the latest time each value was seen.
+#[test]
+fn a_window_never_holds_more_than_hits_values() {
+    let redis = Redis::start();
+    let rt = runtime();
+    let con = connect(
+        &rt,
+        &redis.config("cap", Duration::from_secs(2)),
+        Duration::from_secs(5),
+    );
+    let rules = vec![RuleLimit::distinct("probing", Distinct::Path, 5, 60_000)];
+    let mut lim = RedisLimiter::new(con.clone(), Keys::new("cap"), "h1", rules);
+    let key: ipnet::IpNet = "192.0.2.9/32".parse().unwrap();
+    let t = now_ms();
+    let hit = |k: u64, at: i64| Hit {
+        time_ms: at,
+        member: 1000 + k,
+        origin: 1,
+        offset: k,
+    };
+    // Values 0..5 twice (the second time later), then 15 new ones.
+    let mut hits: Vec<Hit> = (0..5).map(|k| hit(k, t)).collect();
+    hits.extend((0..5).map(|k| hit(k, t + 10)));
+    hits.extend((5..20).map(|k| hit(k, t + 20)));
+    let mut out = Vec::new();
+    let batch = Batch { rule: 0, key, hits };
+    rt.block_on(lim.check(std::slice::from_ref(&batch), &mut out))
+        .expect("redis check");
+    assert_eq!(out, vec![Verdict::Over { index: 10, count: 5 }]);
+    let zset = Keys::new("cap").window(&key, "probing", None);
+    let mut c = con;
+    let members: Vec<(i64, i64)> = rt
+        .block_on(
+            redis::cmd("ZRANGE")
+                .arg(&zset)
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES")
+                .query_async(&mut c),
+        )
+        .expect("ZRANGE");
+    assert_eq!(members.len(), 5, "{members:?}");
+    assert!(members.iter().all(|&(_, score)| score == t + 10), "{members:?}");
+}
