@@ -2,13 +2,18 @@
 //! calls per second, against the redis-server given by URL (run it with
 //! `bench/limiters.sh`, which starts a private one).
 //!
-//! For each algorithm at limits 100 and 1,000: 10,000 addresses are filled
+//! For each algorithm at limits 100 and 1,000 (`distinct` at 30 and 1,000,
+//! its hits each a new value): 10,000 addresses are filled
 //! to the limit (hits spread over half the window, 100 hits per call, the
 //! real member encoding of `detect::member`), and `used_memory` before and
 //! after gives bytes per address. Then 200,000 calls of one hit each (20 per
 //! address of a fresh set, all under the limit) are sent through
 //! `RedisLimiter` (pipelined, as the daemon does): calls/s from the client,
 //! and Redis CPU µs per call from the server's `used_cpu_user + used_cpu_sys`.
+//! `network_/24` is the sliding window keyed by a /24 (`limit.key:
+//! network`): one key per 100 addresses, limit 2,000, each key filled with
+//! 2,000 hits, then the same 200,000 one-hit calls, 100 addresses' hits
+//! landing in each (fresh) key; its bytes are per key.
 //!
 //! cargo bench --bench limiters -- unix:///path/redis.sock [ADDRESSES [ALGORITHM...]]
 //! (with ALGORITHMs: only those whose name contains one of them)
@@ -18,7 +23,7 @@
 
 use std::time::{Duration, Instant};
 
-use fleetban::config::{Algorithm, RedisConfig};
+use fleetban::config::{Algorithm, Distinct, RedisConfig};
 use fleetban::detect::{member, Hit};
 use fleetban::limit::Batch;
 use fleetban::limit::{RedisLimiter, RuleLimit, Verdict};
@@ -45,9 +50,20 @@ async fn cpu(con: &mut store::Conn) -> f64 {
     info(con, "cpu", "used_cpu_user").await + info(con, "cpu", "used_cpu_sys").await
 }
 
+/// The client key of address `i` (from `base`): the address, or for the
+/// network rows its /24 (addresses `i` and `i + keys` share one).
+fn key_of(name: &str, i: u32, keys: u32, base: u32) -> IpNet {
+    if name.starts_with("network") {
+        IpNet::new(std::net::IpAddr::from((base + (i % keys) * 256).to_be_bytes()), 24).expect("a /24")
+    } else {
+        addr(i, base)
+    }
+}
+
 fn rule(name: &str, limit: u32) -> RuleLimit {
     match name {
-        "sliding_window" => RuleLimit::new("bench", Algorithm::SlidingWindow, limit, WINDOW_MS),
+        "sliding_window" | "network_/24" => RuleLimit::new("bench", Algorithm::SlidingWindow, limit, WINDOW_MS),
+        "distinct" => RuleLimit::distinct("bench", Distinct::Path, limit, WINDOW_MS),
         "sliding_window+prefilter_0.8" => RuleLimit {
             prefilter: RuleLimit::threshold(0.8, limit),
             ..RuleLimit::new("bench", Algorithm::SlidingWindow, limit, WINDOW_MS)
@@ -72,7 +88,7 @@ async fn main() {
         .await
         .expect("connect");
     println!(
-        "| algorithm | limit | bytes/address, used_memory delta | MEMORY USAGE of one address | encoding | calls/s (1 hit/call, pipelined) | Redis CPU µs/call |"
+        "| algorithm | limit | bytes per key (address; network: /24), used_memory delta | MEMORY USAGE of one key | encoding | calls/s (1 hit/call, pipelined) | Redis CPU µs/call |"
     );
     println!("|---|---|---|---|---|---|---|");
     // Further arguments: only the algorithms whose name contains one of them.
@@ -83,11 +99,24 @@ async fn main() {
         "fixed_window",
         "token_bucket",
         "sliding_counter",
+        "distinct",
+        "network_/24",
     ]
     .into_iter()
     .filter(|n| only.is_empty() || only.iter().any(|o| n.contains(o.as_str())))
     {
-        for limit in [100u32, 1000] {
+        let limits: &[u32] = match name {
+            "distinct" => &[30, 1000],
+            "network_/24" => &[2000],
+            _ => &[100, 1000],
+        };
+        // Tracked keys: one per address, or per 100 addresses for a network.
+        let keys_n = if name.starts_with("network") {
+            (addresses / 100).max(1)
+        } else {
+            addresses
+        };
+        for &limit in limits {
             let _: () = redis::cmd("FLUSHALL").query_async(&mut con).await.expect("FLUSHALL");
             let rules = vec![rule(name, limit)];
             let mut lim = RedisLimiter::new(con.clone(), Keys::new("fleetban"), "h1", rules);
@@ -96,10 +125,10 @@ async fn main() {
             let step = WINDOW_MS / 2 / i64::from(limit);
             let mut out = Vec::new();
             for chunk in 0..limit.div_ceil(100) {
-                let batches: Vec<Batch> = (0..addresses)
+                let batches: Vec<Batch> = (0..keys_n)
                     .map(|i| Batch {
                         rule: 0,
-                        key: addr(i, 0x0a00_0000),
+                        key: key_of(name, i, keys_n, 0x0a00_0000),
                         hits: (chunk * 100..((chunk + 1) * 100).min(limit))
                             .map(|k| Hit::of_line(T0 + i64::from(k) * step, u64::from(i), u64::from(k) * 200))
                             .collect(),
@@ -113,8 +142,8 @@ async fn main() {
                 );
             }
             let after = info(&mut con, "memory", "used_memory").await;
-            let per_addr = (after - before) / f64::from(addresses);
-            let (keys, one) = (Keys::new("fleetban"), addr(1, 0x0a00_0000));
+            let per_addr = (after - before) / f64::from(keys_n);
+            let (keys, one) = (Keys::new("fleetban"), key_of(name, 1, keys_n, 0x0a00_0000));
             let fixed = format!("{}:{}", keys.fixed(&one, "bench", None), T0 / WINDOW_MS);
             let sample_key = match name {
                 "fixed_window" => fixed.clone(),
@@ -152,7 +181,7 @@ async fn main() {
                 let batches: Vec<Batch> = (0..addresses)
                     .map(|i| Batch {
                         rule: 0,
-                        key: addr(i, 0x0b00_0000),
+                        key: key_of(name, i, keys_n, 0x0b00_0000),
                         hits: vec![Hit::of_line(
                             T0 + i64::from(r) * 100,
                             u64::from(i) + 1_000_000,

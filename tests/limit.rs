@@ -158,14 +158,17 @@ enum Family {
     Fixed,
     Bucket,
     Counter,
+    /// `distinct:`, whose hits carry one of a few values as their member.
+    Distinct,
 }
 
-const FAMILIES: [Family; 5] = [
+const FAMILIES: [Family; 6] = [
     Family::Sliding,
     Family::Prefilter,
     Family::Fixed,
     Family::Bucket,
     Family::Counter,
+    Family::Distinct,
 ];
 
 fn sequences_of(family: Family) -> impl Strategy<Value = (Vec<ModelHit>, Vec<ModelRule>, Vec<usize>)> {
@@ -202,6 +205,7 @@ fn sequences_with(family: Family, jumps: bool) -> impl Strategy<Value = (Vec<Mod
                     Family::Fixed => Algo::Fixed,
                     Family::Bucket => Algo::Bucket { interval_us },
                     Family::Counter => Algo::Counter,
+                    Family::Distinct => Algo::Distinct,
                 },
             })
             .collect::<Vec<_>>()
@@ -215,17 +219,19 @@ fn sequences_with(family: Family, jumps: bool) -> impl Strategy<Value = (Vec<Mod
                 -3i64..if jumps { 43 } else { 41 },
                 any::<bool>(),
                 0u64..3,
+                // The value of a distinct rule's hit: few, so that they repeat.
+                1u64..6,
             ),
             1..120,
         ),
         prop::collection::vec(1usize..8, 1..4),
     )
-        .prop_map(|(rules, steps, batches)| {
+        .prop_map(move |(rules, steps, batches)| {
             let mut t = 1_700_000_000_000i64;
             let mut hits: Vec<ModelHit> = Vec::new();
             // Lines of three files (or hosts), each read in offset order.
             let mut ends = [0u64; 3];
-            for (n, (key, rule, step, dup, origin)) in steps.into_iter().enumerate() {
+            for (n, (key, rule, step, dup, origin, value)) in steps.into_iter().enumerate() {
                 // Steps in seconds: negative = out of order; large = idle
                 // gap; 41: the clock goes back an hour; 42: one line dated
                 // an hour ahead (DESIGN §2, "Time out of order").
@@ -249,7 +255,11 @@ fn sequences_with(family: Family, jumps: bool) -> impl Strategy<Value = (Vec<Mod
                     Some(h) => (h.member, h.origin, h.offset),
                     None => {
                         ends[origin as usize] += 80 + n as u64;
-                        (n as u64 + 1, origin, ends[origin as usize])
+                        let member = match family {
+                            Family::Distinct => value,
+                            _ => n as u64 + 1,
+                        };
+                        (member, origin, ends[origin as usize])
                     }
                 };
                 hits.push(ModelHit {
@@ -292,6 +302,11 @@ proptest! {
     fn memory_sliding_counter_agrees_with_model((hits, rules, batches) in sequences_of(Family::Counter)) {
         memory_case(&hits, &rules, &batches)?;
     }
+
+    #[test]
+    fn memory_distinct_agrees_with_model((hits, rules, batches) in sequences_of(Family::Distinct)) {
+        memory_case(&hits, &rules, &batches)?;
+    }
 }
 
 fn memory_case(hits: &[ModelHit], rules: &[ModelRule], batches: &[usize]) -> Result<(), TestCaseError> {
@@ -315,7 +330,7 @@ fn memory_case_with(
 
 /// The algorithms that count each line once whatever the batches it comes
 /// in (the bucket and the counter only for a batch resent as it was).
-const EXACTLY_ONCE: [Family; 3] = [Family::Sliding, Family::Prefilter, Family::Fixed];
+const EXACTLY_ONCE: [Family; 4] = [Family::Sliding, Family::Prefilter, Family::Fixed, Family::Distinct];
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
@@ -335,6 +350,11 @@ proptest! {
 
     #[test]
     fn memory_fixed_window_counts_lines_sent_again_once((hits, rules, batches) in sequences_with(Family::Fixed, false)) {
+        memory_case_with(&hits, &rules, &batches, true)?;
+    }
+
+    #[test]
+    fn memory_distinct_counts_lines_sent_again_once((hits, rules, batches) in sequences_with(Family::Distinct, false)) {
         memory_case_with(&hits, &rules, &batches, true)?;
     }
 }

@@ -392,6 +392,12 @@ fn describe_limit(l: &Limit) -> String {
             },
             l.algorithm.name()
         ),
+        _ if l.distinct.is_some() => format!(
+            "{} distinct values per {} ({}, a sliding window of values)",
+            l.hits,
+            duration(l.window_ms),
+            l.algorithm_name()
+        ),
         a => format!(
             "{} hits per {}{} ({})",
             l.hits,

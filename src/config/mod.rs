@@ -29,8 +29,8 @@ pub use error::{ConfigError, ConfigErrors};
 pub use firewall::FirewallConfig;
 pub use http::{HttpConfig, Listen, DEFAULT_GROUP as DEFAULT_HTTP_GROUP};
 pub use redis::{RedisConfig, Sentinel, Servers, TlsFiles};
-pub use rules::{BanPolicy, Limit, NetworkEscalation, Rule};
-pub use schema::{ActionSpec, Algorithm, Backend, Clock, MatchSpec, OnDown, Scope};
+pub use rules::{algorithm_name, BanPolicy, Limit, NetworkEscalation, Rule, MAX_DISTINCT_HITS};
+pub use schema::{ActionSpec, Algorithm, Backend, Clock, Distinct, MatchSpec, OnDown, Scope};
 pub use values::{Dur, Level, Method, Net, Rate, Re, StatusPat};
 
 /// Where `fleetban` looks when `-c` is not given.

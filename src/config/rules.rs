@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde_saphyr::Location;
 
-use super::{absolute, schema, Algorithm, Clock, ConfigError, Dur, MatchSpec, Scope};
+use super::{absolute, schema, Algorithm, Clock, ConfigError, Distinct, Dur, MatchSpec, Scope};
 use crate::parse::Format;
 
 /// One rule: which requests of which logs count, the limit, and the ban.
@@ -38,11 +38,37 @@ pub struct Limit {
     /// `sliding_window` with `prefilter`: the fraction of `hits` counted by
     /// the cheap fixed window before the exact window is consulted.
     pub prefilter: Option<f64>,
+    /// `distinct:`: the field whose distinct values are counted (a sliding
+    /// window of values, at most [`MAX_DISTINCT_HITS`] of them).
+    pub distinct: Option<Distinct>,
     pub scope: Scope,
     pub clock: Clock,
     /// What a client is counted and banned as (`key`, `ipv4_prefix`,
     /// `ipv6_prefix`).
     pub keying: crate::addr::Keying,
+}
+
+/// `sliding_window`, `distinct path`, ...: an algorithm as the commands name it.
+pub fn algorithm_name(algorithm: Algorithm, distinct: Option<Distinct>) -> String {
+    match distinct {
+        Some(d) => format!("distinct {}", d.name()),
+        None => algorithm.name().to_owned(),
+    }
+}
+
+/// The largest `hits` of a `distinct:` limit. Values are counted by 32-bit
+/// hashes, and two values sharing one count once: among k values the chance
+/// of any such pair is at most k(k-1)/2^33, 1.2e-4 at 1,000 (docs/design.md
+/// §2, "Distinct values"), beyond which the count stops being exact in
+/// practice; a client's window also holds up to `hits` members.
+pub const MAX_DISTINCT_HITS: u32 = 1000;
+
+impl Limit {
+    /// The algorithm as `check`, `explain` and `status` name it:
+    /// `sliding_window`, or `distinct path` (a sliding window of values).
+    pub fn algorithm_name(&self) -> String {
+        crate::config::algorithm_name(self.algorithm, self.distinct)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -327,10 +353,14 @@ fn limit_of(l: &schema::LimitSpec) -> Result<Limit, String> {
         window_ms: 0,
         interval_us: 0,
         prefilter: None,
+        distinct: None,
         scope: l.scope,
         clock: l.clock,
         keying: keying_of(l)?,
     };
+    if let Some(d) = l.distinct {
+        distinct_fits(l, d)?;
+    }
     if l.prefilter.is_some() && l.algorithm != Algorithm::SlidingWindow {
         return Err(format!("`prefilter` applies to `sliding_window` only, not to `{algo}`"));
     }
@@ -391,5 +421,38 @@ fn limit_of(l: &schema::LimitSpec) -> Result<Limit, String> {
         return Err("`hits: 0` bans on the first match, with no count to screen: remove `prefilter`".into());
     }
     limit.prefilter = l.prefilter.map(|f| f.0);
+    limit.distinct = l.distinct;
     Ok(limit)
+}
+
+/// `distinct: FIELD` counts the values a client sent in the last `window`:
+/// a sliding window (whose members are the values), with `hits` and
+/// `window`, no prefilter, and few enough values to count exactly.
+fn distinct_fits(l: &schema::LimitSpec, d: Distinct) -> Result<(), String> {
+    let field = d.name();
+    if l.algorithm != Algorithm::SlidingWindow {
+        return Err(format!(
+            "`distinct: {field}` counts the values seen within the last `window`, a sliding window: \
+             remove `algorithm: {}`",
+            l.algorithm.name()
+        ));
+    }
+    if l.prefilter.is_some() {
+        return Err(format!(
+            "`distinct: {field}` cannot take `prefilter`: its fixed windows count requests, not \
+             distinct values, and would let a client repeat one page to fill them; remove `prefilter`"
+        ));
+    }
+    match l.hits {
+        Some(h) if h.0 == 0 => Err(format!(
+            "`hits: 0` bans on the first match whatever its {field}: remove `distinct` (or count at least 1 value)"
+        )),
+        Some(h) if h.0 > MAX_DISTINCT_HITS => Err(format!(
+            "`distinct: {field}` counts at most {MAX_DISTINCT_HITS} values (`hits: {}`): values are \
+             counted by 32-bit hashes, exact in practice up to that (two values share a hash with \
+             probability below 1.2e-4), and each client's window holds up to `hits` of them",
+            h.0
+        )),
+        _ => Ok(()),
+    }
 }

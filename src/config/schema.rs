@@ -262,6 +262,9 @@ pub struct LimitSpec {
     pub rate: Option<Rate>,
     /// `sliding_window` only: the two-tier scheme's fraction of the limit.
     pub prefilter: Option<Fraction>,
+    /// Counts distinct values of this field instead of requests
+    /// (`sliding_window` only, no `prefilter`).
+    pub distinct: Option<Distinct>,
     #[serde(default)]
     pub scope: Scope,
     #[serde(default)]
@@ -300,6 +303,28 @@ impl Algorithm {
             Algorithm::FixedWindow => "fixed_window",
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::SlidingCounter => "sliding_counter",
+        }
+    }
+}
+
+/// The request field a `distinct:` limit counts the values of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Distinct {
+    /// The path without its query string (`/a?x=1` and `/a?x=2` are one value).
+    Path,
+    UserAgent,
+    Host,
+    Status,
+}
+
+impl Distinct {
+    pub fn name(self) -> &'static str {
+        match self {
+            Distinct::Path => "path",
+            Distinct::UserAgent => "user_agent",
+            Distinct::Host => "host",
+            Distinct::Status => "status",
         }
     }
 }

@@ -91,7 +91,7 @@ impl WindowCount {
     /// `rule`'s window holding `count` now.
     pub fn of(rule: crate::limit::RuleLimit, count: u64) -> WindowCount {
         WindowCount {
-            algorithm: rule.algorithm.name().to_owned(),
+            algorithm: crate::config::algorithm_name(rule.algorithm, rule.distinct),
             limit: u64::from(rule.hits),
             window_ms: rule.window_ms,
             rule: rule.name,

@@ -57,6 +57,30 @@ pub fn member(origin: u64, offset: u64) -> u64 {
     splitmix(origin ^ splitmix(offset)) & (i64::MAX as u64)
 }
 
+/// The member of a hit of a `distinct:` rule: a hash of the request's
+/// `field`, the same on every host, so that the window counts values, not
+/// lines (docs/design.md §2, "Distinct values"). `path` is the target
+/// without its query string; a field the line lacks (`-`, empty, status 0)
+/// is one value like any other. Below 2^63, as [`member`].
+pub fn value_member(field: crate::config::Distinct, req: &crate::parse::Request<'_>) -> u64 {
+    use crate::config::Distinct;
+    let status;
+    let bytes: &[u8] = match field {
+        Distinct::Path => req.path.split(|&b| b == b'?').next().unwrap_or(req.path),
+        Distinct::UserAgent => req.user_agent,
+        Distinct::Host => req.host,
+        Distinct::Status => {
+            status = req.status.to_be_bytes();
+            &status
+        }
+    };
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+    }
+    splitmix(h ^ bytes.len() as u64) & (i64::MAX as u64)
+}
+
 /// Seed for [`member`] from the host and the file identity.
 pub fn origin_seed(host: &str, parts: &[u64]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -87,5 +111,29 @@ mod tests {
         assert_ne!(member(o, 10), member(o, 11));
         assert_ne!(member(o, 10), member(origin_seed("web-02", &[1, 2, 3]), 10));
         assert!(member(o, 10) <= i64::MAX as u64);
+    }
+
+    #[test]
+    fn value_members_ignore_the_query_and_tell_fields_apart() {
+        use crate::config::Distinct;
+        let mut a = crate::parse::Request::with_addr("192.0.2.1".parse().unwrap());
+        let mut b = a;
+        a.path = b"/wp-login.php?x=1";
+        b.path = b"/wp-login.php?y=2";
+        assert_eq!(value_member(Distinct::Path, &a), value_member(Distinct::Path, &b));
+        b.path = b"/wp-login.php/";
+        assert_ne!(value_member(Distinct::Path, &a), value_member(Distinct::Path, &b));
+        a.status = 404;
+        b.status = 403;
+        assert_ne!(value_member(Distinct::Status, &a), value_member(Distinct::Status, &b));
+        a.user_agent = b"-";
+        b.user_agent = b"-";
+        assert_eq!(
+            value_member(Distinct::UserAgent, &a),
+            value_member(Distinct::UserAgent, &b)
+        );
+        a.host = b"a.example";
+        assert_ne!(value_member(Distinct::Host, &a), value_member(Distinct::Host, &b));
+        assert!(value_member(Distinct::Host, &a) <= i64::MAX as u64);
     }
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 use ipnet::IpNet;
 
 use crate::addr::NetSet;
-use crate::config::{Clock, Rule};
+use crate::config::{Clock, Distinct, Rule};
 use crate::parse::{Format, FormatError, Parser};
 
 use super::RuleFilter;
@@ -28,6 +28,8 @@ pub struct Plan {
     pub times: Vec<(i64, Clock)>,
     /// Per rule: what a client is counted as (`limit.key`).
     pub keys: Vec<crate::addr::Keying>,
+    /// Per rule: the field whose values are its hits' members (`distinct:`).
+    pub distinct: Vec<Option<Distinct>>,
     formats: Vec<Format>,
     /// Hops trusted to name the client in a forwarded list.
     proxies: NetSet,
@@ -53,6 +55,7 @@ impl Plan {
             filters: rules.iter().map(|r| RuleFilter::new(&r.matches, &r.ignore)).collect(),
             times: rules.iter().map(|r| (r.limit.window_ms, r.limit.clock)).collect(),
             keys: rules.iter().map(|r| r.limit.keying).collect(),
+            distinct: rules.iter().map(|r| r.limit.distinct).collect(),
             formats: rules.iter().map(|r| r.format.clone()).collect(),
             proxies,
             globs: rules
@@ -68,6 +71,7 @@ impl Plan {
             filters: Vec::new(),
             times: Vec::new(),
             keys: Vec::new(),
+            distinct: Vec::new(),
             formats: Vec::new(),
             proxies: NetSet::default(),
             globs: Vec::new(),

@@ -250,7 +250,12 @@ impl Scanner {
                         continue;
                     }
                     counts[ri].hits += 1;
-                    sink.hit(ri, key, Hit::of_line(time, origin, offset));
+                    let mut hit = Hit::of_line(time, origin, offset);
+                    if let Some(field) = plan.distinct[ri] {
+                        // Counted by value: a line read again is its value again.
+                        hit.member = super::value_member(field, &req);
+                    }
+                    sink.hit(ri, key, hit);
                 }
             }
             if !parsed {

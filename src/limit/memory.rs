@@ -12,7 +12,8 @@ use crate::detect::Hit;
 
 /// The state of one (rule, key), as the Redis key(s) of its algorithm.
 enum State {
-    /// `sliding_window.lua`'s ZSET: (score = hit time ms, folded member), in insertion order.
+    /// `sliding_window.lua`'s ZSET: (score = hit time ms, folded member), in
+    /// insertion order; `distinct.lua`'s: (score = latest time seen, value hash).
     Window(Vec<(i64, i32)>),
     /// `token_bucket.lua`'s HASH: t (µs), m.
     Bucket { tat: i64, mark: u64 },
@@ -51,6 +52,7 @@ struct Params {
     window_ms: i64,
     interval_us: i64,
     prefilter: u32,
+    distinct: bool,
     clock: Clock,
 }
 
@@ -62,6 +64,7 @@ impl Params {
             window_ms: r.window_ms,
             interval_us: r.interval_us,
             prefilter: r.prefilter,
+            distinct: r.distinct.is_some(),
             clock: r.clock,
         }
     }
@@ -127,7 +130,7 @@ impl MemoryLimiter {
             .map(|old| {
                 rules
                     .iter()
-                    .position(|r| r.name == old.name && r.algorithm == old.algorithm)
+                    .position(|r| r.name == old.name && r.algorithm == old.algorithm && r.distinct == old.distinct)
             })
             .collect();
         let windows = std::mem::take(&mut self.windows);
@@ -172,6 +175,7 @@ impl MemoryLimiter {
         let rule = call.rule;
         let now_of = |h: &Hit| call.now_of(h);
         match rule.algorithm {
+            Algorithm::SlidingWindow if rule.distinct => self.distinct(&call, hits),
             Algorithm::SlidingWindow => self.sliding(&call, hits),
             Algorithm::FixedWindow => {
                 let mut count = 0;
@@ -360,6 +364,56 @@ impl MemoryLimiter {
             if low.is_some_and(|l| now > l + window_ms) {
                 low = None;
             }
+        }
+        let count = members.len() as u32;
+        if added {
+            e.expires_at = wall_now + window_ms + 1000;
+        }
+        over.unwrap_or(Verdict::Under { count })
+    }
+
+    /// `lua/distinct.lua`'s steps for one group: a value present is not
+    /// counted again (its time raised to the hit's), a value not present is
+    /// judged on the members dated at or before the hit and, over the limit,
+    /// not added.
+    fn distinct(&mut self, call: &Call, hits: &[Hit]) -> Verdict {
+        let (rule, ri, key, wall_now) = call.parts();
+        let (window_ms, limit) = (rule.window_ms, rule.hits as usize);
+        let e = self.windows.entry((ri, key)).or_insert(Entry {
+            state: State::Window(Vec::new()),
+            expires_at: 0,
+        });
+        if e.expires_at <= wall_now || !matches!(e.state, State::Window(_)) {
+            e.state = State::Window(Vec::new());
+        }
+        let State::Window(members) = &mut e.state else {
+            return Verdict::Under { count: 0 }; // made a window just above
+        };
+        let mut added = false;
+        let mut over = None;
+        for (i, hit) in hits.iter().enumerate() {
+            let now = call.now_of(hit);
+            // The script's two sweeps, which its bookkeeping only skips when
+            // they would remove nothing.
+            members.retain(|&(score, _)| score > now - window_ms && score <= now + window_ms);
+            let member = super::zset_member(hit.member, rule.hits);
+            if let Some(m) = members.iter_mut().find(|(_, m)| *m == member) {
+                if now > m.0 {
+                    m.0 = now;
+                    added = true;
+                }
+                continue;
+            }
+            let within = members.iter().filter(|&&(score, _)| score <= now).count();
+            if within >= limit {
+                over = Some(Verdict::Over {
+                    index: i,
+                    count: within as u32,
+                });
+                break;
+            }
+            members.push((now, member));
+            added = true;
         }
         let count = members.len() as u32;
         if added {

@@ -21,7 +21,7 @@ pub use self::memory::MemoryLimiter;
 pub use self::pending::{Batch, HoldPolicy, Pending};
 pub use self::redis::{RedisLimiter, MAX_CALLS_PER_TRIP, MAX_GROUPS_PER_CALL, MAX_HITS_PER_TRIP};
 
-use crate::config::{Algorithm, Clock, Rule, Scope};
+use crate::config::{Algorithm, Clock, Distinct, Rule, Scope};
 
 /// Redis's default `zset-max-listpack-entries`: a ZSET with more members
 /// leaves the compact encoding.
@@ -36,6 +36,15 @@ pub fn listpack_warning(l: &crate::config::Limit, threshold: u64) -> Option<Stri
     }
     let pre = l.prefilter.map_or(0, |f| RuleLimit::threshold(f, l.hits));
     let members = u64::from(l.hits - pre);
+    if let Some(d) = l.distinct {
+        return (members > threshold).then(|| {
+            format!(
+                "distinct {} holds up to {members} values per address, more than zset-max-listpack-entries \
+                 ({threshold}): each address past it costs ~3x the memory; consider `hits` of {threshold} or fewer",
+                d.name()
+            )
+        });
+    }
     (members > threshold).then(|| {
         format!(
             "sliding_window holds up to {members} hits per address, more than zset-max-listpack-entries ({threshold}): \
@@ -78,6 +87,9 @@ pub struct RuleLimit {
     /// `sliding_window` with `prefilter`: hits per fixed window counted
     /// before the exact window is consulted (floor(fraction x hits)); 0 = off.
     pub prefilter: u32,
+    /// `distinct:`: a sliding window of values (`lua/distinct.lua`), whose
+    /// hits carry the value's hash as their member ([`crate::detect::value_member`]).
+    pub distinct: Option<Distinct>,
     pub scope: Scope,
     pub clock: Clock,
 }
@@ -92,6 +104,7 @@ impl RuleLimit {
             window_ms,
             interval_us: 0,
             prefilter: 0,
+            distinct: None,
             scope: Scope::Fleet,
             clock: Clock::Log,
         }
@@ -107,6 +120,14 @@ impl RuleLimit {
                 burst,
                 (i64::from(burst) * interval_us + 999) / 1000,
             )
+        }
+    }
+
+    /// A window of at most `hits` distinct values of `field`.
+    pub fn distinct(name: &str, field: Distinct, hits: u32, window_ms: i64) -> RuleLimit {
+        RuleLimit {
+            distinct: Some(field),
+            ..RuleLimit::new(name, Algorithm::SlidingWindow, hits, window_ms)
         }
     }
 
@@ -127,6 +148,7 @@ impl RuleLimit {
                 window_ms: r.limit.window_ms,
                 interval_us: r.limit.interval_us,
                 prefilter: r.limit.prefilter.map_or(0, |f| RuleLimit::threshold(f, r.limit.hits)),
+                distinct: r.limit.distinct,
                 scope: r.limit.scope,
                 clock: r.limit.clock,
             })
@@ -165,6 +187,25 @@ pub enum LimitError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_distinct_window_past_the_listpack_is_warned_about_without_the_prefilter_remedy() {
+        let limit = |hits| crate::config::Limit {
+            algorithm: Algorithm::SlidingWindow,
+            hits,
+            window_ms: 60_000,
+            interval_us: 0,
+            prefilter: None,
+            distinct: Some(Distinct::Path),
+            scope: Scope::Fleet,
+            clock: Clock::Log,
+            keying: crate::addr::Keying::Address,
+        };
+        assert_eq!(listpack_warning(&limit(128), LISTPACK_DEFAULT), None);
+        let w = listpack_warning(&limit(500), LISTPACK_DEFAULT).expect("a warning past 128");
+        assert!(w.contains("distinct path holds up to 500 values"), "{w}");
+        assert!(!w.contains("prefilter"), "{w}");
+    }
 
     #[test]
     fn zset_members_fold_to_24_or_32_bits() {

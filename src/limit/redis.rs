@@ -1,6 +1,6 @@
 //! The limiter in Redis: one EVALSHA of the rule's algorithm script
 //! (`lua/sliding_window.lua`, `fixed_window.lua`, `token_bucket.lua`,
-//! `sliding_counter.lua`) per rule and up to [`MAX_GROUPS_PER_CALL`] batches
+//! `sliding_counter.lua`; `distinct.lua` for a `distinct:` window) per rule and up to [`MAX_GROUPS_PER_CALL`] batches
 //! (addresses), each batch decided in the script as if alone; all calls of a
 //! flush in one pipeline (one round trip), the script loaded again and the
 //! failed calls resent when the server answers NOSCRIPT.
@@ -24,11 +24,14 @@ use ::redis::Value;
 use super::Batch;
 use super::{LimitError, RuleLimit, Verdict};
 use crate::config::{Algorithm, Clock, Scope};
-use crate::store::{self, Keys, LuaScript, FIXED_WINDOW, SLIDING_COUNTER, SLIDING_WINDOW, TOKEN_BUCKET};
+use crate::store::{self, Keys, LuaScript, DISTINCT, FIXED_WINDOW, SLIDING_COUNTER, SLIDING_WINDOW, TOKEN_BUCKET};
 
-/// The script of an algorithm.
-fn script(a: Algorithm) -> &'static LuaScript {
-    match a {
+/// The script of a rule.
+fn script(r: &RuleLimit) -> &'static LuaScript {
+    if r.distinct.is_some() {
+        return &DISTINCT;
+    }
+    match r.algorithm {
         Algorithm::SlidingWindow => &SLIDING_WINDOW,
         Algorithm::FixedWindow => &FIXED_WINDOW,
         Algorithm::TokenBucket => &TOKEN_BUCKET,
@@ -113,6 +116,8 @@ impl RedisLimiter {
         let mut keys: Vec<String> = Vec::with_capacity(group.len() * 2);
         for b in group {
             match r.algorithm {
+                // The values' window: the sliding window's key, one per group.
+                Algorithm::SlidingWindow if r.distinct.is_some() => keys.push(self.keys.window(&b.key, &r.name, host)),
                 Algorithm::SlidingWindow => {
                     keys.push(self.keys.window(&b.key, &r.name, host));
                     keys.push(self.keys.fixed(&b.key, &r.name, host));
@@ -123,8 +128,9 @@ impl RedisLimiter {
             }
         }
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let mut c = script(r.algorithm).cmd(&keys);
+        let mut c = script(r).cmd(&keys);
         match r.algorithm {
+            // `distinct`: prefilter 0, as the config requires.
             Algorithm::SlidingWindow => c.arg(r.window_ms).arg(r.hits).arg(clock).arg(r.prefilter),
             Algorithm::TokenBucket => c.arg(r.interval_us).arg(r.hits).arg(clock).arg(r.window_ms + 1000),
             Algorithm::FixedWindow | Algorithm::SlidingCounter => c.arg(r.window_ms).arg(r.hits).arg(clock).arg(0),
@@ -323,7 +329,7 @@ impl RedisLimiter {
                     Reply::Value(v) => v,
                 };
                 if store::value_is_noscript(&v) && !reloaded {
-                    let s = script(self.rules[call.rule].algorithm);
+                    let s = script(&self.rules[call.rule]);
                     if !reload.iter().any(|r| std::ptr::eq(*r, s)) {
                         reload.push(s);
                     }
@@ -406,7 +412,7 @@ impl RedisLimiter {
                     hits: vec![*h],
                 };
                 let cmd = self.call(b.rule, &[&one]);
-                let v: Value = script(self.rules[b.rule].algorithm).run(&mut self.con, &cmd).await?;
+                let v: Value = script(&self.rules[b.rule]).run(&mut self.con, &cmd).await?;
                 self.round_trips += 1;
                 match verdicts(v, 1)?[0] {
                     Verdict::Over { count, .. } => {

@@ -20,7 +20,7 @@ pub use health::{heartbeat, is_oom, is_outage, Health};
 pub use keys::{slot, Keys, ADDRESS_BUCKETS, STREAM_MAXLEN};
 pub use probe::{probe, Probe};
 pub use scripts::{
-    is_noscript, value_is_noscript, LuaScript, BAN, CANON, FIXED_WINDOW, PROBE, RESTORE, SLIDING_COUNTER,
+    is_noscript, value_is_noscript, LuaScript, BAN, CANON, DISTINCT, FIXED_WINDOW, PROBE, RESTORE, SLIDING_COUNTER,
     SLIDING_WINDOW, TOKEN_BUCKET, UNBAN,
 };
 

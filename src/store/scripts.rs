@@ -28,6 +28,9 @@ pub static SLIDING_WINDOW: std::sync::LazyLock<LuaScript> = std::sync::LazyLock:
         with_tier(include_str!("../../lua/sliding_window.lua")),
     )
 });
+/// `lua/distinct.lua`: a sliding window of distinct values (`distinct:`).
+pub static DISTINCT: std::sync::LazyLock<LuaScript> =
+    std::sync::LazyLock::new(|| LuaScript::new("distinct", include_str!("../../lua/distinct.lua").to_owned()));
 pub static FIXED_WINDOW: std::sync::LazyLock<LuaScript> =
     std::sync::LazyLock::new(|| LuaScript::new("fixed_window", with_tier(include_str!("../../lua/fixed_window.lua"))));
 pub static TOKEN_BUCKET: std::sync::LazyLock<LuaScript> =

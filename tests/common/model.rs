@@ -9,14 +9,17 @@
 //! interval) ahead of a hit, or a sliding counter whose window is two or
 //! more after the hit's, starts afresh: the clock went back. A fixed
 //! window (and the prefilter's) counts a line once: not again at or before
-//! the last offset it counted from the line's origin.
+//! the last offset it counted from the line's origin. A window of distinct
+//! values holds each value once, dated when it was last seen: a value
+//! present is never counted again (its date moves to the later hit), a new
+//! value finding `limit` values dated at or before it bans, and is not kept.
 //! No batching, no expiry, no optimisation: the reference the real
 //! implementations are compared with. The other algorithms (README,
 //! "Choosing an algorithm") are modelled the same plain way.
 
 use std::collections::HashMap;
 
-use fleetban::config::Algorithm;
+use fleetban::config::{Algorithm, Distinct};
 use fleetban::limit::RuleLimit;
 
 #[derive(Clone, Debug)]
@@ -50,6 +53,8 @@ pub enum Algo {
         interval_us: i64,
     },
     Counter,
+    /// `distinct:`: a hit's member is its value.
+    Distinct,
 }
 
 /// Per (rule, key) state of the algorithms other than the plain window.
@@ -123,6 +128,20 @@ pub fn model(hits: &[ModelHit], rules: &[ModelRule]) -> Vec<ModelBan> {
                     continue;
                 }
                 if w.iter().filter(|&&(score, _)| score <= h.time).count() + prefilter >= r.limit {
+                    true
+                } else {
+                    w.push((h.time, h.member));
+                    false
+                }
+            }
+            Algo::Distinct => {
+                let w = windows.entry((h.rule, h.key.clone())).or_default();
+                w.retain(|&(score, _)| score > h.time - r.window && score <= h.time + r.window);
+                if let Some(seen) = w.iter_mut().find(|(_, m)| *m == h.member) {
+                    seen.0 = seen.0.max(h.time);
+                    continue;
+                }
+                if w.iter().filter(|&&(score, _)| score <= h.time).count() >= r.limit {
                     true
                 } else {
                     w.push((h.time, h.member));
@@ -215,6 +234,7 @@ pub fn rule_limits(rules: &[ModelRule]) -> Vec<RuleLimit> {
                 Algo::Fixed => RuleLimit::new(&name, Algorithm::FixedWindow, r.limit as u32, r.window),
                 Algo::Bucket { interval_us } => RuleLimit::bucket(&name, r.limit as u32, interval_us),
                 Algo::Counter => RuleLimit::new(&name, Algorithm::SlidingCounter, r.limit as u32, r.window),
+                Algo::Distinct => RuleLimit::distinct(&name, Distinct::Path, r.limit as u32, r.window),
             }
         })
         .collect()
