@@ -374,3 +374,51 @@ fn the_network_ban_goes_through_a_cluster_in_the_same_script() {
             })
     });
 }
+
+/// The safety valve weighs the network an escalation would ban by its
+/// clients: with `max_bans_per_minute: 100`, the fifth address's ban is
+/// written, but its /24 (256 clients) has no room and is not decided; the
+/// log says why. With room (300), the same traffic bans the /24.
+#[test]
+fn an_escalation_without_room_in_the_safety_valve_is_not_decided() {
+    for (max, escalates) in [(100u32, false), (300, true)] {
+        let r = ConfigDir::new();
+        let rule = Rule::new("burst", &r.log, "{ hits: 2, window: 60s }")
+            .ban("10m")
+            .escalate_network("{ ipv4_prefix: 24, bans: 5, within: 1h, duration: 1d }");
+        let redis = Redis::start();
+        r.write(
+            &r.main_config()
+                .log_firewall()
+                .redis(&redis.url(), "hold: 10ms")
+                .safety(&format!("{{ max_bans_per_minute: {max} }}")),
+            &[rule],
+        );
+        let d = Daemon::start(None, &r.cfg, &r.control);
+        let now = now_ms();
+        let mut live = String::new();
+        for a in 21..=25 {
+            for k in 0..3 {
+                live += &combined_line(&format!("203.0.113.{a}"), now + k, "/", 200);
+            }
+        }
+        append(&r.log, &live);
+        wait_until(Duration::from_secs(20), "the five address bans", || {
+            (21..=25).all(|a| {
+                !redis
+                    .cli(&["ZSCORE", "{fleetban}:bans", &format!("203.0.113.{a}")])
+                    .is_empty()
+            })
+        });
+        let network = || !redis.cli(&["ZSCORE", "{fleetban}:bans", "203.0.113.0/24"]).is_empty();
+        if escalates {
+            wait_until(Duration::from_secs(10), "the /24 banned", network);
+        } else {
+            wait_until(Duration::from_secs(10), "the valve's warning", || {
+                d.log_text().contains("no room this minute for the network this ban may escalate to")
+            });
+            assert!(!network(), "{}", d.log_text());
+            assert_eq!(redis.cli(&["ZCARD", "{fleetban}:bans"]), "5", "{}", d.log_text());
+        }
+    }
+}
