@@ -41,12 +41,7 @@ fn test_bans_the_prober_and_not_the_busy_page() {
     r.write(&MainConfig::new(), &rules);
     let out = cli(&r.cfg, &["test", "--json", r.log.to_str().expect("a UTF-8 temp path")]);
     assert_eq!(out.code, 0, "{}", out.text());
-    let bans: Vec<serde_json::Value> = out
-        .stdout
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v["event"] == "ban")
-        .collect();
+    let bans = out.test_bans();
     assert_eq!(bans.len(), 1, "{}", out.stdout);
     assert_eq!(bans[0]["addr"], "203.0.113.7", "{}", out.stdout);
     // Banned on its 31st distinct path: 30 were allowed.

@@ -210,12 +210,7 @@ fn five_banned_addresses_ban_their_24_in_test_and_in_the_daemon() {
     r.write(&r.main_config().log_firewall(), &[rule()]);
     let out = cli(&r.cfg, &["test", "--json", replayed.to_str().unwrap()]);
     assert_eq!(out.code, 0, "{}", out.text());
-    let bans: Vec<serde_json::Value> = out
-        .stdout
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v["event"] == "ban")
-        .collect();
+    let bans = out.test_bans();
     let addrs: Vec<&str> = bans.iter().map(|b| b["addr"].as_str().unwrap()).collect();
     assert_eq!(
         addrs,
@@ -259,20 +254,7 @@ fn five_banned_addresses_ban_their_24_in_test_and_in_the_daemon() {
         &[rule()],
     );
     let d = Daemon::start(None, &r.cfg, &r.control);
-    let now = now_ms();
-    let mut live = String::new();
-    for a in [
-        "203.0.113.11",
-        "203.0.113.12",
-        "203.0.113.13",
-        "203.0.113.14",
-        "203.0.113.15",
-    ] {
-        for k in 0..3 {
-            live += &combined_line(a, now + k, "/", 200);
-        }
-    }
-    append(&r.log, &live);
+    append(&r.log, &three_hits_each("203.0.113", 11..=15));
     let mut listed: Vec<serde_json::Value> = Vec::new();
     wait_until(Duration::from_secs(20), "the /24 in `bans --json`", || {
         let out = cli(&r.cfg, &["bans", "--json"]);
@@ -356,14 +338,7 @@ fn the_network_ban_goes_through_a_cluster_in_the_same_script() {
             .escalate_network("{ bans: 5, within: 1h, duration: 1d }")],
     );
     let _d = Daemon::start(None, &r.cfg, &r.control);
-    let now = now_ms();
-    let mut live = String::new();
-    for i in 1..=5 {
-        for k in 0..3 {
-            live += &combined_line(&format!("198.51.100.{i}"), now + k, "/", 200);
-        }
-    }
-    append(&r.log, &live);
+    append(&r.log, &three_hits_each("198.51.100", 1..=5));
     wait_until(Duration::from_secs(20), "the /24 banned through the Cluster", || {
         cli(&r.cfg, &["bans", "--json"])
             .stdout
@@ -395,14 +370,7 @@ fn an_escalation_without_room_in_the_safety_valve_is_not_decided() {
             &[rule],
         );
         let d = Daemon::start(None, &r.cfg, &r.control);
-        let now = now_ms();
-        let mut live = String::new();
-        for a in 21..=25 {
-            for k in 0..3 {
-                live += &combined_line(&format!("203.0.113.{a}"), now + k, "/", 200);
-            }
-        }
-        append(&r.log, &live);
+        append(&r.log, &three_hits_each("203.0.113", 21..=25));
         wait_until(Duration::from_secs(20), "the five address bans", || {
             (21..=25).all(|a| {
                 !redis
@@ -415,10 +383,23 @@ fn an_escalation_without_room_in_the_safety_valve_is_not_decided() {
             wait_until(Duration::from_secs(10), "the /24 banned", network);
         } else {
             wait_until(Duration::from_secs(10), "the valve's warning", || {
-                d.log_text().contains("no room this minute for the network this ban may escalate to")
+                d.log_text()
+                    .contains("no room this minute for the network this ban may escalate to")
             });
             assert!(!network(), "{}", d.log_text());
             assert_eq!(redis.cli(&["ZCARD", "{fleetban}:bans"]), "5", "{}", d.log_text());
         }
     }
+}
+
+/// Three requests now from each address `NET.i` of `hosts`.
+fn three_hits_each(net: &str, hosts: std::ops::RangeInclusive<u8>) -> String {
+    let now = now_ms();
+    let mut live = String::new();
+    for i in hosts {
+        for k in 0..3 {
+            live += &combined_line(&format!("{net}.{i}"), now + k, "/", 200);
+        }
+    }
+    live
 }

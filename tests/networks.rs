@@ -176,10 +176,8 @@ fn fleetban_test_names_the_network_a_pool_of_addresses_is_banned_as() {
     let out = cli(&files.cfg, &["test", "--json", files.log.to_str().unwrap()]);
     assert!(out.success(), "{out:?}");
     let bans: Vec<(String, String)> = out
-        .stdout
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a JSON line"))
-        .filter(|e| e["event"] == "ban")
+        .test_bans()
+        .iter()
         .map(|b| {
             (
                 b["rule"].as_str().unwrap().to_owned(),

@@ -259,10 +259,8 @@ fn the_first_hit_rule_bans_every_prober_at_its_first_request() {
     let out = common::cli(&files.cfg, &["test", "--json", files.log.to_str().unwrap()]);
     assert!(out.success(), "{out:?}");
     let bans: Vec<(String, u64)> = out
-        .stdout
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a JSON line"))
-        .filter(|e| e["event"] == "ban")
+        .test_bans()
+        .iter()
         .map(|b| (b["addr"].as_str().unwrap().to_owned(), b["line"].as_u64().unwrap()))
         .collect();
     // Each prober's first log line in the file (1-based, comments included).

@@ -25,6 +25,15 @@ impl CliOutput {
     pub fn text(&self) -> String {
         format!("{}{}", self.stdout, self.stderr)
     }
+
+    /// The ban lines of `fleetban test --json`'s output, in order.
+    pub fn test_bans(&self) -> Vec<serde_json::Value> {
+        self.stdout
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .filter(|v| v["event"] == "ban")
+            .collect()
+    }
 }
 
 /// Runs `fleetban ARGS -c CFG` to completion (stdin closed). stdout must be
