@@ -175,3 +175,45 @@ fn a_window_never_holds_more_than_hits_values() {
     assert_eq!(members.len(), 5, "{members:?}");
     assert!(members.iter().all(|&(_, score)| score == t + 10), "{members:?}");
 }
+
+/// The daemon (Redis, log firewall): live lines of a prober and of a busy
+/// page. The prober is banned at its 31st distinct path, by `lua/distinct.lua`;
+/// the busy page's client, at 200 requests of one path, is not.
+#[test]
+fn the_daemon_bans_a_prober_by_distinct_paths_and_not_a_busy_page() {
+    let r = ConfigDir::new();
+    let redis = Redis::start();
+    let rules = [Rule::new("probing", &r.log, "{ distinct: path, hits: 30, window: 5m }")
+        .matching("{ status: [404] }")
+        .ban("1h")];
+    r.write(
+        &r.main_config().log_firewall().redis(&redis.url(), "hold: 10ms"),
+        &rules,
+    );
+    let d = common::Daemon::start(None, &r.cfg, &r.control);
+    let now = now_ms();
+    let mut lines = String::new();
+    for k in 0..200i64 {
+        lines += &combined_line("198.51.100.20", now + k, "/favicon.ico", 404);
+        if k < 40 {
+            lines += &combined_line("203.0.113.7", now + k, &format!("/backup-{k}.zip"), 404);
+        }
+    }
+    common::append(&r.log, &lines);
+    common::wait_until(Duration::from_secs(20), "the prober banned", || {
+        !redis.cli(&["ZSCORE", "{fleetban}:bans", "203.0.113.7"]).is_empty()
+    });
+    common::wait_until(Duration::from_secs(20), "every line read", || {
+        d.status()["lines"].as_u64() == Some(240) && d.status()["redis"]["held_hits"] == 0
+    });
+    let rec: serde_json::Value =
+        serde_json::from_str(&redis.cli(&["HGET", "{fleetban}:banrec", "203.0.113.7"])).expect("a record");
+    assert_eq!(rec["hits"], 31, "{rec}");
+    assert_eq!(
+        redis.cli(&["ZSCORE", "{fleetban}:bans", "198.51.100.20"]),
+        "",
+        "{}",
+        d.log_text()
+    );
+    assert_eq!(redis.cli(&["ZCARD", "{fleetban}:bans"]), "1");
+}
