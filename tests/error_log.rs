@@ -6,10 +6,9 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::PathBuf;
 
-use common::{cli, fleetban_bin, ConfigDir, MainConfig, Rule};
+use common::{cli, fleetban_test_json, ConfigDir, MainConfig, Rule};
 use fleetban::config::Config;
 use fleetban::detect::{AllowList, RuleFilter};
 use fleetban::parse::Parser;
@@ -139,23 +138,6 @@ fn fail2ban_nginx_http_auth_samples_yield_their_hosts() {
 #[test]
 fn fail2ban_nginx_limit_req_samples_yield_their_hosts() {
     replay_through_the_library("nginx-limit-req-error", "nginx-limit-req");
-}
-
-/// `fleetban test --json` with `TZ` set, the output's decisions.
-fn fleetban_test_json(cfg: &Path, files: &[&Path], tz: &str) -> Vec<serde_json::Value> {
-    let out = Command::new(fleetban_bin())
-        .arg("test")
-        .arg("--json")
-        .args(files)
-        .arg("-c")
-        .arg(cfg)
-        .env("TZ", tz)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
 /// The real binary on fail2ban's lines, each shipped rule at `hits: 0`

@@ -4,28 +4,8 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::{Command, Stdio};
-
-use common::{cli, fleetban_bin, ConfigDir, MainConfig, Rule};
+use common::{cli, fleetban_test_json, ConfigDir, MainConfig, Rule};
 use fleetban::parse::Parser;
-
-/// `fleetban test --json` with `TZ` set, the output's decisions.
-fn fleetban_test_json(cfg: &Path, files: &[&Path], tz: &str) -> Vec<serde_json::Value> {
-    let out = Command::new(fleetban_bin())
-        .arg("test")
-        .arg("--json")
-        .args(files)
-        .arg("-c")
-        .arg(cfg)
-        .env("TZ", tz)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-}
 
 const JSON_RULE_FORMAT: &str =
     "{ json: { remote_addr: client, time_iso8601: ts, request: req, status: status, http_user_agent: ua } }";

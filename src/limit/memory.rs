@@ -98,6 +98,28 @@ impl Call {
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 type FixedMap = Map<(usize, IpNet, i64), Fixed>;
 
+/// The ZSET of `key` (`sliding_window.lua`'s and `distinct.lua`'s), a fresh
+/// one when it expired or held another algorithm's state, with its expiry
+/// for the caller to move when it adds. None never happens (a window was
+/// just made); the callers answer it as an empty window.
+fn window_of(
+    windows: &mut Map<(usize, IpNet), Entry>,
+    key: (usize, IpNet),
+    wall_now: i64,
+) -> Option<(&mut i64, &mut Vec<(i64, i32)>)> {
+    let Entry { state, expires_at } = windows.entry(key).or_insert(Entry {
+        state: State::Window(Vec::new()),
+        expires_at: 0,
+    });
+    if *expires_at <= wall_now || !matches!(state, State::Window(_)) {
+        *state = State::Window(Vec::new());
+    }
+    match state {
+        State::Window(members) => Some((expires_at, members)),
+        _ => None,
+    }
+}
+
 /// The limiter state of every (rule, key) of this process.
 pub struct MemoryLimiter {
     rules: Vec<RuleLimit>,
@@ -300,15 +322,8 @@ impl MemoryLimiter {
         let now_of = |h: &Hit| call.now_of(h);
         let (window_ms, limit, pre) = (rule.window_ms, rule.hits as usize, rule.prefilter);
         let fixed = &mut self.fixed;
-        let e = self.windows.entry((ri, key)).or_insert(Entry {
-            state: State::Window(Vec::new()),
-            expires_at: 0,
-        });
-        if e.expires_at <= wall_now || !matches!(e.state, State::Window(_)) {
-            e.state = State::Window(Vec::new());
-        }
-        let State::Window(members) = &mut e.state else {
-            return Verdict::Under { count: 0 }; // made a window just above
+        let Some((expires_at, members)) = window_of(&mut self.windows, (ri, key), wall_now) else {
+            return Verdict::Under { count: 0 };
         };
         let mut swept: Option<i64> = None;
         let mut low: Option<i64> = None;
@@ -367,7 +382,7 @@ impl MemoryLimiter {
         }
         let count = members.len() as u32;
         if added {
-            e.expires_at = wall_now + window_ms + 1000;
+            *expires_at = wall_now + window_ms + 1000;
         }
         over.unwrap_or(Verdict::Under { count })
     }
@@ -379,15 +394,8 @@ impl MemoryLimiter {
     fn distinct(&mut self, call: &Call, hits: &[Hit]) -> Verdict {
         let (rule, ri, key, wall_now) = call.parts();
         let (window_ms, limit) = (rule.window_ms, rule.hits as usize);
-        let e = self.windows.entry((ri, key)).or_insert(Entry {
-            state: State::Window(Vec::new()),
-            expires_at: 0,
-        });
-        if e.expires_at <= wall_now || !matches!(e.state, State::Window(_)) {
-            e.state = State::Window(Vec::new());
-        }
-        let State::Window(members) = &mut e.state else {
-            return Verdict::Under { count: 0 }; // made a window just above
+        let Some((expires_at, members)) = window_of(&mut self.windows, (ri, key), wall_now) else {
+            return Verdict::Under { count: 0 };
         };
         let mut added = false;
         let mut over = None;
@@ -417,7 +425,7 @@ impl MemoryLimiter {
         }
         let count = members.len() as u32;
         if added {
-            e.expires_at = wall_now + window_ms + 1000;
+            *expires_at = wall_now + window_ms + 1000;
         }
         over.unwrap_or(Verdict::Under { count })
     }

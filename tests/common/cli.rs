@@ -36,6 +36,24 @@ impl CliOutput {
     }
 }
 
+/// `fleetban test --json FILES -c CFG` with `TZ` set: every line of its
+/// output (it must succeed).
+pub fn fleetban_test_json(cfg: &Path, files: &[&Path], tz: &str) -> Vec<serde_json::Value> {
+    let out = Command::new(fleetban_bin())
+        .arg("test")
+        .arg("--json")
+        .args(files)
+        .arg("-c")
+        .arg(cfg)
+        .env("TZ", tz)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
 /// Runs `fleetban ARGS -c CFG` to completion (stdin closed). stdout must be
 /// UTF-8; stderr is read lossily.
 pub fn cli(cfg: &Path, args: &[&str]) -> CliOutput {
