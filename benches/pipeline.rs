@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fleetban::config::Config;
-use fleetban::detect::AllowList;
+use fleetban::verdict::NeverBanned;
 
 fn corpus() -> PathBuf {
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -28,7 +28,7 @@ fn bench(c: &mut Criterion) {
     let config = Config::load(&cfg).expect("config");
     let log = corpus();
     let lines = std::fs::read(&log).unwrap().iter().filter(|&&b| b == b'\n').count() as u64;
-    let allow = AllowList::only(&[]);
+    let allow = NeverBanned::only(&[]);
     let mut g = c.benchmark_group("replay");
     g.throughput(Throughput::Elements(lines));
     let inputs = fleetban::replay::of_args(&config.rules, &[log]).unwrap().files;

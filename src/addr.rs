@@ -39,7 +39,23 @@ pub fn parse_member(s: &str) -> Option<IpNet> {
         return s.parse::<IpAddr>().ok().map(|a| IpNet::from(normalize(a)));
     }
     let n = s.parse::<IpNet>().ok()?;
-    (n.trunc() == n).then_some(n)
+    (n.trunc() == n).then_some(canonical(n))
+}
+
+/// The one form of a network everywhere it enters (configuration, CLI,
+/// control socket, Redis members, blocklists): an IPv4-mapped IPv6 network
+/// (`::ffff:10.0.0.0/104`, a prefix of 96 bits or more inside
+/// `::ffff:0:0/96`) is the IPv4 network it carries (`10.0.0.0/8`), since
+/// an IPv4 packet, log line or check is only ever compared in IPv4 form.
+/// A wider IPv6 network (`::/0`) stays IPv6. Host bits are kept as given.
+pub fn canonical(net: IpNet) -> IpNet {
+    match net {
+        IpNet::V6(n) if n.prefix_len() >= 96 => match n.addr().to_ipv4_mapped() {
+            Some(v4) => IpNet::V4(Ipv4Net::new_assert(v4, n.prefix_len() - 96)),
+            None => net,
+        },
+        _ => net,
+    }
 }
 
 /// IPv4-mapped IPv6 (`::ffff:a.b.c.d`) is the IPv4 address it carries.
@@ -116,10 +132,10 @@ pub struct NetSet {
 impl NetSet {
     pub fn new(nets: &[IpNet]) -> NetSet {
         let mut set = NetSet {
-            nets: nets.to_vec(),
+            nets: nets.iter().map(|n| canonical(n.trunc())).collect(),
             ..NetSet::default()
         };
-        for n in nets {
+        for n in &set.nets {
             match n {
                 IpNet::V4(n) => set.v4.push((n.network().to_bits(), n.netmask().to_bits())),
                 IpNet::V6(n) => set.v6.push((n.network().to_bits(), n.netmask().to_bits())),
@@ -144,7 +160,8 @@ impl NetSet {
 
     /// Whether a network of the set and `net` share any address.
     pub fn overlaps(&self, net: &IpNet) -> bool {
-        self.nets.iter().any(|n| n.contains(net) || net.contains(n))
+        let net = canonical(*net);
+        self.nets.iter().any(|n| n.contains(&net) || net.contains(n))
     }
 
     pub fn nets(&self) -> &[IpNet] {
@@ -228,12 +245,31 @@ mod tests {
     }
 
     #[test]
+    fn mapped_networks_are_their_ipv4_networks() {
+        let c = |s: &str| canonical(s.parse().unwrap()).to_string();
+        assert_eq!(c("::ffff:10.0.0.0/104"), "10.0.0.0/8");
+        assert_eq!(c("::ffff:192.0.2.0/120"), "192.0.2.0/24");
+        assert_eq!(c("::ffff:192.0.2.7/128"), "192.0.2.7/32");
+        assert_eq!(c("::ffff:0.0.0.0/96"), "0.0.0.0/0");
+        // Wider than the mapped range, or not in it: IPv6 as written.
+        assert_eq!(c("::ffff:0.0.0.0/95"), "::ffff:0.0.0.0/95");
+        assert_eq!(c("::/0"), "::/0");
+        assert_eq!(c("64:ff9b::/96"), "64:ff9b::/96");
+        assert_eq!(c("2001:db8::/32"), "2001:db8::/32");
+        assert_eq!(c("192.0.2.0/24"), "192.0.2.0/24");
+    }
+
+    #[test]
     fn members_are_written_and_read_back_alike() {
         for text in ["192.0.2.1", "198.51.100.0/24", "2001:db8:1:2::/64", "2001:db8::9"] {
             let net = parse_member(text).unwrap();
             assert_eq!(AddrText(&net).to_string(), text);
         }
         assert_eq!(parse_member("::ffff:192.0.2.1"), parse_member("192.0.2.1"));
+        assert_eq!(
+            parse_member("::ffff:198.51.100.0/120").map(|n| n.to_string()),
+            Some("198.51.100.0/24".to_owned())
+        );
         for bad in ["192.0.2.1/24", "garbage; flush ruleset", "", "10.0.0.256", "1.2.3.4/33"] {
             assert_eq!(parse_member(bad), None, "{bad}");
         }

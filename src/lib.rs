@@ -6,6 +6,8 @@
 //! - `addr`: addresses as text, the gate for values read back, client keys.
 //! - `source`: follows log files (tail -F), yields chunks of whole lines with offsets.
 //! - `parse`: one line to a [`parse::Request`] (nginx combined/common, log_format, regex).
+//! - `verdict`: who is never banned, what a ban covers and what is enforced
+//!   for an address: decided once, read by nft, `/check`, `explain` and `test`.
 //! - `enforce`: nftables (or a log, for dry runs); the only module that runs nft.
 //! - `ratelog`: one warning per period for what repeats ([`ratelog::Every`]).
 //! - `config`: the YAML files, validated, with file:line:column errors.
@@ -40,6 +42,7 @@ pub mod ratelog;
 pub mod replay;
 pub mod source;
 pub mod store;
+pub mod verdict;
 
 /// Wall-clock time in unix milliseconds.
 pub fn now_ms() -> i64 {

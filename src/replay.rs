@@ -18,10 +18,11 @@ pub use inputs::{of_args, of_rules, Input, Inputs};
 
 use crate::bans::{BanList, BanRequest, Bans, Mode};
 use crate::config::Rule;
-use crate::detect::{self, AllowList, Hit, Plan, Scanner, Sink};
+use crate::detect::{self, Hit, Plan, Scanner, Sink};
 use crate::enforce::Changes;
 use crate::limit::{MemoryLimiter, RuleLimit, Verdict};
 use crate::source::ReadError;
+use crate::verdict::NeverBanned;
 
 /// One ban decided by the replay.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -168,18 +169,23 @@ pub enum ReplayError {
 }
 
 /// Replays `inputs` (in order, each through its rules) through `rules`;
-/// `allow` is never counted, `proxies` name the client in forwarded lists.
+/// `never` is never counted, `proxies` name the client in forwarded lists.
 pub fn replay(
     rules: &[Rule],
     inputs: &[Input],
-    allow: &AllowList,
+    never: &NeverBanned,
     proxies: &[ipnet::IpNet],
     ipv6_prefix: u8,
     options: &Options,
     mut events: impl FnMut(Event<'_>),
 ) -> Result<Report, ReplayError> {
     let plan = Plan::new(rules, proxies).map_err(|e| ReplayError::Format(e.to_string()))?;
-    let mut scanner = Scanner::new(detect::Mode::Replay, plan, allow.clone(), ipv6_prefix);
+    let mut scanner = Scanner::new(
+        detect::Mode::Replay,
+        plan,
+        std::sync::Arc::new(never.clone()),
+        ipv6_prefix,
+    );
     scanner.set_bounds(options.since_ms, options.until_ms);
     let wall = crate::now_ms();
     // Every rule takes its hits' log time: `clock: redis` has no server to

@@ -245,7 +245,7 @@ fn an_address_the_host_takes_after_the_start_never_enters_its_nft_set() {
     assert!(!set_has(&ns, "10.213.99.7"));
     let log = d.log_text();
     assert!(
-        log.contains("Ban of an allowed address") && log.contains("10.213.99.7"),
+        log.contains("Ban of a never-banned address") && log.contains("10.213.99.7"),
         "says why:\n{log}"
     );
 
@@ -325,7 +325,7 @@ fn requests_from_an_address_the_host_takes_later_are_never_counted() {
     let mut d = Daemon::start(Some(&ns), &r.cfg, &r.control);
     ns.run(&["ip", "addr", "add", "10.213.98.7/32", "dev", "lo"]);
     wait_until(Duration::from_secs(10), "the new address seen", || {
-        d.log_text().contains("This host took a new address")
+        d.log_text().contains("This host has a new address")
     });
     let now = common::now_ms();
     let lines: String = (0..20)

@@ -10,8 +10,9 @@ use std::path::PathBuf;
 
 use common::{cli, fleetban_test_json, ConfigDir, MainConfig, Rule};
 use fleetban::config::Config;
-use fleetban::detect::{AllowList, RuleFilter};
+use fleetban::detect::RuleFilter;
 use fleetban::parse::Parser;
+use fleetban::verdict::NeverBanned as AllowList;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

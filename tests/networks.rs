@@ -127,7 +127,7 @@ fn fifty_addresses_of_one_network_are_dropped_as_a_24_by_every_host_and_an_allow
         assert!(
             h.daemon
                 .log_text()
-                .contains("Network ban split around the allowed addresses"),
+                .contains("Network ban applied around the never-banned addresses"),
             "host {j}: {}",
             h.daemon.log_text()
         );

@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 
 use fleetban::addr::client_key;
 use fleetban::config::Config;
-use fleetban::detect::{AllowList, RuleFilter};
+use fleetban::detect::RuleFilter;
 use fleetban::parse::Parser;
+use fleetban::verdict::NeverBanned as AllowList;
 
 use common::{rules_yaml, MainConfig, Rule};
 

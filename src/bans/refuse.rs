@@ -1,43 +1,38 @@
 //! What no operator's ban may cover, checked in one place for every entry
-//! point (`fleetban ban`, the control socket): the trusted proxies (every
-//! client behind them would be cut off) and the fleet's allow list with
-//! loopback. The enforcer still filters allowed addresses before nft; this
+//! point (`fleetban ban`, the control socket): the fleet's never-banned set
+//! (`verdict::NeverBanned`: loopback, `allow:`, the trusted proxies, whose
+//! every client would be cut off). The enforcer still cuts a ban around
+//! never-banned addresses before nft (this host's own among them); this
 //! keeps such a ban out of the fleet's list in the first place.
 
 use ipnet::IpNet;
 
 use crate::addr::AddrText;
 use crate::config::Config;
-use crate::detect::AllowList;
+use crate::verdict::{Kind, NeverBanned};
 
 #[derive(Clone)]
-pub struct Unbannable {
-    allow: AllowList,
-    proxies: Vec<IpNet>,
-}
+pub struct Unbannable(NeverBanned);
 
 impl Unbannable {
     pub fn of(config: &Config) -> Unbannable {
-        Unbannable {
-            allow: AllowList::fleet(&config.allow),
-            proxies: config.proxies.clone(),
-        }
+        Unbannable(config.never_banned())
     }
 
     /// Why `net` may not be banned, if it may not.
     pub fn refusal(&self, net: &IpNet) -> Option<String> {
-        if let Some(proxy) = self.proxies.iter().find(|p| p.contains(net) || net.contains(*p)) {
-            return Some(format!(
-                "{} overlaps the trusted proxy network {proxy} (`proxies:`): never banned, since every client \
+        let mut hit: Vec<_> = self.0.overlapping(net).collect();
+        // A proxy is named first: the reason weighs most.
+        hit.sort_by_key(|w| w.kind != Kind::Proxy);
+        let why = hit.first()?;
+        let net = AddrText(&crate::addr::canonical(*net)).to_string();
+        Some(match why.kind {
+            Kind::Proxy => format!(
+                "{net} overlaps the trusted proxy network {} (`proxies:`): never banned, since every client \
                  behind it would be cut off",
-                AddrText(net)
-            ));
-        }
-        self.allow.overlaps(net).then(|| {
-            format!(
-                "{} overlaps the allow list (loopback or `allow:`): not banned",
-                AddrText(net)
-            )
+                why.net
+            ),
+            _ => format!("{net} overlaps the allow list (loopback or `allow:`): not banned ({why})"),
         })
     }
 }

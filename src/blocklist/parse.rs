@@ -83,7 +83,8 @@ fn network(s: &str) -> Option<(IpNet, bool)> {
         Err(_) => IpNet::from(s.parse::<std::net::IpAddr>().ok()?),
     };
     let trunc = net.trunc();
-    Some((trunc, trunc != net))
+    // An IPv4-mapped spelling is the IPv4 network (`addr::canonical`).
+    Some((crate::addr::canonical(trunc), trunc != net))
 }
 
 #[cfg(test)]

@@ -1,10 +1,12 @@
-//! `fleetban explain ADDR`: why an address is or is not banned. Its own
-//! ban (rule, host, reason, since, until, time left, offence count), the
-//! wider bans covering it, its count in each rule's window against the
-//! limit, and whether loopback, `allow:`, `proxies:` or the host's own
-//! addresses keep it from ever being banned. With Redis the windows are
-//! read there, under the limiter's own key names (`store::Keys`); with the
-//! embedded store the daemon is asked (`Request::Explain`).
+//! `fleetban explain ADDR`: why an address is or is not banned. The
+//! headline is `verdict::verdict` over the list, the blocklists and this
+//! host's never-banned set, the decision nft and `/check` enforce: banned,
+//! not banned, never banned (and why), dropped by a blocklist. Below: its
+//! own ban (rule, host, reason, since, until, time left, offence count),
+//! the wider bans covering it, its count in each rule's window against the
+//! limit. With Redis the windows are read there, under the limiter's own
+//! key names (`store::Keys`); with the embedded store the daemon is asked
+//! (`Request::Explain`).
 
 use std::path::Path;
 
@@ -12,12 +14,13 @@ use anyhow::Context;
 use ipnet::IpNet;
 use serde::Serialize;
 
-use fleetban::addr::{client_key, loopback, AddrText, Keying};
+use fleetban::addr::{client_key, AddrText, Keying};
 use fleetban::bans::{BanList, BanRecord};
 use fleetban::config::Config;
 use fleetban::control::{Client, WindowCount};
 use fleetban::limit::RuleLimit;
 use fleetban::store::Keys;
+use fleetban::verdict::{verdict, NeverBanned, Verdict};
 
 use super::human::{local, relative, span, Table};
 use super::list::target;
@@ -31,11 +34,15 @@ struct Explanation {
     /// The client key it is counted and banned under (an IPv6 address's
     /// `ipv6_prefix`).
     key: String,
-    /// Blocked now: by its own ban or a wider one.
+    /// What is enforced for it (`verdict::verdict`): `banned`,
+    /// `never_banned`, `blocklisted` or `not_banned`.
+    verdict: &'static str,
+    /// Dropped now by a ban, its own or a wider one (false when never banned).
     banned: bool,
     ban: Option<BanLine>,
     covering: Vec<BanLine>,
-    /// Why it is never counted nor banned (empty: it can be).
+    /// Why it is never counted nor banned (empty: it can be); for a
+    /// network, the never-banned networks inside it, which its ban spares.
     never_banned: Vec<String>,
     windows: Vec<WindowCount>,
     /// `FILE: NETWORK` for each `blocklists:` file whose networks (as this
@@ -126,38 +133,89 @@ pub fn explain(path: &Path, addr: &str, json: bool) -> Outcome {
         .iter()
         .filter(|r| Some(*r) != own && (r.addr.contains(&net) || r.addr.contains(&key)))
         .collect();
+    let never = NeverBanned::new(
+        &config.allow,
+        &config.proxies,
+        &fleetban::verdict::never::local_addresses(),
+    );
+    let blocks = blocklisted(&config, &net, &never);
+    let bans = own.iter().chain(&covering).copied();
+    let enforced = enforced(&net, &never, bans, &blocks);
+    let spared: Vec<String> = match net.prefix_len() == net.max_prefix_len() {
+        true => never.why(net.addr()).into_iter().map(|w| w.to_string()).collect(),
+        false => never.overlapping(&net).map(|w| w.to_string()).collect(),
+    };
     let e = Explanation {
         addr: AddrText(&net).to_string(),
         key: AddrText(&key).to_string(),
-        banned: own.is_some() || !covering.is_empty(),
+        verdict: match &enforced {
+            Verdict::Never(_) => "never_banned",
+            Verdict::Banned(_) => "banned",
+            Verdict::Blocked(_) => "blocklisted",
+            Verdict::Open => "not_banned",
+        },
+        banned: matches!(enforced, Verdict::Banned(_)),
         ban: own.map(|r| line(r, now)),
         covering: covering.iter().map(|r| line(r, now)).collect(),
-        never_banned: never_banned(&config, &net),
+        never_banned: spared,
         windows,
-        blocklisted: blocklisted(&config, &net),
+        blocklisted: blocks
+            .iter()
+            .map(|b| match b {
+                Ok((file, n)) => format!("{file}: {}", AddrText(n)),
+                Err(e) => e.clone(),
+            })
+            .collect(),
     };
     if json {
         say!("{}", serde_json::to_string(&e).map_err(failed)?);
     } else {
-        say!("{}", render(&e, own, &covering, now).trim_end_matches('\n'));
+        say!("{}", render(&e, &enforced, own, &covering, now).trim_end_matches('\n'));
     }
     Ok(())
 }
 
+/// What is enforced for the target: for an address, `verdict::verdict`
+/// over its bans (its own first) and the blocklists; for a network, the
+/// same precedence over the whole of it (never banned when the set holds
+/// all of it, a blocklist when one network holds all of it).
+fn enforced<'a>(
+    net: &IpNet,
+    never: &NeverBanned,
+    mut bans: impl Iterator<Item = &'a BanRecord>,
+    blocks: &[Blocked],
+) -> Verdict<&'a BanRecord, (String, IpNet)> {
+    let block = || blocks.iter().find_map(|b| b.as_ref().ok()).cloned();
+    if net.prefix_len() == net.max_prefix_len() {
+        return verdict(net.addr(), never, |_| bans.next(), |_| block());
+    }
+    if let Some(why) = never.holding(net) {
+        return Verdict::Never(why);
+    }
+    match bans.next() {
+        Some(b) => Verdict::Banned(b),
+        None => block().map_or(Verdict::Open, Verdict::Blocked),
+    }
+}
+
+/// A blocklist network holding the target, with its file; or a file that
+/// could not be read, named with its error.
+type Blocked = Result<(String, IpNet), String>;
+
 /// The blocklist networks holding `net`, read from the files as the
-/// daemon reads them (an unreadable file is named with its error).
-fn blocklisted(config: &Config, net: &IpNet) -> Vec<String> {
-    let allowed = fleetban::detect::never_dropped(&config.never_banned());
+/// daemon reads them (cut around `never`).
+fn blocklisted(config: &Config, net: &IpNet, never: &NeverBanned) -> Vec<Blocked> {
     let mut out = Vec::new();
     for spec in &config.blocklists {
-        match fleetban::blocklist::load(spec, &allowed) {
+        let file = spec.file.display().to_string();
+        match fleetban::blocklist::load(spec, never.nets()) {
             Ok(l) => out.extend(
                 l.nets
                     .iter()
                     .filter(|n| n.contains(net))
-                    .map(|n| format!("{}: {}", spec.file.display(), AddrText(n))),
+                    .map(|n| Ok((file.clone(), *n))),
             ),
-            Err(e) => out.push(format!("{}: unreadable ({e})", spec.file.display())),
+            Err(e) => out.push(Err(format!("{file}: unreadable ({e})"))),
         }
     }
     out
@@ -181,27 +239,18 @@ fn rule_window(rule_keys: &[IpNet], distinct: &[IpNet], by_key: Vec<Vec<WindowCo
     out
 }
 
-/// Why `net` is never counted nor banned, one reason each.
-fn never_banned(config: &Config, net: &IpNet) -> Vec<String> {
-    let mut out = Vec::new();
-    let overlaps = |n: &IpNet| n.contains(net) || net.contains(n);
-    if let Some(n) = loopback().iter().find(|n| overlaps(n)) {
-        out.push(format!("loopback ({n})"));
+/// What a never-banned address's headline adds when bans cover it.
+fn spares(own: Option<&BanRecord>, covering: &[&BanRecord]) -> String {
+    let bans: Vec<String> = own
+        .into_iter()
+        .chain(covering.iter().copied())
+        .map(|r| AddrText(&r.addr).to_string())
+        .collect();
+    match bans.as_slice() {
+        [] => String::new(),
+        [one] => format!("; the ban of {one} spares it"),
+        many => format!("; the bans of {} spare it", many.join(", ")),
     }
-    if let Some(n) = config.allow.iter().find(|n| overlaps(n)) {
-        out.push(format!("allow: {}", AddrText(n)));
-    }
-    if let Some(n) = config.proxies.iter().find(|n| overlaps(n)) {
-        out.push(format!("proxies: {} (a trusted proxy)", AddrText(n)));
-    }
-    let (_, own) = fleetban::detect::OwnAddresses::new(&[]);
-    if net.prefix_len() == net.max_prefix_len()
-        && loopback().iter().all(|n| !n.contains(net))
-        && own.contains(net.addr())
-    {
-        out.push("this host's own address".to_owned());
-    }
-    out
 }
 
 /// Each rule's count of `key` in Redis (`limit::peek`).
@@ -221,12 +270,24 @@ async fn redis_windows(
         .collect())
 }
 
-fn render(e: &Explanation, own: Option<&BanRecord>, covering: &[&BanRecord], now: i64) -> String {
+fn render(
+    e: &Explanation,
+    enforced: &Verdict<&BanRecord, (String, IpNet)>,
+    own: Option<&BanRecord>,
+    covering: &[&BanRecord],
+    now: i64,
+) -> String {
     let mut out = e.addr.clone();
     if e.key != e.addr {
         out += &format!(" (counted and banned as {})", e.key);
     }
-    out += if e.banned { ": banned\n" } else { ": not banned\n" };
+    out += &match enforced {
+        Verdict::Banned(r) if Some(*r) == own => ": banned\n".to_owned(),
+        Verdict::Banned(r) => format!(": banned, by {}\n", AddrText(&r.addr)),
+        Verdict::Never(why) => format!(": never banned ({why}){}\n", spares(own, covering)),
+        Verdict::Blocked((file, n)) => format!(": dropped by blocklist {file} ({})\n", AddrText(n)),
+        Verdict::Open => ": not banned\n".to_owned(),
+    };
     let describe = |r: &BanRecord| {
         format!(
             "{} by rule {} on host {}{}; since {}; until {}{}; offence {}",
@@ -251,10 +312,17 @@ fn render(e: &Explanation, own: Option<&BanRecord>, covering: &[&BanRecord], now
     for r in covering {
         out += &format!("  covered:  {}\n", describe(r));
     }
-    if e.never_banned.is_empty() {
-        out += "  never banned: no (it can be banned)\n";
-    } else {
-        out += &format!("  never banned: yes: {}\n", e.never_banned.join("; "));
+    match enforced {
+        // The headline named the first reason; here are all of them.
+        Verdict::Never(_) if e.never_banned.len() > 1 => {
+            out += &format!("  never banned: {}\n", e.never_banned.join("; "));
+        }
+        Verdict::Never(_) => {}
+        // A network's ban spares what never-banned networks it holds.
+        _ if !e.never_banned.is_empty() => {
+            out += &format!("  spared:   {} (never banned)\n", e.never_banned.join("; "));
+        }
+        _ => {}
     }
     for b in &e.blocklisted {
         out += &format!("  blocklist: {b}\n");

@@ -90,6 +90,10 @@ struct BanLine<'a> {
     /// False: the daemon holds it but the kernel does not (yet); null
     /// when not known (read from Redis, not from the daemon).
     enforced: Option<bool>,
+    /// The never-banned networks it holds or lies in (loopback, `allow:`,
+    /// `proxies:`, this host's addresses): not dropped, whatever the ban
+    /// says (`verdict::cover`).
+    spared: Vec<String>,
 }
 
 /// `until` for people: `2026-12-01 19:20:05 CET (in 52m)`, or `forever`.
@@ -146,6 +150,13 @@ pub fn bans(path: &Path, json: bool) -> Outcome {
             .as_ref()
             .map(|n| !n.contains(&AddrText(&r.addr).to_string()))
     };
+    // What each ban spares: the same set the daemon cuts its bans around.
+    let never = fleetban::verdict::NeverBanned::new(
+        &config.allow,
+        &config.proxies,
+        &fleetban::verdict::never::local_addresses(),
+    );
+    let spared = |r: &BanRecord| -> Vec<fleetban::verdict::Why> { never.overlapping(&r.addr).collect() };
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if json {
         for r in &records {
@@ -160,6 +171,7 @@ pub fn bans(path: &Path, json: bool) -> Outcome {
                 count: r.count,
                 hits: r.hits,
                 enforced: enforced(r),
+                spared: spared(r).iter().map(|w| AddrText(&w.net).to_string()).collect(),
             };
             let _ = writeln!(out, "{}", serde_json::to_string(&line).map_err(failed)?);
         }
@@ -169,6 +181,14 @@ pub fn bans(path: &Path, json: bool) -> Outcome {
             let mut addr = AddrText(&r.addr).to_string();
             if enforced(r) == Some(false) {
                 addr += " (not enforced)";
+            }
+            match (never.holding(&r.addr), spared(r).as_slice()) {
+                (_, []) => {}
+                (Some(w), _) => addr += &format!(" (never banned: {w})"),
+                (None, some) => {
+                    let nets: Vec<String> = some.iter().map(|w| AddrText(&w.net).to_string()).collect();
+                    addr += &format!(" (sparing {})", nets.join(", "));
+                }
             }
             t.row(vec![
                 addr,

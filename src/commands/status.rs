@@ -79,6 +79,12 @@ fn render(s: &Status, now: i64) -> String {
     if f.recreated > 0 {
         out += &format!("; table re-created {} time(s)", f.recreated);
     }
+    if f.split > 0 {
+        out += &format!("; {} ban(s) applied around never-banned addresses", f.split);
+    }
+    if f.spared > 0 {
+        out += &format!("; {} ban(s) of never-banned addresses not applied", f.spared);
+    }
     out.push('\n');
     out += &format!(
         "bans:      {} active, {} applied by this host; safety valve: {} ({} refused, limit {}/min)\n",

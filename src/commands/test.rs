@@ -8,7 +8,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use fleetban::addr::AddrText;
-use fleetban::detect::AllowList;
 use fleetban::replay::{Event, Inputs, Kind, Options, Print, Report};
 use serde::Serialize;
 
@@ -138,7 +137,7 @@ pub fn test(path: &Path, args: &TestArgs) -> Outcome {
             inputs.missing.iter().map(|m| format!("\n{m}")).collect::<String>()
         )));
     }
-    let allow = AllowList::fleet(&config.never_banned());
+    let allow = config.never_banned();
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     // The first write error (a reader that went away) stops the writing,
     // not the replay: its errors still count.

@@ -183,10 +183,16 @@ impl Config {
         Ok((config, errors))
     }
 
-    /// What is never counted nor banned besides loopback and the host's
-    /// own addresses: `allow:` and `proxies:`.
-    pub fn never_banned(&self) -> Vec<IpNet> {
-        self.allow.iter().chain(&self.proxies).copied().collect()
+    /// What is never counted nor banned for the whole fleet: loopback,
+    /// `allow:` and `proxies:` (a host adds its own addresses:
+    /// [`Config::own_addresses`]).
+    pub fn never_banned(&self) -> crate::verdict::NeverBanned {
+        crate::verdict::NeverBanned::new(&self.allow, &self.proxies, &[])
+    }
+
+    /// This host's never-banned set, following its interfaces.
+    pub fn own_addresses(&self) -> crate::verdict::Own {
+        crate::verdict::Own::new(&self.allow, &self.proxies)
     }
 
     /// Warnings about a configuration that loads but may not do what is

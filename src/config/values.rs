@@ -140,7 +140,8 @@ where
     }
 }
 
-/// A network: CIDR (`10.0.0.0/8`, `2001:db8::/32`) or a bare address.
+/// A network: CIDR (`10.0.0.0/8`, `2001:db8::/32`) or a bare address, in
+/// its one form (`addr::canonical`: `::ffff:10.0.0.0/104` is `10.0.0.0/8`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Net(pub IpNet);
 
@@ -149,10 +150,10 @@ impl FromStr for Net {
     fn from_str(s: &str) -> Result<Self, String> {
         let t = s.trim();
         if let Ok(n) = t.parse::<IpNet>() {
-            return Ok(Net(n.trunc()));
+            return Ok(Net(crate::addr::canonical(n.trunc())));
         }
         t.parse::<std::net::IpAddr>()
-            .map(|a| Net(IpNet::from(a)))
+            .map(|a| Net(crate::addr::canonical(IpNet::from(a))))
             .map_err(|_| format!("invalid network `{s}`: expected an address or CIDR such as 10.0.0.0/8"))
     }
 }

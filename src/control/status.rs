@@ -70,6 +70,13 @@ pub struct FirewallStatus {
     pub not_enforced_sample: Vec<String>,
     /// Times the table was found gone and re-created.
     pub recreated: u64,
+    /// Bans applied around the never-banned addresses they hold
+    /// (`verdict::cover`), and bans not applied at all: wholly never banned
+    /// on this host.
+    #[serde(default)]
+    pub split: u64,
+    #[serde(default)]
+    pub spared: u64,
 }
 
 /// One followed file.

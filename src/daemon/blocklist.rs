@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::ratelog::Every;
 use crate::blocklist::{self, Loaded, Spec};
 use crate::control::BlocklistStatus;
+use crate::verdict::NeverBanned;
 
 const WARN_EVERY: Duration = Duration::from_secs(60);
 
@@ -33,8 +34,6 @@ pub struct Wanted {
 /// The files, their last good reads, and when each is due.
 pub struct Blocklists {
     specs: Vec<Spec>,
-    /// `allow:` and `proxies:`.
-    configured: Vec<IpNet>,
     last: Vec<Option<Loaded>>,
     errors: Vec<Option<String>>,
     warned: Vec<Every>,
@@ -42,11 +41,10 @@ pub struct Blocklists {
 }
 
 impl Blocklists {
-    pub fn new(specs: Vec<Spec>, configured: Vec<IpNet>) -> Blocklists {
+    pub fn new(specs: Vec<Spec>) -> Blocklists {
         let n = specs.len();
         Blocklists {
             specs,
-            configured,
             last: vec![None; n],
             errors: vec![None; n],
             warned: (0..n).map(|_| Every::default()).collect(),
@@ -54,10 +52,11 @@ impl Blocklists {
         }
     }
 
-    /// Reads the files that are due (all with `force`); `Some` with what
-    /// the sets must hold when any file's networks changed.
-    pub fn read(&mut self, force: bool) -> Option<Wanted> {
-        let allowed = crate::detect::never_dropped(&self.configured);
+    /// Reads the files that are due (all with `force`), cut around
+    /// `never`; `Some` with what the sets must hold when any file's
+    /// networks changed.
+    pub fn read(&mut self, force: bool, never: &NeverBanned) -> Option<Wanted> {
+        let allowed = never.nets();
         let now = Instant::now();
         let mut changed = force;
         for i in 0..self.specs.len() {
@@ -66,7 +65,7 @@ impl Blocklists {
             }
             let spec = &self.specs[i];
             self.due[i] = now + spec.refresh;
-            match blocklist::load(spec, &allowed) {
+            match blocklist::load(spec, allowed) {
                 Ok(l) => {
                     report(spec, &l);
                     changed |= self.last[i].as_ref().map(|o| &o.nets) != Some(&l.nets);
@@ -142,22 +141,28 @@ fn report(spec: &Spec, l: &Loaded) {
     }
 }
 
-/// Re-reads files when due and after each reload (a new list of specs);
-/// publishes to the enforcer through `tx`.
+/// Re-reads files when due, after each reload (a new list of specs) and
+/// when the never-banned set changes (this host's addresses: a blocklist
+/// never drops one); publishes to the enforcer through `tx`, and the
+/// networks alone to the decision endpoint through `nets`.
 pub async fn run(
     mut lists: Blocklists,
     tx: watch::Sender<Wanted>,
-    mut reloads: mpsc::UnboundedReceiver<(Vec<Spec>, Vec<IpNet>)>,
+    nets: watch::Sender<Arc<Vec<IpNet>>>,
+    mut never: watch::Receiver<Arc<NeverBanned>>,
+    mut reloads: mpsc::UnboundedReceiver<Vec<Spec>>,
     shutdown: CancellationToken,
 ) {
     loop {
+        let due = lists.next_due();
         let force = tokio::select! {
-            _ = super::sleep_until_opt(lists.next_due()) => false,
+            _ = super::sleep_until_opt(due) => false,
+            Ok(()) = never.changed(), if !lists.specs.is_empty() => true,
             r = reloads.recv() => match r {
-                Some((specs, configured)) => {
+                Some(specs) => {
                     // A file that stays keeps its last good read: unreadable
                     // now, its networks stay dropped.
-                    let mut new = Blocklists::new(specs, configured);
+                    let mut new = Blocklists::new(specs);
                     for (i, s) in new.specs.iter().enumerate() {
                         if let Some(j) = lists.specs.iter().position(|o| o.file == s.file) {
                             new.last[i] = lists.last[j].take();
@@ -171,8 +176,9 @@ pub async fn run(
             _ = shutdown.cancelled() => return,
         };
         // File reads and the subtraction of 100k networks: off the runtime.
+        let set = never.borrow_and_update().clone();
         let (back, wanted) = match tokio::task::spawn_blocking(move || {
-            let w = lists.read(force);
+            let w = lists.read(force, &set);
             (lists, w)
         })
         .await
@@ -182,6 +188,7 @@ pub async fn run(
         };
         lists = back;
         if let Some(w) = wanted {
+            nets.send_replace(w.nets.clone());
             tx.send_replace(w);
         }
     }

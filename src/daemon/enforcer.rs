@@ -1,8 +1,11 @@
 //! The task that owns the firewall: changes from the pipeline (our own
 //! bans), the fleet (everyone's) and the control socket queue up here and go
 //! to nft folded into one transaction per wake-up (at 100k elements each nft
-//! call costs a lot: see ARCHITECTURE.md). Allowed addresses are filtered
-//! out here, the last step before the kernel.
+//! call costs a lot: see ARCHITECTURE.md). Each ban goes in as its
+//! [`verdict::cover`]: never-banned addresses (loopback, `allow:`,
+//! `proxies:`, this host's own as they change) are cut out here, the last
+//! step before the kernel, and a ban's cover follows the set when this
+//! host's addresses change.
 //!
 //! The kernel is not trusted to keep what it was given: every
 //! [`CHECK_EVERY`] the task checks that the table is still there (`nft
@@ -27,8 +30,8 @@ use super::ratelog::Every;
 use super::sleep_until_opt;
 use crate::addr::AddrText;
 use crate::control::FirewallStatus;
-use crate::detect::{AllowList, OwnAddresses};
-use crate::enforce::{fold, Change, Element, EnforceError, Enforcer, Folded};
+use crate::enforce::{fold, Change, Element, EnforceError, Enforcer, Folded, Until};
+use crate::verdict::{self, Cover, NeverBanned, Own};
 
 /// How often the table's presence is checked (one cheap `nft list tables`).
 pub const CHECK_EVERY: Duration = Duration::from_secs(5);
@@ -64,7 +67,7 @@ pub struct Enforced {
 #[derive(Default)]
 struct Report {
     /// The nets added by the last batches, with their batch's number and
-    /// whether they were kept (not allowed, not this host's) (`RECENT` at
+    /// whether they were kept (not wholly never banned) (`RECENT` at
     /// most): how a `ban` finds the batch that took it.
     recent: std::collections::VecDeque<(u64, IpNet, bool)>,
     /// Wanted bans the kernel does not hold, sorted; empty while nft works.
@@ -72,6 +75,9 @@ struct Report {
     /// The last call's error, while it is not followed by a success.
     error: Option<String>,
     recreated: u64,
+    /// Bans applied around never-banned addresses, and not applied at all.
+    split: u64,
+    spared: u64,
 }
 
 impl Default for Enforced {
@@ -105,6 +111,8 @@ impl Enforced {
                 .map(|n| AddrText(n).to_string())
                 .collect(),
             recreated: r.recreated,
+            split: r.split,
+            spared: r.spared,
         }
     }
 
@@ -159,8 +167,8 @@ impl Enforced {
 pub async fn run(
     mut enforcer: Enforcer,
     mut rx: UnboundedReceiver<Change>,
-    mut allow: AllowList,
-    mut own: OwnAddresses,
+    own: std::sync::Arc<Own>,
+    mut asked: Asked,
     stats: std::sync::Arc<super::stats::Stats>,
     enforced: std::sync::Arc<Enforced>,
     mut blocks: watch::Receiver<super::blocklist::Wanted>,
@@ -173,7 +181,8 @@ pub async fn run(
     let mut retry: Option<(Instant, Duration)> = None;
     let (mut failures, mut recreated) = (Every::default(), Every::default());
     let mut taken: Vec<(u64, IpNet, bool)> = Vec::new();
-    let mut splits = Splits::default();
+    let mut never_rx = own.subscribe();
+    let mut never = never_rx.borrow_and_update().clone();
     loop {
         let wake = enforcer.next_wakeup().map(|t| {
             let ms = (t - crate::now_ms()).clamp(0, 3_600_000) as u64;
@@ -185,6 +194,19 @@ pub async fn run(
         let first = tokio::select! {
             c = rx.recv() => match c { Some(c) => Some(c), None => return },
             _ = sleep_until_opt(due) => None,
+            Ok(()) = never_rx.changed() => {
+                let new = never_rx.borrow_and_update().clone();
+                enforced.busy_since_ms.store(crate::now_ms(), Relaxed);
+                let r = follow_never(&mut enforcer, &mut asked, &new).await;
+                never = new;
+                enforced.busy_since_ms.store(0, Relaxed);
+                let mut report = enforced.report();
+                (report.split, report.spared) = asked.counts();
+                if let Err(e) = r {
+                    tracing::warn!(error = %e, "Applying bans around this host's new addresses failed; the next check retries.");
+                }
+                continue;
+            }
             Ok(()) = blocks.changed() => {
                 let w = blocks.borrow_and_update().clone();
                 enforced.busy_since_ms.store(crate::now_ms(), Relaxed);
@@ -202,7 +224,7 @@ pub async fn run(
             }
             None => {
                 next_check = Instant::now() + CHECK_EVERY;
-                let lifted = lift_own(&mut own, &mut allow, &mut enforcer).await;
+                let lifted = follow_own(&own, &mut never, &mut enforcer, &mut asked).await;
                 let checked = enforcer.check(crate::now_ms()).await;
                 if blocks_failed || matches!(checked, Ok(Some(_))) {
                     // A re-created table lost the blocklist sets too.
@@ -235,23 +257,23 @@ pub async fn run(
                 // Addresses this host took since the last read are never put in.
                 let lifted = match f.adds.is_empty() && f.replace.is_none() {
                     true => Ok(()),
-                    false => lift_own(&mut own, &mut allow, &mut enforcer).await,
+                    false => follow_own(&own, &mut never, &mut enforcer, &mut asked).await,
                 };
                 let adds = std::mem::take(&mut f.adds);
                 // A network ban applied as pieces is applied, for `ban`'s wait.
-                let asked: Vec<IpNet> = adds.iter().map(|e| e.net.trunc()).collect();
+                let bans: Vec<IpNet> = adds.iter().map(|e| e.net.trunc()).collect();
                 let mut refused = Vec::new();
-                f.adds = allowed(adds, &allow, &mut warned, &mut splits, Some(&mut refused));
+                f.adds = covered(adds, &never, &mut warned, &mut asked, Some(&mut refused));
                 taken.clear();
                 let kept = f.adds.iter().map(|e| (e.net.trunc(), true));
-                let split = asked
+                let split = bans
                     .into_iter()
-                    .filter(|n| splits.0.contains_key(n))
+                    .filter(|n| asked.0.get(n).is_some_and(|(_, p)| !p.is_empty()))
                     .map(|n| (n, true));
                 let kept = split.chain(kept);
                 let refused = refused.into_iter().map(|n| (n.trunc(), false));
                 taken.extend(kept.chain(refused).take(RECENT).map(|(n, k)| (number, n, k)));
-                let applied = apply(&mut enforcer, f, &allow, &mut warned, &mut splits, &stats).await;
+                let applied = apply(&mut enforcer, f, &never, &mut warned, &mut asked, &stats).await;
                 lifted.and(applied)
             }
         };
@@ -266,6 +288,7 @@ pub async fn run(
                 report.unapplied = missing;
             }
             report.error = result.as_ref().err().map(ToString::to_string);
+            (report.split, report.spared) = asked.counts();
             if !taken.is_empty() {
                 report.recent.extend(taken.drain(..));
                 let excess = report.recent.len().saturating_sub(RECENT);
@@ -290,9 +313,9 @@ pub async fn run(
 async fn apply(
     enforcer: &mut Enforcer,
     f: Folded,
-    allow: &AllowList,
+    never: &NeverBanned,
     warned: &mut u32,
-    splits: &mut Splits,
+    asked: &mut Asked,
     stats: &super::stats::Stats,
 ) -> Result<(), EnforceError> {
     let now = crate::now_ms();
@@ -301,17 +324,17 @@ async fn apply(
     for net in f
         .removes
         .iter()
-        .filter(|n| enforcer.wants(n) || splits.0.contains_key(&n.trunc()))
+        .filter(|n| enforcer.wants(n) || asked.0.get(&n.trunc()).is_some_and(|(_, p)| !p.is_empty()))
     {
         tracing::info!(addr = %crate::addr::AddrText(net), "Unbanned.");
     }
-    let removes = splits.expand(f.removes);
+    let removes = asked.expand(f.removes);
     let started = std::time::Instant::now();
     let result = match f.replace {
         Some(elems) => {
-            splits.0.clear();
+            asked.0.clear();
             let r = enforcer
-                .replace_all(&allowed(elems, allow, warned, splits, None), now)
+                .replace_all(&covered(elems, never, warned, asked, None), now)
                 .await
                 .map(|_| ());
             // A reconcile read and copied the whole list: give it back.
@@ -324,61 +347,73 @@ async fn apply(
     result
 }
 
-/// `elems` without the addresses of the allow list: a ban inside an allowed
-/// network (or of an allowed address) is not applied (noted in `refused`);
-/// a network ban holding allowed addresses is split into the networks
-/// around them (noted in `splits`, so that its unban lifts every piece).
-fn allowed(
+/// `elems` as each one's [`verdict::cover`] under `never`: a ban wholly
+/// never banned is not applied (noted in `refused`); a network ban holding
+/// never-banned addresses goes in as the networks around them. Both are
+/// noted in `asked`, so that an unban lifts every piece and a change of
+/// the set puts them in again as their new cover.
+pub(super) fn covered(
     elems: Vec<Element>,
-    allow: &AllowList,
+    never: &NeverBanned,
     warned: &mut u32,
-    splits: &mut Splits,
+    asked: &mut Asked,
     mut refused: Option<&mut Vec<IpNet>>,
 ) -> Vec<Element> {
     let mut out = Vec::with_capacity(elems.len());
     for e in elems {
-        if !allow.overlaps(&e.net) {
-            splits.0.remove(&e.net.trunc());
-            out.push(e);
-            continue;
-        }
-        let pieces = crate::blocklist::subtract(&[e.net.trunc()], allow.nets()).nets;
-        if pieces.is_empty() {
-            if *warned < 20 {
-                *warned += 1;
-                tracing::warn!(addr = %AddrText(&e.net), "Ban of an allowed address (loopback, own, `allow:` or `proxies:`) not applied.");
+        let ban = e.net.trunc();
+        match verdict::cover(&ban, never) {
+            Cover::Whole => {
+                asked.0.remove(&ban);
+                out.push(e);
             }
-            if let Some(r) = refused.as_deref_mut() {
-                r.push(e.net);
+            Cover::Spared(why) => {
+                if *warned < 20 {
+                    *warned += 1;
+                    tracing::warn!(addr = %AddrText(&e.net), never_banned = %why, "Ban of a never-banned address not applied here.");
+                }
+                if let Some(r) = refused.as_deref_mut() {
+                    r.push(e.net);
+                }
+                asked.0.insert(ban, (e.until, Vec::new()));
             }
-            continue;
+            Cover::Around(pieces) => {
+                if *warned < 20 && asked.0.get(&ban).map(|(_, p)| p) != Some(&pieces) {
+                    *warned += 1;
+                    let why: Vec<String> = never.overlapping(&ban).map(|w| w.to_string()).collect();
+                    tracing::warn!(
+                        addr = %AddrText(&e.net),
+                        networks = pieces.len(),
+                        never_banned = %why.join("; "),
+                        "Network ban applied around the never-banned addresses inside it: those stay reachable."
+                    );
+                }
+                out.extend(pieces.iter().map(|&net| Element { net, until: e.until }));
+                asked.0.insert(ban, (e.until, pieces));
+            }
         }
-        if *warned < 20 && splits.0.get(&e.net.trunc()) != Some(&pieces) {
-            *warned += 1;
-            tracing::warn!(
-                addr = %AddrText(&e.net),
-                networks = pieces.len(),
-                "Network ban split around the allowed addresses inside it (loopback, own, `allow:` or `proxies:`): those stay reachable."
-            );
-        }
-        out.extend(pieces.iter().map(|&net| Element { net, until: e.until }));
-        splits.0.insert(e.net.trunc(), pieces);
     }
     out
 }
 
-/// The network bans applied as pieces around allowed addresses: ban ->
-/// the networks put into the kernel for it.
+/// The bans whose cover is not the whole ban: ban -> its end and the
+/// networks put into the kernel for it (none when spared).
 #[derive(Default)]
-pub(super) struct Splits(std::collections::HashMap<IpNet, Vec<IpNet>>);
+pub(super) struct Asked(std::collections::HashMap<IpNet, (Until, Vec<IpNet>)>);
 
-impl Splits {
-    /// `removes` with each split ban replaced by its pieces.
+impl Asked {
+    /// How many bans go in as pieces, and how many not at all.
+    fn counts(&self) -> (u64, u64) {
+        let spared = self.0.values().filter(|(_, p)| p.is_empty()).count();
+        ((self.0.len() - spared) as u64, spared as u64)
+    }
+
+    /// `removes` with each such ban replaced by its pieces.
     fn expand(&mut self, removes: Vec<IpNet>) -> Vec<IpNet> {
         let mut out = Vec::with_capacity(removes.len());
         for net in removes {
             match self.0.remove(&net.trunc()) {
-                Some(pieces) => out.extend(pieces),
+                Some((_, pieces)) => out.extend(pieces),
                 None => out.push(net),
             }
         }
@@ -386,30 +421,80 @@ impl Splits {
     }
 }
 
-/// Follows this host's addresses (one getifaddrs): when they changed, the
-/// allow list is replaced, and a wanted ban covering an address that
-/// appeared is lifted here, said once per address (the fleet's list keeps
-/// it; other hosts still drop it).
-async fn lift_own(own: &mut OwnAddresses, allow: &mut AllowList, enforcer: &mut Enforcer) -> Result<(), EnforceError> {
-    let Some((new, added)) = own.refresh() else {
+/// Reads this host's addresses again (`Own::refresh`); when the set
+/// changed, every ban's cover follows it.
+async fn follow_own(
+    own: &Own,
+    never: &mut std::sync::Arc<NeverBanned>,
+    enforcer: &mut Enforcer,
+    asked: &mut Asked,
+) -> Result<(), EnforceError> {
+    own.refresh();
+    let now = own.current();
+    if std::sync::Arc::ptr_eq(&now, never) {
         return Ok(());
-    };
-    *allow = new;
-    for a in &added {
-        tracing::info!(addr = %a, "This host has a new address: it is never banned here.");
     }
-    let lift: Vec<IpNet> = enforcer
-        .wanted()
-        .filter(|n| added.iter().any(|a| n.contains(a)))
-        .copied()
+    *never = now;
+    follow_never(enforcer, asked, never).await
+}
+
+/// The never-banned set is now `never`: each ban whose cover that changes
+/// (a whole ban holding a new address, a split or spared one) goes in as
+/// its new cover, in one transaction.
+async fn follow_never(enforcer: &mut Enforcer, asked: &mut Asked, never: &NeverBanned) -> Result<(), EnforceError> {
+    let now = crate::now_ms();
+    // (ban, end, what the kernel was given for it)
+    let mut changed: Vec<(IpNet, Until, Vec<IpNet>)> = asked.0.drain().map(|(b, (u, p))| (b, u, p)).collect();
+    let whole: Vec<(IpNet, Until)> = enforcer
+        .wanted_until()
+        .filter(|(n, _)| never.overlaps(n))
+        .map(|(n, u)| (*n, *u))
         .collect();
-    if lift.is_empty() {
+    // A piece of a split ban is wanted too: only a ban put in whole is taken here.
+    let pieces: std::collections::HashSet<IpNet> = changed.iter().flat_map(|(_, _, p)| p.iter().copied()).collect();
+    for (n, u) in whole {
+        if !pieces.contains(&n) {
+            changed.push((n, u, vec![n]));
+        }
+    }
+    let (mut adds, mut removes) = (Vec::new(), Vec::new());
+    // Said below, once per ban, rather than as a new ban's warning.
+    let mut warned = u32::MAX;
+    for (ban, until, was) in changed {
+        if matches!(until, Until::At(t) if t <= now) {
+            removes.extend(was);
+            continue;
+        }
+        let mut none = Vec::new();
+        let mut scratch = Asked::default();
+        let now_in = covered(
+            vec![Element { net: ban, until }],
+            never,
+            &mut warned,
+            &mut scratch,
+            Some(&mut none),
+        );
+        let now_nets: Vec<IpNet> = now_in.iter().map(|e| e.net).collect();
+        if now_nets != was {
+            let addr = AddrText(&ban);
+            match (now_nets.as_slice(), was.as_slice()) {
+                ([], _) => {
+                    tracing::warn!(%addr, "A ban covers an address this host now has: lifted here, the list keeps it.")
+                }
+                (_, [w]) if *w == ban => tracing::warn!(%addr, networks = now_nets.len(),
+                    "A ban covers an address this host now has: applied around it here, the list keeps it."),
+                _ => tracing::info!(%addr, networks = now_nets.len(),
+                    "This host's addresses changed: the ban is applied as its new cover here."),
+            }
+            removes.extend(was.iter().filter(|n| !now_nets.contains(n)).copied());
+            adds.extend(now_in.into_iter().filter(|e| !was.contains(&e.net)));
+        }
+        asked.0.extend(scratch.0);
+    }
+    if adds.is_empty() && removes.is_empty() {
         return Ok(());
     }
-    for n in &lift {
-        tracing::warn!(addr = %AddrText(n), "A ban covers an address this host now has: lifted here, the list keeps it.");
-    }
-    enforcer.remove(&lift, crate::now_ms()).await
+    enforcer.update(&adds, &removes, now).await
 }
 
 #[cfg(test)]
@@ -423,13 +508,13 @@ mod tests {
 
     #[test]
     fn a_network_ban_is_split_around_allowed_addresses_and_its_unban_lifts_every_piece() {
-        let allow = AllowList::only(&[net("198.51.100.7/32"), net("203.0.113.0/24")]);
-        let (mut warned, mut splits, mut refused) = (0, Splits::default(), Vec::new());
+        let allow = NeverBanned::only(&[net("198.51.100.7/32"), net("203.0.113.0/24")]);
+        let (mut warned, mut splits, mut refused) = (0, Asked::default(), Vec::new());
         let ban = |s: &str| Element {
             net: net(s),
             until: Until::At(1_000_000),
         };
-        let out = allowed(
+        let out = covered(
             vec![
                 ban("198.51.100.0/24"),
                 ban("203.0.113.5/32"),

@@ -138,8 +138,10 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     let _lock = start::lock_state_dir(&config.state_dir)?;
     let offsets =
         Arc::new(OffsetStore::open(&config.state_dir).map_err(|e| DaemonError::StateDir(config.state_dir.clone(), e))?);
-    // The pipeline's: read again every second (`Pipeline::set_own_addresses`).
-    let (own_addresses, allow) = crate::detect::OwnAddresses::new(&config.never_banned());
+    // The host's one never-banned set, following its interfaces: the
+    // pipeline (never counted), the enforcer (never in nft), the endpoint
+    // (never denied) and the blocklists (never dropped) all read it.
+    let own = Arc::new(config.own_addresses());
     let token = CancellationToken::new();
     let tracker = TaskTracker::new();
 
@@ -157,15 +159,15 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     // endpoint's view takes both, as the enforcer does.
     let (enf_tx, enf_rx) = tokio::sync::mpsc::unbounded_channel();
     let (updates_tx, updates_rx) = tokio::sync::mpsc::unbounded_channel();
-    let (mut own, mut all) = (vec![enf_tx.clone()], vec![enf_tx, updates_tx]);
+    let (mut ours, mut all) = (vec![enf_tx.clone()], vec![enf_tx, updates_tx]);
     let http_rx = config.http.as_ref().map(|_| {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        own.push(tx.clone());
+        ours.push(tx.clone());
         all.push(tx);
         rx
     });
     let store = tokio::select! {
-        s = start::open(&config, &opts, Changes::to(own), Changes::to(all)) => s,
+        s = start::open(&config, &opts, Changes::to(ours), Changes::to(all)) => s,
         _ = &mut shutdown => return Ok(()),
     };
     let start::Store {
@@ -185,8 +187,8 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     init?;
 
     // First sync: the kernel set equals the list before anything else runs.
-    let (applied, view) = start::first_sync(&mut enforcer, initial, &allow).await;
-    let decisions = http_rx.map(|rx| (Arc::new(crate::http::Decisions::new(view.clone())), rx));
+    let (applied, view, asked) = start::first_sync(&mut enforcer, initial, &own.current()).await;
+    let decisions = http_rx.map(|rx| (Arc::new(crate::http::Decisions::new(view.clone(), own.current())), rx));
     bans.set_view(view);
     tracing::info!(bans = applied, rules = config.rules.len(), "Ban list applied.");
     // The list's reply, its copies and the transaction's text are freed now.
@@ -216,7 +218,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     let enforced = Arc::new(enforcer::Enforced::default());
     // Blocklists: read and loaded before anything else is enforced after
     // the bans, in one transaction; then refreshed by their own task.
-    let mut lists = blocklist::Blocklists::new(config.blocklists.clone(), config.never_banned());
+    let mut lists = blocklist::Blocklists::new(config.blocklists.clone());
     let wanted = match config.blocklists.is_empty() {
         true => {
             // A blocklist an earlier configuration left in the table would
@@ -231,21 +233,27 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
             }
         }
         false => {
-            let w = lists.read(true).unwrap_or_default();
+            let w = lists.read(true, &own.current()).unwrap_or_default();
             blocklist::apply(&mut enforcer, &w, &enforced.blocklist).await;
             w
         }
     };
+    let (nets_tx, endpoint_blocks) = tokio::sync::watch::channel(wanted.nets.clone());
     let (blocks_tx, blocks_rx) = tokio::sync::watch::channel(wanted);
     let (blocklist_reload_tx, blocklist_reload_rx) = tokio::sync::mpsc::unbounded_channel();
-    tracker.spawn(blocklist::run(lists, blocks_tx, blocklist_reload_rx, token.clone()));
-    // The enforcer follows this host's addresses itself.
-    let (own, enforcer_allow) = crate::detect::OwnAddresses::new(&config.never_banned());
+    tracker.spawn(blocklist::run(
+        lists,
+        blocks_tx,
+        nets_tx,
+        own.subscribe(),
+        blocklist_reload_rx,
+        token.clone(),
+    ));
     tracker.spawn(enforcer::run(
         enforcer,
         enf_rx,
-        enforcer_allow,
-        own,
+        own.clone(),
+        asked,
         stats.clone(),
         enforced.clone(),
         blocks_rx,
@@ -277,7 +285,13 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
             }
         };
         tracing::info!(listen = %http.listen, deny_status = http.deny_status, "Decision endpoint on GET /check.");
-        tracker.spawn(crate::http::follow(decisions.clone(), rx, allow.clone(), token.clone()));
+        tracker.spawn(crate::http::follow(
+            decisions.clone(),
+            rx,
+            own.subscribe(),
+            endpoint_blocks,
+            token.clone(),
+        ));
         let endpoint = crate::http::Endpoint {
             decisions,
             deny_status: http.deny_status,
@@ -290,7 +304,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     let scanner = Scanner::new(
         Mode::Live,
         Plan::new(&config.rules, &config.proxies)?,
-        allow,
+        own.current(),
         config.ipv6_prefix,
     );
     // A few chunks of up to 1 MiB: enough to overlap reading with a flush, small
@@ -337,7 +351,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     let rules = reload::rule_infos(&config, &stats);
     let mut pipeline = Pipeline::new(rules, scanner, limiter, bans, inputs, offsets.clone(), stats.clone());
     pipeline.set_unbannable(crate::bans::Unbannable::of(&config));
-    pipeline.set_own_addresses(own_addresses);
+    pipeline.set_own_addresses(own.clone());
     if opts.bench_one_flight {
         pipeline.set_max_in_flight(1);
     }
@@ -364,7 +378,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
                 match reload::reload(&config, &opts.config_path, &stats, &reload_tx, &mut follower, &offsets, &chunk_tx, &token).await {
                     Some(new) => {
                         stats.reloads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let _ = blocklist_reload_tx.send((new.blocklists.clone(), new.never_banned()));
+                        let _ = blocklist_reload_tx.send(new.blocklists.clone());
                         config = new;
                     }
                     None => {

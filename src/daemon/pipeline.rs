@@ -125,8 +125,12 @@ pub struct Pipeline {
     max_in_flight: usize,
     /// What no ban command may cover (None: unchecked, as in unit tests).
     unbannable: Option<Unbannable>,
-    /// The host's addresses, followed (`set_own_addresses`).
-    own: Option<crate::detect::OwnAddresses>,
+    /// The host's never-banned set, read again every second
+    /// (`set_own_addresses`), and its changes.
+    own: Option<(
+        Arc<crate::verdict::Own>,
+        tokio::sync::watch::Receiver<Arc<crate::verdict::NeverBanned>>,
+    )>,
     /// How long without a chunk counts as idle ([`IDLE`]).
     idle: Duration,
     /// When the input counts as idle if no chunk comes first.
@@ -202,8 +206,9 @@ impl Pipeline {
 
     /// The host's addresses, read again every second: an address it takes
     /// later (DHCP, a VIP) is never counted from then on.
-    pub fn set_own_addresses(&mut self, own: crate::detect::OwnAddresses) {
-        self.own = Some(own);
+    pub fn set_own_addresses(&mut self, own: Arc<crate::verdict::Own>) {
+        let rx = own.subscribe();
+        self.own = Some((own, rx));
     }
 
     /// What no ban command may cover (`bans::Unbannable`).
@@ -351,14 +356,15 @@ impl Pipeline {
         self.bans.retry_save();
     }
 
-    /// Once a second: the saves, and the host's addresses read again.
+    /// Once a second: the saves, and the host's addresses read again (the
+    /// enforcer reads them too: whoever reads a change publishes it).
     fn every_second(&mut self) {
         self.save_offsets();
-        if let Some((allow, added)) = self.own.as_mut().and_then(|o| o.refresh()) {
-            for a in &added {
-                tracing::info!(addr = %a, "This host took a new address: never counted from now on.");
+        if let Some((own, rx)) = self.own.as_mut() {
+            own.refresh();
+            if rx.has_changed().unwrap_or(false) {
+                self.scanner.set_allow(rx.borrow_and_update().clone());
             }
-            self.scanner.set_allow(allow);
         }
     }
 

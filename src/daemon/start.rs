@@ -8,7 +8,6 @@ use std::time::Duration;
 use super::Options;
 use crate::bans::{BanCache, BanList, Bans};
 use crate::config::{Config, RedisConfig};
-use crate::detect::AllowList;
 use crate::enforce::{Changes, Element, Enforcer};
 use crate::fleet::{hot::Publisher, FleetSync};
 use crate::limit::{FleetNews, HotKey, Limiter, RedisLimiter, RuleLimit};
@@ -151,29 +150,33 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
     }
 }
 
-/// The first sync: the kernel's set takes `initial` (without allowed
-/// addresses) while this host's view of the list is built on another
-/// thread. The number of bans applied, and the view.
+/// The first sync: the kernel's set takes `initial`, each ban as its cover
+/// under `never` (as the enforcer task puts every later one), while this
+/// host's view of the list is built on another thread. The number of bans
+/// applied, the view (every ban of the list: what is enforced for an
+/// address is `verdict::verdict` over it), and the bans not put in whole.
 pub async fn first_sync(
     enforcer: &mut Enforcer,
     initial: Option<Vec<Element>>,
-    allow: &AllowList,
-) -> (usize, BanCache) {
+    never: &crate::verdict::NeverBanned,
+) -> (usize, BanCache, super::enforcer::Asked) {
+    let mut asked = super::enforcer::Asked::default();
     let Some(list) = initial else {
-        return (0, BanCache::default());
+        return (0, BanCache::default(), asked);
     };
-    let initial: Vec<Element> = list.into_iter().filter(|e| !allow.overlaps(&e.net)).collect();
-    let copy: Vec<_> = initial.iter().map(|e| (e.net, e.until)).collect();
+    let copy: Vec<_> = list.iter().map(|e| (e.net, e.until)).collect();
     let view = tokio::task::spawn_blocking(move || {
         let mut view = BanCache::default();
         view.replace(copy);
         view
     });
-    if let Err(e) = enforcer.replace_all(&initial, crate::now_ms()).await {
+    let n = list.len();
+    let elems = super::enforcer::covered(list, never, &mut 0, &mut asked, None);
+    if let Err(e) = enforcer.replace_all(&elems, crate::now_ms()).await {
         tracing::warn!(error = %e, "Applying the ban list at start failed; the next reconcile retries.");
     }
     match view.await {
-        Ok(view) => (initial.len(), view),
+        Ok(view) => (n, view, asked),
         // Only a panic in the view (a bug) gets here: keep it a panic.
         Err(e) => std::panic::resume_unwind(e.into_panic()),
     }

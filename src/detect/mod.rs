@@ -4,18 +4,16 @@
 //! `scan` is the one per-line loop (the daemon's and `fleetban test`'s),
 //! `filter` holds the compiled `match:`/`ignore:` conditions (`literal`: the
 //! exact literal tests that replace their regexes when they have that shape),
-//! `allow` the networks that are never counted nor banned, `plan` which rules
+//! `plan` which rules
 //! read which log (each log is parsed once per distinct format, whatever the
 //! number of rules). Nothing here talks to Redis or knows of bans but
 //! through [`Sink`].
 
-mod allow;
 mod filter;
 mod literal;
 mod plan;
 mod scan;
 
-pub use allow::{never_dropped, AllowList, OwnAddresses};
 pub use filter::RuleFilter;
 pub use plan::{Group, Plan};
 pub use scan::{Mode, RuleCount, Scanned, Scanner, Sink};

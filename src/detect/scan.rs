@@ -12,9 +12,10 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 
-use super::{AllowList, Group, Hit, Plan};
+use super::{Group, Hit, Plan};
 use crate::config::Clock;
 use crate::source::Chunk;
+use crate::verdict::NeverBanned;
 
 /// Where `fleetban run` and `fleetban test` read lines differently.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,7 +93,8 @@ pub struct RuleCount {
 pub struct Scanner {
     mode: Mode,
     plan: Plan,
-    allow: AllowList,
+    /// Never counted (`verdict::never`).
+    allow: std::sync::Arc<NeverBanned>,
     ipv6_prefix: u8,
     /// Which groups read each file seen so far ([`Mode::Live`]: a file
     /// matched by several rules' paths or globs is read once and fanned out
@@ -112,7 +114,7 @@ pub struct Scanner {
 }
 
 impl Scanner {
-    pub fn new(mode: Mode, plan: Plan, allow: AllowList, ipv6_prefix: u8) -> Scanner {
+    pub fn new(mode: Mode, plan: Plan, allow: std::sync::Arc<NeverBanned>, ipv6_prefix: u8) -> Scanner {
         let mut s = Scanner {
             mode,
             plan: Plan::empty(),
@@ -130,7 +132,7 @@ impl Scanner {
     }
 
     /// Who is never counted, again (the host's addresses changed).
-    pub fn set_allow(&mut self, allow: AllowList) {
+    pub fn set_allow(&mut self, allow: std::sync::Arc<NeverBanned>) {
         self.allow = allow;
     }
 

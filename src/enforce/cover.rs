@@ -246,6 +246,11 @@ impl Book {
         self.desired.keys()
     }
 
+    /// The wanted bans with their ends.
+    pub fn desired(&self) -> impl Iterator<Item = (&IpNet, &Until)> {
+        self.desired.iter()
+    }
+
     pub fn applied_len(&self) -> usize {
         self.applied.len()
     }

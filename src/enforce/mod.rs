@@ -330,6 +330,11 @@ impl Enforcer {
         self.book().desired_nets()
     }
 
+    /// The bans wanted with their ends (covered ones included), in order.
+    pub fn wanted_until(&self) -> impl Iterator<Item = (&ipnet::IpNet, &Until)> {
+        self.book().desired()
+    }
+
     /// Bans currently wanted, covered ones included.
     pub fn desired_len(&self) -> usize {
         self.book().desired_len()

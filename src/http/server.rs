@@ -202,7 +202,7 @@ fn answer(head: &Head, keep: bool, endpoint: &Endpoint, now_ms: i64, out: &mut V
             let c = &endpoint.counters;
             c.checks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let until = match head.client {
-                Client::Addr(a) => endpoint.decisions.banned_until(a, now_ms),
+                Client::Addr(a) => endpoint.decisions.denied_until(a, now_ms),
                 Client::Missing | Client::Invalid => {
                     c.malformed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     None
@@ -266,7 +266,7 @@ mod tests {
         view.insert("198.51.100.0/24".parse().unwrap(), Until::Permanent);
         view.insert("192.0.2.2/32".parse().unwrap(), Until::At(1));
         Endpoint {
-            decisions: Arc::new(Decisions::new(view)),
+            decisions: Arc::new(Decisions::new(view, Arc::default())),
             deny_status,
             counters: Arc::default(),
             proxies: NetSet::default(),
