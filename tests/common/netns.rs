@@ -6,7 +6,7 @@
 use super::{require, require_root, run_ok, signal};
 use std::ffi::OsStr;
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -202,7 +202,7 @@ pub fn http_get_headers(
 pub fn get_from(from: Ipv4Addr, to: SocketAddrV4, path: &str, timeout: Duration) -> Result<(Instant, u16), String> {
     let deadline = Instant::now() + timeout;
     let fail = |what: &str, e: std::io::Error| format!("GET http://{to}{path} from {from}: {what}: {e}");
-    let mut stream = connect_from(from, to, timeout).map_err(|e| fail("connect", e))?;
+    let mut stream = connect_from(IpAddr::V4(from), SocketAddr::V4(to), timeout).map_err(|e| fail("connect", e))?;
     let left = deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_millis(1));
@@ -228,19 +228,47 @@ pub fn get_from(from: Ipv4Addr, to: SocketAddrV4, path: &str, timeout: Duration)
 }
 
 /// A TCP connection from `from` (bound before connecting, which std's
-/// `TcpStream` cannot do) to `to`, given up after `timeout`.
-fn connect_from(from: Ipv4Addr, to: SocketAddrV4, timeout: Duration) -> std::io::Result<TcpStream> {
-    let sockaddr = |a: SocketAddrV4| libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: a.port().to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(*a.ip()).to_be(),
-        },
-        sin_zero: [0; 8],
-    };
-    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+/// `TcpStream` cannot do) to `to`, given up after `timeout`. Either family;
+/// `from` and `to` of the same one.
+pub fn connect_from(from: IpAddr, to: SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
+    // A sockaddr of either family, as bytes, and its length.
+    fn raw(a: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+        // SAFETY: an all-zero sockaddr_storage is valid.
+        let mut st: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let len = match a {
+            SocketAddr::V4(a) => {
+                let sin = libc::sockaddr_in {
+                    sin_family: libc::AF_INET as libc::sa_family_t,
+                    sin_port: a.port().to_be(),
+                    sin_addr: libc::in_addr {
+                        s_addr: u32::from(*a.ip()).to_be(),
+                    },
+                    sin_zero: [0; 8],
+                };
+                // SAFETY: sockaddr_storage is larger than sockaddr_in and aligned for it.
+                unsafe { std::ptr::write((&raw mut st).cast(), sin) };
+                std::mem::size_of::<libc::sockaddr_in>()
+            }
+            SocketAddr::V6(a) => {
+                let sin6 = libc::sockaddr_in6 {
+                    sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                    sin6_port: a.port().to_be(),
+                    sin6_flowinfo: 0,
+                    sin6_addr: libc::in6_addr {
+                        s6_addr: a.ip().octets(),
+                    },
+                    sin6_scope_id: 0,
+                };
+                // SAFETY: sockaddr_storage is larger than sockaddr_in6 and aligned for it.
+                unsafe { std::ptr::write((&raw mut st).cast(), sin6) };
+                std::mem::size_of::<libc::sockaddr_in6>()
+            }
+        };
+        (st, len as libc::socklen_t)
+    }
+    let family = if to.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
     // SAFETY: socket(2) takes constants; the descriptor is owned at once.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -253,8 +281,8 @@ fn connect_from(from: Ipv4Addr, to: SocketAddrV4, timeout: Duration) -> std::io:
             Err(std::io::Error::last_os_error())
         }
     };
-    let src = sockaddr(SocketAddrV4::new(from, 0));
-    // SAFETY: `src` is a valid sockaddr_in of `len` bytes.
+    let (src, len) = raw(SocketAddr::new(from, 0));
+    // SAFETY: `src` is a valid sockaddr of `len` bytes.
     check(unsafe { libc::bind(fd, (&raw const src).cast(), len) })?;
     // Linux bounds a blocking connect by SO_SNDTIMEO (EINPROGRESS past it).
     let tv = libc::timeval {
@@ -264,8 +292,8 @@ fn connect_from(from: Ipv4Addr, to: SocketAddrV4, timeout: Duration) -> std::io:
     let tv_len = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
     // SAFETY: `tv` is a valid timeval of `tv_len` bytes.
     check(unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDTIMEO, (&raw const tv).cast(), tv_len) })?;
-    let dst = sockaddr(to);
-    // SAFETY: `dst` is a valid sockaddr_in of `len` bytes.
+    let (dst, len) = raw(to);
+    // SAFETY: `dst` is a valid sockaddr of `len` bytes.
     match check(unsafe { libc::connect(fd, (&raw const dst).cast(), len) }) {
         Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Err(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
