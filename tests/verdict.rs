@@ -464,3 +464,56 @@ fn the_kernel_check_explain_and_bans_agree_on_every_address() {
         run_case(&rig, &case)?;
     });
 }
+
+/// The spellings of issue 24: `proxies: ["::ffff:10.0.0.0/104"]` and
+/// `allow: ["::ffff:192.0.2.0/120"]` are the IPv4 networks they carry
+/// (never counted, never banned, an operator's ban of them refused), and
+/// `ban ::ffff:198.51.100.0/120` is the IPv4 /24, in the IPv4 set, denied
+/// by `/check` in either spelling.
+#[test]
+fn ipv4_mapped_spellings_are_their_ipv4_networks_everywhere() {
+    let rig = rig();
+    let c = ConfigDir::new();
+    let main = c
+        .main_config()
+        .allow("['::ffff:192.0.2.0/120']")
+        .proxies("['::ffff:10.0.0.0/104']")
+        .http(&format!("{{ listen: '{}' }}", c.path().join("http.sock").display()));
+    c.write(&main, &[Rule::new("r", &c.log, "{ hits: 100, window: 60s }")]);
+    let check = cli_in(&rig, &c, &["check"]);
+    assert!(check.contains("ok"), "{check}");
+    let _d = Daemon::start(Some(&rig.host), &c.cfg, &c.control);
+    for refused in ["10.0.0.9", "::ffff:10.0.0.9", "192.0.2.7", "10.0.0.0/16"] {
+        let (ok, out) = try_cli(&rig, &c, &["ban", refused, "--for", "1h"]);
+        assert!(!ok, "ban {refused} refused: {out}");
+    }
+    let out = cli_in(&rig, &c, &["ban", "::ffff:198.51.100.0/120", "--for", "1h", "--json"]);
+    let ban: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(ban["addr"], "198.51.100.0/24", "{out}");
+    assert_eq!(ban["enforced"], true, "{out}");
+    let v4net: Vec<String> = common::nft_set_elements(&rig.host, "fleetban", "v4net")
+        .into_iter()
+        .map(|(e, _)| e)
+        .collect();
+    assert_eq!(v4net, ["198.51.100.0/24"]);
+    assert!(common::nft_set_elements(&rig.host, "fleetban", "v6net").is_empty());
+    let mut checker = Checker::unix(&c.path().join("http.sock"));
+    for (addr, status) in [
+        ("198.51.100.7", 403),
+        ("::ffff:198.51.100.7", 403),
+        ("10.0.0.5", 204),
+        ("192.0.2.7", 204),
+    ] {
+        assert_eq!(checker.check(addr).status, status, "{addr}");
+    }
+    for (addr, verdict) in [
+        ("192.0.2.7", "never_banned"),
+        ("::ffff:10.0.0.5", "never_banned"),
+        ("198.51.100.9", "banned"),
+    ] {
+        let e: Value = serde_json::from_str(cli_in(&rig, &c, &["explain", addr, "--json"]).trim()).unwrap();
+        assert_eq!(e["verdict"], verdict, "{addr}: {e}");
+    }
+    let passed = rig.probe(&["198.51.100.7".parse().unwrap(), "192.0.2.7".parse().unwrap()]);
+    assert_eq!(passed, [false, true]);
+}
