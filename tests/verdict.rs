@@ -366,9 +366,14 @@ fn run_case(rig: &Rig, case: &Case) -> Result<(), TestCaseError> {
     let taken = canon_addr(case.taken);
     let fresh = !own.contains(&taken) && routable(&taken);
     if fresh {
-        let prefix = if taken.is_ipv4() { "32" } else { "128" };
-        rig.host
-            .run(&["ip", "addr", "add", &format!("{taken}/{prefix}"), "dev", "lo", "nodad"]);
+        match taken {
+            IpAddr::V4(a) => rig
+                .host
+                .run(&["ip", "addr", "replace", &format!("{a}/32"), "dev", "lo"]),
+            IpAddr::V6(a) => rig
+                .host
+                .run(&["ip", "addr", "replace", &format!("{a}/128"), "dev", "lo", "nodad"]),
+        };
         own.push(taken);
         // Seen within about a second (the pipeline reads the interfaces
         // every second), then applied by the enforcer and the endpoint.
@@ -413,9 +418,7 @@ fn run_case(rig: &Rig, case: &Case) -> Result<(), TestCaseError> {
             let net: IpNet = parse_net(b["addr"].as_str().unwrap());
             let spared = b["spared"]
                 .as_array()
-                .unwrap()
-                .iter()
-                .any(|s| parse_net(s.as_str().unwrap()).contains(a));
+                .is_some_and(|s| s.iter().any(|s| parse_net(s.as_str().unwrap_or_default()).contains(a)));
             net.contains(a) && !spared
         });
         if in_bans != (want == 1) {
@@ -432,8 +435,10 @@ fn run_case(rig: &Rig, case: &Case) -> Result<(), TestCaseError> {
     }
     if fresh {
         let prefix = if taken.is_ipv4() { "32" } else { "128" };
-        rig.host
-            .run(&["ip", "addr", "del", &format!("{taken}/{prefix}"), "dev", "lo"]);
+        let _ = rig
+            .host
+            .exec(&["ip", "addr", "del", &format!("{taken}/{prefix}"), "dev", "lo"])
+            .output();
     }
     let log = d.log_text();
     drop(d);
