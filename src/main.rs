@@ -122,7 +122,7 @@ enum Command {
         /// ADDR or CIDR (no host bits set), e.g. 192.0.2.7, 2001:db8::/64.
         #[arg(value_name = "TARGET")]
         target: String,
-        /// How long, e.g. 1h, 30m, 7d (default 1h; at least 1s).
+        /// How long, e.g. 1h, 30m, 7d (default 1h; 1s to 3650d, ten years; longer: --permanent).
         #[arg(long = "for", value_name = "DURATION", conflicts_with = "permanent")]
         duration: Option<String>,
         /// Until unbanned.

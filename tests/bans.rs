@@ -89,12 +89,12 @@ async fn rebans(list: &mut BanList, t0: i64) -> Vec<(Option<Effect>, Until, Stri
     let manual =
         |mode: Mode, reason: &str| BanRequest::manual("198.51.100.77/32".parse().unwrap(), mode, reason, "ops");
     let steps = [
-        (Mode::manual(Some(7_200_000), false, false), "first"),
-        (Mode::manual(Some(600_000), false, false), ""),
-        (Mode::manual(Some(18_000_000), false, false), "second"),
-        (Mode::manual(None, true, false), ""),
-        (Mode::manual(Some(3_600_000), false, false), "third"),
-        (Mode::manual(Some(3_600_000), false, true), ""),
+        (Mode::manual(Some(7_200_000), false, false).unwrap(), "first"),
+        (Mode::manual(Some(600_000), false, false).unwrap(), ""),
+        (Mode::manual(Some(18_000_000), false, false).unwrap(), "second"),
+        (Mode::manual(None, true, false).unwrap(), ""),
+        (Mode::manual(Some(3_600_000), false, false).unwrap(), "third"),
+        (Mode::manual(Some(3_600_000), false, true).unwrap(), ""),
         (Mode::Auto(policy()), ""),
     ];
     let mut out = Vec::new();

@@ -276,3 +276,47 @@ fn explain_says_why_an_address_is_or_is_not_banned_in_the_embedded_store() {
     d.wait_lines(3);
     explain_cases(&r);
 }
+
+/// Issue 25, item 5: one bound for a ban's length at every entry point. The
+/// CLI refuses what overflows or is not positive, naming the bound; the
+/// control socket refuses the same `for_ms`; nothing of it is banned.
+#[test]
+fn a_ban_too_long_or_not_positive_is_refused_by_the_cli_and_the_control_socket() {
+    use std::io::{BufRead, Write};
+    let r = rig();
+    let _d = Daemon::start(None, &r.cfg, &r.control);
+    for d in ["300000000y", "9999999999999999s", "3651d", "0s", "500ms"] {
+        let out = cli(&r.cfg, &["ban", "198.51.100.51", "--for", d]);
+        assert_eq!(out.code, 2, "--for {d}: {}", out.text());
+        assert!(out.stderr.contains("--for"), "--for {d}: {}", out.stderr);
+    }
+    let out = cli(&r.cfg, &["ban", "198.51.100.51", "--for", "3651d"]);
+    assert!(
+        out.stderr.contains("at most 3650d") && out.stderr.contains("--permanent"),
+        "{}",
+        out.stderr
+    );
+    for ms in ["9223372036854775807", "-5000", "0", "999"] {
+        let mut s = std::os::unix::net::UnixStream::connect(&r.control).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        writeln!(
+            s,
+            r#"{{"cmd":"ban","addr":"198.51.100.51","for_ms":{ms},"permanent":false,"reason":"x"}}"#
+        )
+        .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(&s).read_line(&mut line).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line}: {e}"));
+        assert!(
+            v["error"].as_str().is_some_and(|e| e.contains("a ban")),
+            "for_ms {ms}: {line}"
+        );
+    }
+    // The longest allowed still works, and nothing above was banned.
+    assert_eq!(cli(&r.cfg, &["ban", "198.51.100.52", "--for", "3650d"]).code, 0);
+    let bans = cli(&r.cfg, &["bans", "--json"]).stdout;
+    assert!(
+        !bans.contains("198.51.100.51") && bans.contains("198.51.100.52"),
+        "{bans}"
+    );
+}

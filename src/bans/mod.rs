@@ -74,19 +74,27 @@ pub enum Mode {
 pub const MANUAL_DEFAULT_MS: i64 = 3_600_000;
 /// An operator's ban lasts at least this long.
 pub const MANUAL_MIN_MS: i64 = 1000;
+/// No ban with an end lasts longer (ten years: nft's longest timeout,
+/// `enforce`'s): every entry point (`ban --for`, the control socket's
+/// `for_ms`, a rule's `ban:` and escalation) refuses more; a ban without
+/// end is `--permanent`.
+pub const MAX_BAN_MS: i64 = crate::enforce::MAX_TIMEOUT_MS;
 
 impl Mode {
     /// An operator's ban: until unbanned, or `for_ms` (default
-    /// [`MANUAL_DEFAULT_MS`], at least [`MANUAL_MIN_MS`]); `replace`: the
-    /// end asked for even if an active ban ends later (`ban --replace`).
-    pub fn manual(for_ms: Option<i64>, permanent: bool, replace: bool) -> Mode {
+    /// [`MANUAL_DEFAULT_MS`], from [`MANUAL_MIN_MS`] to [`MAX_BAN_MS`]);
+    /// `replace`: the end asked for even if an active ban ends later
+    /// (`ban --replace`). The one check of every entry point.
+    pub fn manual(for_ms: Option<i64>, permanent: bool, replace: bool) -> Result<Mode, String> {
         if permanent {
-            Mode::Permanent { replace }
-        } else {
-            Mode::For {
-                ms: for_ms.unwrap_or(MANUAL_DEFAULT_MS).max(MANUAL_MIN_MS),
-                replace,
-            }
+            return Ok(Mode::Permanent { replace });
+        }
+        match for_ms.unwrap_or(MANUAL_DEFAULT_MS) {
+            ms if ms < MANUAL_MIN_MS => Err(format!("a ban lasts at least 1s (asked for {ms} ms)")),
+            ms if ms > MAX_BAN_MS => Err(format!(
+                "a ban with an end lasts at most 3650d (10 years; asked for {ms} ms): use --permanent for a ban without end"
+            )),
+            ms => Ok(Mode::For { ms, replace }),
         }
     }
 

@@ -15,7 +15,7 @@ use serde::Serialize;
 use fleetban::addr::AddrText;
 use fleetban::bans::list::until_ms;
 use fleetban::bans::{
-    overlapping, parse_target, Applied, BanList, BanRecord, BanRequest, Bans, Effect, Mode, Unbannable, MANUAL_MIN_MS,
+    overlapping, parse_target, Applied, BanList, BanRecord, BanRequest, Bans, Effect, Mode, Unbannable,
 };
 use fleetban::config::Dur;
 use fleetban::control::{BanAnswer, Client, Cover, Request};
@@ -233,12 +233,13 @@ pub fn ban(path: &Path, args: &BanArgs) -> Outcome {
     }
     let for_ms = match (&args.duration, args.permanent) {
         (Some(d), false) => match d.parse::<Dur>() {
-            Ok(d) if d.as_ms() >= MANUAL_MIN_MS => Some(d.as_ms()),
-            Ok(_) => return Err(Failure::Usage("--for must be at least 1s".into())),
+            Ok(d) => Some(d.as_ms()),
             Err(e) => return Err(Failure::Usage(format!("--for: {e}"))),
         },
         _ => None,
     };
+    // The one check of every entry point (the control socket's too).
+    let mode = Mode::manual(for_ms, args.permanent, args.replace).map_err(|e| Failure::Usage(format!("--for: {e}")))?;
     let via_daemon = || {
         Client::new(&config.control).ban(&Request::Ban {
             addr: net,
@@ -251,12 +252,7 @@ pub fn ban(path: &Path, args: &BanArgs) -> Outcome {
     let answer = match &config.redis {
         Some(r) => {
             let rt = runtime();
-            let req = BanRequest::manual(
-                net,
-                Mode::manual(for_ms, args.permanent, args.replace),
-                &args.reason,
-                &config.host_id,
-            );
+            let req = BanRequest::manual(net, mode, &args.reason, &config.host_id);
             let now = fleetban::now_ms();
             let direct = rt.block_on(async {
                 let list = BanList::connect(r).await.map_err(fleetban::bans::BanListError::from)?;

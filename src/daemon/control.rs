@@ -131,7 +131,11 @@ pub(super) async fn command(
             reason,
             replace,
         } => {
-            let req = BanRequest::manual(addr, Mode::manual(for_ms, permanent, replace), &reason, bans.host());
+            let mode = match Mode::manual(for_ms, permanent, replace) {
+                Ok(m) => m,
+                Err(e) => return Response::error(e),
+            };
+            let req = BanRequest::manual(addr, mode, &reason, bans.host());
             let answer = |until: Until, effect, was: Option<Until>, queued| Response::Ban {
                 banned: true,
                 until: until_ms(until),

@@ -34,7 +34,7 @@ pub(crate) const GONE_MARGIN_MS: i64 = 5_000;
 /// their ends by a second is not worth a transaction.
 pub(crate) const REFRESH_TOLERANCE_MS: i64 = 5_000;
 /// Longer bans become permanent; the kernel refuses timeouts of ~1000 years.
-pub(crate) const MAX_TIMEOUT_MS: i64 = 3_650 * 86_400_000;
+pub const MAX_TIMEOUT_MS: i64 = 3_650 * 86_400_000;
 
 /// An inclusive address range, the kernel's view of an interval element.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -25,6 +25,7 @@
 mod block;
 mod change;
 mod cover;
+pub use cover::MAX_TIMEOUT_MS;
 mod listing;
 mod log;
 mod nft;
