@@ -1,4 +1,4 @@
-//! Parse throughput over the shared corpus (10,000 real `combined` lines):
+//! Parse throughput over the sample corpus (tests/data/corpus) (10,000 real `combined` lines):
 //! one iteration parses every line, so the time per iteration divided by
 //! 10,000 is the cost of one line. `cargo bench --bench parse`. The `json`
 //! and `nginx_error` cases read the same requests rewritten as nginx writes
@@ -14,13 +14,7 @@ const COMBINED: &str = r#"$remote_addr - $remote_user [$time_local] "$request" $
 const REGEX: &str = r#"^(?P<addr>\S+) \S+ \S+ \[(?P<time>[^\]]+)\] "(?P<method>[A-Z]+) (?P<path>\S+)[^"]*" (?P<status>\d{3}) (?:\d+|-) "[^"]*" "(?P<ua>[^"]*)""#;
 
 fn corpus() -> Vec<Vec<u8>> {
-    let name = "shared/corpus/elastic-examples-access.log";
-    let beside = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(name);
-    let path = if beside.exists() {
-        beside
-    } else {
-        PathBuf::from("/work").join(name)
-    };
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/corpus/elastic-examples-access.log");
     let text = std::fs::read(&path).unwrap_or_else(|e| panic!("corpus {}: {e}", path.display()));
     text.split(|&b| b == b'\n')
         .filter(|l| !l.is_empty())

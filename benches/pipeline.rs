@@ -10,14 +10,7 @@ use fleetban::config::Config;
 use fleetban::verdict::NeverBanned;
 
 fn corpus() -> PathBuf {
-    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    [
-        here.join("../shared/corpus/elastic-examples-access.log"),
-        PathBuf::from("/work/shared/corpus/elastic-examples-access.log"),
-    ]
-    .into_iter()
-    .find(|p| p.exists())
-    .expect("the shared corpus (../shared/corpus/elastic-examples-access.log)")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/corpus/elastic-examples-access.log")
 }
 
 fn bench(c: &mut Criterion) {

@@ -120,20 +120,10 @@ pub fn fleetban_bin() -> PathBuf {
     }
 }
 
-/// The shared sample access log (`shared/corpus/elastic-examples-access.log`),
-/// found beside the checkout (as laid out in CI) or at `/work/shared`.
+/// The sample access log kept in the repository
+/// (`tests/data/corpus/elastic-examples-access.log`, its licence beside it).
 pub fn corpus_path() -> PathBuf {
-    const FILE: &str = "corpus/elastic-examples-access.log";
-    let candidates = [
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared").join(FILE),
-        Path::new("/work/shared").join(FILE),
-    ];
-    for c in &candidates {
-        if c.is_file() {
-            return c.clone();
-        }
-    }
-    panic!("corpus not found; looked at {candidates:?}");
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/corpus/elastic-examples-access.log")
 }
 
 /// A TCP port on 127.0.0.1 nobody listens on right now (the kernel's pick
