@@ -4,7 +4,8 @@
 //! locations; the shipped `nginx-first-hit` bans each prober at its first
 //! request, through the daemon tailing nginx's access log (nft in the web
 //! namespace) and through `fleetban test` on the same log, and
-//! `nginx-login` counts every login spelling.
+//! `nginx-login` counts every login spelling. What nginx refuses (400) is
+//! served to nobody and bans nobody.
 
 mod common;
 
@@ -42,6 +43,11 @@ const LOGINS: [(&str, u16); 4] = [
 /// Pages: never a hit.
 const VISITOR: &str = "10.213.77.40";
 
+/// Targets nginx refuses (400: nothing served), from one client that is
+/// therefore not banned: the rules see their raw path, which is not `/.env`.
+const REFUSER: &str = "10.213.77.50";
+const REFUSED: [&str; 4] = ["/.env%00", "/%2e%2e/.env", "/.env%zz", "/.en%"];
+
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -60,7 +66,7 @@ fn shipped_rules(dir: &Path, name: &str, log: &Path) -> PathBuf {
 fn nginx_serves_each_spelling_and_the_shipped_rules_ban_or_count_it() {
     let (web, client) = (NetNs::new("pweb"), NetNs::new("pcli"));
     let (_, client_if) = veth_pair(&web, WEB, &client, "10.213.77.2");
-    for addr in PROBES.iter().map(|p| p.0).chain([LOGIN_CLIENT, VISITOR]) {
+    for addr in PROBES.iter().map(|p| p.0).chain([LOGIN_CLIENT, VISITOR, REFUSER]) {
         client.run(&["ip", "addr", "add", &format!("{addr}/24"), "dev", &client_if]);
     }
     let site = Site {
@@ -96,7 +102,10 @@ fn nginx_serves_each_spelling_and_the_shipped_rules_ban_or_count_it() {
     for (target, status) in LOGINS {
         assert_eq!(get(LOGIN_CLIENT, target).map(|r| r.0), Ok(status), "{target}");
     }
-    let requests = 2 + PROBES.len() + LOGINS.len();
+    for target in REFUSED {
+        assert_eq!(get(REFUSER, target).map(|r| r.0), Ok(400), "{target}");
+    }
+    let requests = 2 + PROBES.len() + LOGINS.len() + REFUSED.len();
 
     // The daemon: every prober in the kernel's set, by nginx-first-hit.
     wait_until(Duration::from_secs(15), "every prober dropped by nft", || {
