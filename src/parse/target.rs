@@ -44,25 +44,33 @@ pub(crate) enum Located {
 }
 
 /// Where the path of `target` is and whether it needs resolving.
+#[inline]
 pub(crate) fn locate(target: &[u8]) -> Located {
-    let raw_end = memchr(b'?', target).unwrap_or(target.len());
-    let refused = Located::Slice(0, raw_end);
     let start = match target.first() {
         Some(b'/') => 0,
         Some(b) if b.is_ascii_alphabetic() => match after_authority(target) {
             Some(at) if at == target.len() || target[at] == b'?' => return Located::Root,
             Some(at) => at,
-            None => return refused,
+            None => return Located::Slice(0, raw_end(target)),
         },
-        _ => return refused,
+        _ => return Located::Slice(0, raw_end(target)),
     };
     let rest = &target[start..];
     let end = start + memchr2(b'?', b'#', rest).unwrap_or(rest.len());
     if is_plain(&target[start..end]) {
         Located::Slice(start, end)
     } else {
-        Located::Resolve { start, end, raw_end }
+        Located::Resolve {
+            start,
+            end,
+            raw_end: raw_end(target),
+        }
     }
+}
+
+/// Where the raw path of `target` ends: at its first `?`.
+fn raw_end(target: &[u8]) -> usize {
+    memchr(b'?', target).unwrap_or(target.len())
 }
 
 /// Whether `path` (starting with `/`, without its query) is its own
