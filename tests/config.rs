@@ -67,6 +67,7 @@ const BAD: &[Case] = &[
     ("bad duration", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: soon }\n", "r.yaml", "4:", &["duration", "soon", "60s"]),
     ("bad status", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    match: { status: [200, 6xx] }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["6xx", "4xx"]),
     ("bad regex", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    ignore: { path: '(unclosed' }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["regular expression"]),
+    ("target without a logged target", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    format: { log_format: '$remote_addr [$time_local] \"$uri\" $status' }\n    ignore: { target: '\\?' }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["ignore: { target: ... }", "$request_uri"]),
     ("bad target regex", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    match: { target: '[z-a]' }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:22", &["regular expression", "[z-a]"]),
     ("bad cidr", "rules: [r.yaml]\nallow: [10.0.0.0/33]\n", GOOD_RULE, "fleetban.yaml", "2:", &["10.0.0.0/33", "CIDR"]),
     ("hits out of range", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 100000000000, window: 1s }\n", "r.yaml", "4:", &["100000000000", "from 0 to 4294967295"]),

@@ -135,6 +135,13 @@ impl JsonFormat {
         self.has_time
     }
 
+    /// Whether a key gives the request target (`request`, `request_uri`).
+    pub(crate) fn has_target(&self) -> bool {
+        self.keys
+            .iter()
+            .any(|(_, f)| matches!(f, Field::Request | Field::RequestUri))
+    }
+
     pub(crate) fn forwarded(&self) -> Option<&'static str> {
         self.forwarded.map(Field::name)
     }

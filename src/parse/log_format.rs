@@ -126,6 +126,19 @@ impl Program {
         self.has_time
     }
 
+    /// Whether a variable gives the request target (`$request`, `$request_uri`).
+    pub(crate) fn has_target(&self) -> bool {
+        self.steps.iter().any(|step| {
+            matches!(
+                step,
+                Step::Var {
+                    field: Field::Request | Field::RequestUri,
+                    ..
+                }
+            )
+        })
+    }
+
     /// `http_x_forwarded_for` or `proxy_protocol_addr` when the client may
     /// come from one of them.
     pub(crate) fn forwarded(&self) -> Option<&'static str> {

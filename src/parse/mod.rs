@@ -281,6 +281,17 @@ impl Parser {
         }
     }
 
+    /// Whether parsed requests carry the request target (`match.target`
+    /// needs one): `$request` or `$request_uri`, a regex's `path` group.
+    pub fn has_target(&self) -> bool {
+        match &self.kind {
+            Kind::Combined | Kind::Common | Kind::NginxError => true,
+            Kind::LogFormat(program) => program.has_target(),
+            Kind::Json(format) => format.has_target(),
+            Kind::Regex(format) => format.has_target(),
+        }
+    }
+
     /// Whether parsed requests carry a time (`clock: log` needs one).
     pub fn has_time(&self) -> bool {
         match &self.kind {

@@ -56,6 +56,10 @@ impl RegexFormat {
         self.time.is_some()
     }
 
+    pub(crate) fn has_target(&self) -> bool {
+        self.path.is_some()
+    }
+
     pub(crate) fn parse<'a>(&self, line: &'a [u8]) -> Option<Request<'a>> {
         let captures = self.regex.captures(line)?;
         if captures.get(0)?.start() != 0 {
