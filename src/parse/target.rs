@@ -24,11 +24,13 @@
 //!
 //! The common path needs none of it: a target that starts with `/` and has
 //! no `%`, `//`, `/.` or `#` before its query is its own path, returned as a
-//! slice of the line ([`is_plain`]). Otherwise the path is resolved in the
+//! slice of the line ([`scan`]). Otherwise the path is resolved in the
 //! caller's scratch buffer, in place: every step writes at most one byte
 //! per byte it reads, so the output never overtakes the input.
 
-use memchr::{memchr, memchr2, memchr_iter};
+use memchr::memchr;
+#[cfg(test)]
+use memchr::{memchr2, memchr_iter};
 
 /// Where the path of a target is, without copying anything.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,9 +57,9 @@ pub(crate) fn locate(target: &[u8]) -> Located {
         },
         _ => return Located::Slice(0, raw_end(target)),
     };
-    let rest = &target[start..];
-    let end = start + memchr2(b'?', b'#', rest).unwrap_or(rest.len());
-    if is_plain(&target[start..end]) {
+    let (len, plain) = scan(&target[start..]);
+    let end = start + len;
+    if plain {
         Located::Slice(start, end)
     } else {
         Located::Resolve {
@@ -73,11 +75,31 @@ fn raw_end(target: &[u8]) -> usize {
     memchr(b'?', target).unwrap_or(target.len())
 }
 
+/// One pass over a path and what follows: where the path ends (the first
+/// `?` or `#`) and whether it is plain (no `%`, no `/` before a `/` or a `.`). Paths are short: a
+/// byte loop beats several memchr calls with their set-up.
+#[inline]
+fn scan(rest: &[u8]) -> (usize, bool) {
+    let mut plain = true;
+    let mut after_slash = false;
+    for (i, &b) in rest.iter().enumerate() {
+        match b {
+            b'?' | b'#' => return (i, plain),
+            b'%' => plain = false,
+            b'/' | b'.' if after_slash => plain = false,
+            _ => {}
+        }
+        after_slash = b == b'/';
+    }
+    (rest.len(), plain)
+}
+
 /// Whether `path` (starting with `/`, without its query) is its own
 /// normal form: no `%`, and no `/` followed by `/` or `.`. nginx takes such
-/// a path as it is, without its complex-URI pass.
-#[inline]
-pub(crate) fn is_plain(path: &[u8]) -> bool {
+/// a path as it is, without its complex-URI pass. The definition [`scan`]
+/// is tested against.
+#[cfg(test)]
+fn is_plain(path: &[u8]) -> bool {
     memchr(b'%', path).is_none() && !memchr_iter(b'/', path).any(|i| matches!(path.get(i + 1), Some(b'/' | b'.')))
 }
 
@@ -558,6 +580,13 @@ mod tests {
             prop_assert_eq!(got, path_part);
             let mut buf = path_part.to_vec();
             prop_assert_eq!(resolve_in_place(&mut buf), Some(path_part.len()));
+        }
+
+        /// The one-pass scan agrees with its definition.
+        #[test]
+        fn scan_is_the_end_then_is_plain(p in path_text()) {
+            let end = memchr2(b'?', b'#', &p).unwrap_or(p.len());
+            prop_assert_eq!(scan(&p), (end, is_plain(&p[..end])));
         }
 
         /// No bytes panic, and the result is a slice of the target or of the scratch buffer.
