@@ -40,6 +40,15 @@ fn a_good_configuration_passes_with_a_summary() {
     assert!(out.contains("/var/log/nginx/access.log"), "{out}");
 }
 
+/// `match.target` and `ignore.target` (regexes on the raw target) are rule keys.
+#[test]
+fn target_is_a_match_and_ignore_key() {
+    let rule = "rules:\n  - name: a\n    logs: [/x]\n    match: { target: '(?i)(\\$|%24)(\\{|%7b)jndi', path: '^/' }\n    ignore: { target: '^/health\\?' }\n    limit: { hits: 0, window: 1s }\n";
+    let (code, out, err, _d) = check("rules: [r.yaml]\n", rule);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("1 rule(s)"), "{out}");
+}
+
 /// (what, main file, rule file, file that must be named, "line:col", words the message must have)
 type Case = (
     &'static str,
@@ -58,6 +67,8 @@ const BAD: &[Case] = &[
     ("bad duration", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: soon }\n", "r.yaml", "4:", &["duration", "soon", "60s"]),
     ("bad status", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    match: { status: [200, 6xx] }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["6xx", "4xx"]),
     ("bad regex", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    ignore: { path: '(unclosed' }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["regular expression"]),
+    ("target without a logged target", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    format: { log_format: '$remote_addr [$time_local] \"$uri\" $status' }\n    ignore: { target: '\\?' }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["ignore: { target: ... }", "$request_uri"]),
+    ("bad target regex", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    match: { target: '[z-a]' }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:22", &["regular expression", "[z-a]"]),
     ("bad cidr", "rules: [r.yaml]\nallow: [10.0.0.0/33]\n", GOOD_RULE, "fleetban.yaml", "2:", &["10.0.0.0/33", "CIDR"]),
     ("hits out of range", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 100000000000, window: 1s }\n", "r.yaml", "4:", &["100000000000", "from 0 to 4294967295"]),
     ("zero burst", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: token_bucket, burst: 0, rate: 5/s }\n", "r.yaml", "4:", &["burst", "at least 1", "hits: 0"]),

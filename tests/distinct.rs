@@ -1,7 +1,8 @@
 //! `limit: { distinct: FIELD }` end to end: `fleetban test` on a generated
 //! access log bans a client probing many different 404 paths and not one
 //! asking for a single missing page far more often (nor one varying only
-//! the query string); and the hashes that stand for the values can only
+//! the query string, nor one spelling one path in many ways nginx serves
+//! as one: `%XX`, `//`, `/./`); and the hashes that stand for the values can only
 //! make the count low: two values sharing a hash count once, so a ban comes
 //! later, never earlier, than the exact count's (docs/design.md §2,
 //! "Distinct values"), in the embedded store and in Redis alike.
@@ -27,6 +28,19 @@ fn test_bans_the_prober_and_not_the_busy_page() {
         lines += &combined_line("198.51.100.20", t0 + k * 500, "/favicon.ico", 404);
         // A search with 200 different queries: one path.
         lines += &combined_line("198.51.100.30", t0 + k * 500, &format!("/search?q={k}"), 404);
+        // One missing page in 40 spellings (each letter of `missing`
+        // percent-encoded or not, by the bits of k; slashes and dot
+        // segments besides): nginx serves one path, `/missing`.
+        let spelled: String = "missing"
+            .bytes()
+            .enumerate()
+            .map(|(i, b)| match (k % 40) >> i & 1 {
+                1 => format!("%{b:02x}"),
+                _ => char::from(b).to_string(),
+            })
+            .collect();
+        let prefix = ["/", "//", "/./", "/x/../"][(k % 4) as usize];
+        lines += &combined_line("198.51.100.40", t0 + k * 500, &format!("{prefix}{spelled}?v={k}"), 404);
         if k < 40 {
             // A prober: 40 different missing paths, one every 2 s.
             lines += &combined_line("203.0.113.7", t0 + k * 2000, &format!("/backup-{k}.zip"), 404);

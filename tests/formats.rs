@@ -1,6 +1,7 @@
 //! JSON access logs (`format: json`) read by the real binary and the
 //! library, matched on their unescaped values, and `hits: 0` (a ban on the
-//! first match) in `fleetban test` and in the daemon, with Redis and without.
+//! first match) in `fleetban test` and in the daemon, with Redis and without;
+//! the path every format gives the rules (nginx's, from the target it logs).
 
 mod common;
 
@@ -222,7 +223,7 @@ proptest::proptest! {
         let mut scratch = Vec::new();
         let r = parser.parse_in(&line, &mut scratch).expect("a valid line parses");
         proptest::prop_assert_eq!(r.user_agent, &ua[..]);
-        proptest::prop_assert_eq!(r.path, &path[..]);
+        proptest::prop_assert_eq!(r.target, &path[..]);
         proptest::prop_assert_eq!(r.addr.to_string(), "203.0.113.7");
     }
 
@@ -321,5 +322,102 @@ fn json_lines_parse_or_not_as_the_contract_says() {
         });
         let want = want.map(|(a, s, h)| (a.to_owned(), s, h.to_owned()));
         assert_eq!(got, want, "{line}");
+    }
+}
+
+/// Every format gives the rules the path nginx served, read from the target
+/// it logs (`$request`, `$request_uri`, a JSON value with its escapes, a
+/// regex's `path` group) and never decoded twice: `$uri` is nginx's path
+/// already, taken as logged, and only when no target is logged (it is the
+/// URI after rewrites: `/index.php` behind `try_files`).
+#[test]
+fn every_format_gives_the_path_nginx_served() {
+    use fleetban::parse::Format;
+    let json = |pairs: &[(&str, &str)]| Format::Json(pairs.iter().map(|(v, k)| ((*v).into(), (*k).into())).collect());
+    let log_format = |s: &str| Format::LogFormat(s.into());
+    // (format, line, target, path)
+    let cases: Vec<(Format, &str, &str, &str)> = vec![
+        (
+            Format::Combined,
+            r#"203.0.113.7 - - [30/Nov/2026:10:00:01 +0000] "GET //x/../%2eenv?a=%2e HTTP/1.1" 200 5 "-" "ua""#,
+            "//x/../%2eenv?a=%2e",
+            "/.env",
+        ),
+        (
+            Format::Common,
+            r#"203.0.113.7 - - [30/Nov/2026:10:00:01 +0000] "GET http://example.com/.git/%63onfig HTTP/1.1" 200 5"#,
+            "http://example.com/.git/%63onfig",
+            "/.git/config",
+        ),
+        (
+            log_format(r#"$remote_addr [$time_local] "$request" $status"#),
+            r#"203.0.113.7 [30/Nov/2026:10:00:01 +0000] "POST /wp-login%2ephp HTTP/2.0" 403"#,
+            "/wp-login%2ephp",
+            "/wp-login.php",
+        ),
+        (
+            log_format(r#"$remote_addr [$time_local] "$request_uri" $status"#),
+            r#"203.0.113.7 [30/Nov/2026:10:00:01 +0000] "/logi%6e?next=/" 401"#,
+            "/logi%6e?next=/",
+            "/login",
+        ),
+        // `$uri` as logged: `%41` is what the client escaped as `%2541`.
+        (
+            log_format(r#"$remote_addr [$time_local] "$uri" $status"#),
+            r#"203.0.113.7 [30/Nov/2026:10:00:01 +0000] "/a%41?b" 404"#,
+            "",
+            "/a%41?b",
+        ),
+        // With a target logged too, the client's path, not the rewritten one.
+        (
+            log_format(r#"$remote_addr [$time_local] "$request" "$uri" $status"#),
+            r#"203.0.113.7 [30/Nov/2026:10:00:01 +0000] "GET /./.env HTTP/1.1" "/index.php" 404"#,
+            "/./.env",
+            "/.env",
+        ),
+        (
+            json(&[("remote_addr", "c"), ("msec", "t"), ("request", "r")]),
+            r#"{"c":"203.0.113.7","t":1764496801.5,"r":"GET /x/..//.e%6ev HTTP/1.1"}"#,
+            "/x/..//.e%6ev",
+            "/.env",
+        ),
+        // An escaped value: decoded, then its path resolved.
+        (
+            json(&[("remote_addr", "c"), ("msec", "t"), ("request_uri", "u")]),
+            r#"{"c":"203.0.113.7","t":1,"u":"/a\"b/%2e%2e/c\\d?q"}"#,
+            r#"/a"b/%2e%2e/c\d?q"#,
+            r"/c\d",
+        ),
+        (
+            json(&[("remote_addr", "c"), ("msec", "t"), ("uri", "u")]),
+            r#"{"c":"203.0.113.7","t":1,"u":"/%2e"}"#,
+            "",
+            "/%2e",
+        ),
+        (
+            Format::Regex(r#"^(?P<addr>\S+) "(?P<method>\S+) (?P<path>\S+)""#.into()),
+            r#"203.0.113.7 "GET /%2egit/config?x""#,
+            "/%2egit/config?x",
+            "/.git/config",
+        ),
+        // A target nginx refuses: the raw path.
+        (
+            Format::Combined,
+            r#"203.0.113.7 - - [30/Nov/2026:10:00:01 +0000] "GET /../.env%00?x HTTP/1.1" 400 5 "-" "ua""#,
+            "/../.env%00?x",
+            "/../.env%00",
+        ),
+    ];
+    for (format, line, target, path) in cases {
+        let parser = Parser::new(&format).unwrap();
+        let mut scratch = Vec::new();
+        let r = parser
+            .parse_in(line.as_bytes(), &mut scratch)
+            .unwrap_or_else(|| panic!("{line}"));
+        assert_eq!(
+            (String::from_utf8_lossy(r.target), String::from_utf8_lossy(r.path)),
+            (target.into(), path.into()),
+            "{format:?}: {line}"
+        );
     }
 }

@@ -171,6 +171,7 @@ fn spot_checks_of_corpus_lines() {
             time_ms: Some(1_431_857_103_000),
             method: b"GET",
             path: b"/presentations/logstash-monitorama-2013/images/kibana-search.png",
+            target: b"/presentations/logstash-monitorama-2013/images/kibana-search.png",
             status: 200,
             user_agent: b"Mozilla/5.0 (Macintosh; Intel Mac OS X 10_9_1) AppleWebKit/537.36 \
                           (KHTML, like Gecko) Chrome/32.0.1700.77 Safari/537.36",
@@ -187,9 +188,10 @@ fn spot_checks_of_corpus_lines() {
     assert_eq!(not_found.time_ms, Some(1_431_857_122_000));
     assert_eq!(not_found.status, 404);
     assert_eq!(
-        not_found.path,
+        not_found.target,
         b"/doc/index.html?org/elasticsearch/action/search/SearchResponse.html"
     );
+    assert_eq!(not_found.path, b"/doc/index.html");
 
     // HEAD with `-` as the byte count, and `-` for referer and user agent.
     let head = combined.parse(line(1141)).expect("line 1141");
@@ -562,7 +564,8 @@ fn log_format_reads_the_variables_it_knows() {
             addr: v4("203.0.113.9"),
             time_ms: Some(1_431_857_103_000),
             method: b"POST",
-            path: b"/login?next=/",
+            path: b"/login",
+            target: b"/login?next=/",
             status: 429,
             user_agent: b"curl/8.0",
             referer: b"-",
@@ -581,8 +584,8 @@ fn log_format_reads_the_variables_it_knows() {
     assert_eq!(parsed.addr, "2001:db8::2".parse::<IpAddr>().expect("v6"));
     assert_eq!(parsed.time_ms, Some(1_431_857_103_123));
     assert_eq!(
-        (parsed.method, parsed.path, parsed.status),
-        (&b"GET"[..], &b"/a?b=c"[..], 200)
+        (parsed.method, parsed.target, parsed.path, parsed.status),
+        (&b"GET"[..], &b"/a?b=c"[..], &b"/a"[..], 200)
     );
     assert_eq!(parsed.host, b"example.org");
 

@@ -240,38 +240,50 @@ fn the_check_reports_missing_and_wrong_samples() {
     );
 }
 
-/// `nginx-first-hit` (`hits: 0`) through `fleetban test`: each prober of
-/// its samples is banned at its first request, and no other client.
+/// `nginx-first-hit` and `nginx-first-hit-target` (`hits: 0`, one file)
+/// through `fleetban test`, each on its own samples: each prober is banned
+/// at its first request, and no other client.
 #[test]
 fn the_first_hit_rule_bans_every_prober_at_its_first_request() {
-    let files = common::ConfigDir::new();
-    let samples = repo().join("rules/samples/nginx-first-hit.log");
-    let text = std::fs::read_to_string(&samples).unwrap();
-    std::fs::copy(&samples, &files.log).unwrap();
-    let yaml = std::fs::read_to_string(repo().join("rules/nginx-first-hit.yaml"))
-        .unwrap()
-        .replace("/var/log/nginx/access.log", files.log.to_str().unwrap());
-    std::fs::write(files.path().join("first-hit.yaml"), yaml).unwrap();
-    files
-        .main_config()
-        .log_firewall()
-        .rule_files(&[files.path().join("first-hit.yaml")])
-        .write(&files.cfg);
-    let out = common::cli(&files.cfg, &["test", "--json", files.log.to_str().unwrap()]);
-    assert!(out.success(), "{out:?}");
-    let bans: Vec<(String, u64)> = out
-        .test_bans()
-        .iter()
-        .map(|b| (b["addr"].as_str().unwrap().to_owned(), b["line"].as_u64().unwrap()))
-        .collect();
-    // Each prober's first log line in the file (1-based, comments included).
-    let mut first: Vec<(String, u64)> = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        let addr = line.split(' ').next().unwrap_or("");
-        if addr.starts_with("203.0.113.") && !first.iter().any(|(a, _)| a == addr) {
-            first.push((addr.to_owned(), n as u64 + 1));
+    for (rule, probers) in [("nginx-first-hit", 13), ("nginx-first-hit-target", 4)] {
+        let files = common::ConfigDir::new();
+        let samples = repo().join(format!("rules/samples/{rule}.log"));
+        let text = std::fs::read_to_string(&samples).unwrap();
+        std::fs::copy(&samples, &files.log).unwrap();
+        let yaml = std::fs::read_to_string(repo().join("rules/nginx-first-hit.yaml"))
+            .unwrap()
+            .replace("/var/log/nginx/access.log", files.log.to_str().unwrap());
+        std::fs::write(files.path().join("first-hit.yaml"), yaml).unwrap();
+        files
+            .main_config()
+            .log_firewall()
+            .rule_files(&[files.path().join("first-hit.yaml")])
+            .write(&files.cfg);
+        let out = common::cli(
+            &files.cfg,
+            &["test", "--json", "--rule", rule, files.log.to_str().unwrap()],
+        );
+        assert!(out.success(), "{out:?}");
+        let bans: Vec<(String, u64)> = out
+            .test_bans()
+            .iter()
+            .map(|b| (b["addr"].as_str().unwrap().to_owned(), b["line"].as_u64().unwrap()))
+            .collect();
+        // Each prober's first hit in the file (1-based, comments included).
+        let mut first: Vec<(String, u64)> = Vec::new();
+        let mut hit = false;
+        for (n, line) in text.lines().enumerate() {
+            if line.starts_with('#') {
+                hit = line.starts_with("#> hit") || (hit && !line.starts_with("#>"));
+                continue;
+            }
+            let addr = line.split(' ').next().unwrap_or("");
+            if hit && !first.iter().any(|(a, _)| a == addr) {
+                first.push((addr.to_owned(), n as u64 + 1));
+            }
+            hit = false;
         }
+        assert_eq!(first.len(), probers, "{rule}: {first:?}");
+        assert_eq!(bans, first, "{rule}: {}", out.stdout);
     }
-    assert_eq!(first.len(), 5);
-    assert_eq!(bans, first, "{}", out.stdout);
 }

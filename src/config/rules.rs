@@ -201,7 +201,21 @@ fn rule_of(
     }
     let l = &spec.limit.value;
     let limit = limit_of(l).map_err(|msg| error(spec.limit.referenced, msg)).ok();
-    let timed = crate::parse::Parser::new(&format).is_ok_and(|p| p.has_time());
+    let parser = crate::parse::Parser::new(&format).ok();
+    let timed = parser.as_ref().is_some_and(|p| p.has_time());
+    if parser.is_some_and(|p| !p.has_target()) {
+        for (what, m) in [("match", &spec.match_), ("ignore", &spec.ignore)] {
+            if m.target.is_some() {
+                error(
+                    format_at,
+                    format!(
+                        "`{what}: {{ target: ... }}` reads the request target, which the format does not log: \
+                         log `$request` or `$request_uri` (a regex: a `path` group)"
+                    ),
+                );
+            }
+        }
+    }
     if l.clock == Clock::Log && !timed {
         error(
             format_at,

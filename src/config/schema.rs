@@ -225,7 +225,10 @@ pub struct RuleKeys {
 pub struct MatchSpec {
     pub method: Option<List<Method>>,
     pub status: Option<List<StatusPat>>,
+    /// The path as nginx serves it (decoded, dot segments resolved, no query).
     pub path: Option<Re>,
+    /// The request target as logged: path and query, raw.
+    pub target: Option<Re>,
     #[serde(alias = "ua")]
     pub user_agent: Option<Re>,
     pub host: Option<Re>,
@@ -311,7 +314,8 @@ impl Algorithm {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Distinct {
-    /// The path without its query string (`/a?x=1` and `/a?x=2` are one value).
+    /// The path as nginx serves it, without the query string (`/a?x=1`,
+    /// `/a?x=2` and `/%61` are one value).
     Path,
     UserAgent,
     Host,

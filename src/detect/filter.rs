@@ -1,5 +1,7 @@
 //! A rule's `match:` and `ignore:` conditions, compiled. Every condition
 //! given must hold (AND); the values of one condition are alternatives (OR).
+//! `path` reads the path as nginx serves it ([`Request::path`]), `target`
+//! the raw target as logged ([`Request::target`]).
 //! A request counts for the rule when it matches `match` and not `ignore`
 //! (an empty `ignore` ignores nothing).
 
@@ -18,7 +20,7 @@ use crate::parse::Request;
 /// the prefilter; a prefilter never changes whether a regex matches. Should
 /// that build ever fail, the `regex` one serves.
 ///
-/// When the regex has a literal shape (`\.(css|js|png)(\?|$)`: the shipped
+/// When the regex has a literal shape (`\.(css|js|png)$`: the shipped
 /// scraper rule's `ignore: path`), the exact [`LiteralTest`] derived from it
 /// runs instead (~10x cheaper on paths; `detect::literal`).
 #[derive(Clone, Debug)]
@@ -64,6 +66,7 @@ struct Conditions {
     methods: Option<Vec<Vec<u8>>>,
     statuses: Option<Vec<StatusPat>>,
     path: Option<Field>,
+    target: Option<Field>,
     user_agent: Option<Field>,
     host: Option<Field>,
     limit_req_status: Option<Vec<Vec<u8>>>,
@@ -81,6 +84,7 @@ impl Conditions {
                 .map(|l| l.0.iter().map(|m| m.0.as_bytes().to_vec()).collect()),
             statuses: spec.status.as_ref().map(|l| l.0.clone()),
             path: spec.path.as_ref().map(|r| Field::new(&r.0)),
+            target: spec.target.as_ref().map(|r| Field::new(&r.0)),
             user_agent: spec.user_agent.as_ref().map(|r| Field::new(&r.0)),
             host: spec.host.as_ref().map(|r| Field::new(&r.0)),
             limit_req_status: spec
@@ -99,6 +103,7 @@ impl Conditions {
         self.methods.is_none()
             && self.statuses.is_none()
             && self.path.is_none()
+            && self.target.is_none()
             && self.user_agent.is_none()
             && self.host.is_none()
             && self.limit_req_status.is_none()
@@ -124,6 +129,11 @@ impl Conditions {
         }
         if let Some(re) = &self.path {
             if !re.is_match(r.path) {
+                return false;
+            }
+        }
+        if let Some(re) = &self.target {
+            if !re.is_match(r.target) {
                 return false;
             }
         }

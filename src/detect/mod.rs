@@ -57,14 +57,15 @@ pub fn member(origin: u64, offset: u64) -> u64 {
 
 /// The member of a hit of a `distinct:` rule: a hash of the request's
 /// `field`, the same on every host, so that the window counts values, not
-/// lines (docs/design.md §2, "Distinct values"). `path` is the target
-/// without its query string; a field the line lacks (`-`, empty, status 0)
+/// lines (docs/design.md §2, "Distinct values"). `path` is the path as
+/// nginx serves it ([`crate::parse::Request::path`]: no query string,
+/// decoded and resolved); a field the line lacks (`-`, empty, status 0)
 /// is one value like any other. Below 2^63, as [`member`].
 pub fn value_member(field: crate::config::Distinct, req: &crate::parse::Request<'_>) -> u64 {
     use crate::config::Distinct;
     let status;
     let bytes: &[u8] = match field {
-        Distinct::Path => req.path.split(|&b| b == b'?').next().unwrap_or(req.path),
+        Distinct::Path => req.path,
         Distinct::UserAgent => req.user_agent,
         Distinct::Host => req.host,
         Distinct::Status => {
@@ -111,16 +112,32 @@ mod tests {
         assert!(member(o, 10) <= i64::MAX as u64);
     }
 
+    /// The member of the path of a `combined` line whose target is `target`.
+    fn path_member(target: &str) -> u64 {
+        let parser = crate::parse::Parser::new(&crate::parse::Format::Combined).unwrap();
+        let line = format!("192.0.2.1 - - [30/Nov/2026:10:00:01 +0000] \"GET {target} HTTP/1.1\" 404 0 \"-\" \"-\"");
+        let mut scratch = Vec::new();
+        let req = parser.parse_in(line.as_bytes(), &mut scratch).unwrap();
+        value_member(crate::config::Distinct::Path, &req)
+    }
+
     #[test]
-    fn value_members_ignore_the_query_and_tell_fields_apart() {
+    fn value_members_count_paths_as_nginx_serves_them_and_tell_fields_apart() {
         use crate::config::Distinct;
+        let login = path_member("/wp-login.php");
+        for same in [
+            "/wp-login.php?x=1",
+            "/wp-login.php?y=2",
+            "/wp-login%2ephp",
+            "//x/../wp-login.php",
+        ] {
+            assert_eq!(path_member(same), login, "{same}");
+        }
+        for other in ["/wp-login.php/", "/WP-login.php", "/wp-login.php%3F"] {
+            assert_ne!(path_member(other), login, "{other}");
+        }
         let mut a = crate::parse::Request::with_addr("192.0.2.1".parse().unwrap());
         let mut b = a;
-        a.path = b"/wp-login.php?x=1";
-        b.path = b"/wp-login.php?y=2";
-        assert_eq!(value_member(Distinct::Path, &a), value_member(Distinct::Path, &b));
-        b.path = b"/wp-login.php/";
-        assert_ne!(value_member(Distinct::Path, &a), value_member(Distinct::Path, &b));
         a.status = 404;
         b.status = 403;
         assert_ne!(value_member(Distinct::Status, &a), value_member(Distinct::Status, &b));

@@ -50,7 +50,7 @@ pub(crate) fn parse(line: &[u8], combined: bool) -> Option<Request<'_>> {
     }
     at += 3;
     let close = find_quote(line, at)?;
-    (request.method, request.path) = split_request(&line[at..close]);
+    (request.method, request.target) = split_request(&line[at..close]);
 
     // ` 200 ` then the byte count, ending at a space or the end of the line.
     at = close + 1;

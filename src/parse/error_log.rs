@@ -67,7 +67,7 @@ pub(crate) fn parse(line: &[u8]) -> Option<Request<'_>> {
     request.message = &body[..at];
     let (method, path) = split_request(s.fields[0]);
     request.method = method;
-    request.path = path;
+    request.target = path;
     request.host = s.fields[3];
     request.referer = s.fields[4];
     Some(request)
@@ -134,7 +134,7 @@ mod tests {
         assert_eq!(r.addr.to_string(), "203.0.113.40");
         assert_eq!(r.level, b"error");
         assert_eq!(r.message, br#"limiting requests, excess: 0.500 by zone "one""#);
-        assert_eq!((r.method, r.path), (&b"GET"[..], &b"/a?b"[..]));
+        assert_eq!((r.method, r.target), (&b"GET"[..], &b"/a?b"[..]));
         assert_eq!(r.host, b"example.com");
         assert_eq!(r.referer, b"https://x/");
     }

@@ -18,7 +18,9 @@
 //! JSON object, or lacks the client (or, when a time is mapped, the time), is
 //! unparsed.
 
+use super::fields::split_request;
 use super::log_format::Found;
+use super::target::{self, Located};
 use super::variables::Field;
 use super::{FormatError, Request};
 use crate::addr::NetSet;
@@ -66,6 +68,16 @@ pub(crate) struct JsonFormat {
     keys: Vec<(Box<[u8]>, Field)>,
     has_time: bool,
     forwarded: Option<Field>,
+}
+
+/// Where the request's path is.
+enum At {
+    Line(usize, usize),
+    Scratch(usize, usize),
+    Root,
+    /// Read from the request's target as the other formats do (no scratch
+    /// buffer, or no target: then `$uri`, if logged).
+    Target,
 }
 
 /// Where one kept value is: in the line, or decoded in the scratch buffer.
@@ -121,6 +133,13 @@ impl JsonFormat {
 
     pub(crate) fn has_time(&self) -> bool {
         self.has_time
+    }
+
+    /// Whether a key gives the request target (`request`, `request_uri`).
+    pub(crate) fn has_target(&self) -> bool {
+        self.keys
+            .iter()
+            .any(|(_, f)| matches!(f, Field::Request | Field::RequestUri))
     }
 
     pub(crate) fn forwarded(&self) -> Option<&'static str> {
@@ -225,6 +244,11 @@ impl JsonFormat {
         if skip_ws(line, i + 1) != line.len() {
             return None;
         }
+        // The path is resolved into `scratch` too, before it is frozen.
+        let path_at = match scratch.as_deref_mut() {
+            Some(scratch) => self.path_at(line, &spans[..kept], scratch),
+            None => At::Target,
+        };
         let buf: &'a [u8] = scratch.map_or(&[][..], |s| &s[..]);
         let mut found = Found::default();
         let mut timed = false;
@@ -242,7 +266,75 @@ impl JsonFormat {
         if self.has_time && !timed {
             return None;
         }
-        found.into_request(proxies)
+        let mut request = found.into_request(proxies)?;
+        match path_at {
+            At::Line(start, end) => request.path = &line[start..end],
+            At::Scratch(start, end) => request.path = &buf[start..end],
+            At::Root => request.path = b"/",
+            At::Target if !request.target.is_empty() => request.path = target::path(request.target, None),
+            At::Target => {}
+        }
+        Some(request)
+    }
+
+    /// Where the path of the line's target is: in the line, or resolved
+    /// into `scratch` (appended, after the decoded values). The target is
+    /// `$request_uri`'s value, else the target of `$request`'s.
+    fn path_at(&self, line: &[u8], spans: &[Span], scratch: &mut Vec<u8>) -> At {
+        let find = |field: Field| spans.iter().find(|s| self.keys[usize::from(s.key)].1 == field);
+        let (span, whole) = match (find(Field::RequestUri), find(Field::Request)) {
+            (Some(span), _) => (span, true),
+            (None, Some(span)) => (span, false),
+            (None, None) => return At::Target,
+        };
+        let in_scratch = span.in_scratch;
+        let (mut start, mut end) = (span.start as usize, span.end as usize);
+        let value = if in_scratch {
+            &scratch[start..end]
+        } else {
+            &line[start..end]
+        };
+        if !whole {
+            let (_, target) = split_request(value);
+            if target.is_empty() {
+                return At::Target;
+            }
+            // A slice of `value`: its offset there.
+            start += target.as_ptr() as usize - value.as_ptr() as usize;
+            end = start + target.len();
+        }
+        let value = if in_scratch {
+            &scratch[start..end]
+        } else {
+            &line[start..end]
+        };
+        let at = |a: usize, b: usize| {
+            if in_scratch {
+                At::Scratch(start + a, start + b)
+            } else {
+                At::Line(start + a, start + b)
+            }
+        };
+        match target::locate(value) {
+            Located::Slice(a, b) => at(a, b),
+            Located::Root => At::Root,
+            Located::Resolve {
+                start: a,
+                end: b,
+                raw_end,
+            } => {
+                let from = scratch.len();
+                if in_scratch {
+                    scratch.extend_from_within(start + a..start + b);
+                } else {
+                    scratch.extend_from_slice(&line[start + a..start + b]);
+                }
+                match target::resolve_tail(scratch, from) {
+                    Some(()) => At::Scratch(from, scratch.len()),
+                    None => at(0, raw_end),
+                }
+            }
+        }
     }
 
     /// The index of the mapped key `raw` (a key as logged, `escaped` when it

@@ -9,8 +9,10 @@
 //! quote, a backslash-escaped quote (`escape=json`) does not end the value.
 //!
 //! Variables that name a [`Request`] field fill it (the first occurrence wins;
-//! `$request_method` and `$request_uri` win over what `$request` gives); any
-//! other variable is an opaque field, skipped. Compile-time checks keep the
+//! `$request_method` and `$request_uri` win over what `$request` gives;
+//! `$uri` is the path only when no target is logged, since it is nginx's
+//! URI after rewrites and internal redirects); any other variable is an
+//! opaque field, skipped. Compile-time checks keep the
 //! address honest: `$remote_addr` is required, two variables need text between
 //! them, and a free-text variable may precede `$remote_addr` only in quotes:
 //! a space-delimited user agent or `X-Forwarded-For` in front of the address
@@ -122,6 +124,19 @@ impl Program {
 
     pub(crate) fn has_time(&self) -> bool {
         self.has_time
+    }
+
+    /// Whether a variable gives the request target (`$request`, `$request_uri`).
+    pub(crate) fn has_target(&self) -> bool {
+        self.steps.iter().any(|step| {
+            matches!(
+                step,
+                Step::Var {
+                    field: Field::Request | Field::RequestUri,
+                    ..
+                }
+            )
+        })
     }
 
     /// `http_x_forwarded_for` or `proxy_protocol_addr` when the client may
@@ -321,6 +336,7 @@ pub(crate) struct Found<'a> {
     time: Option<(Field, &'a [u8])>,
     request: Option<&'a [u8]>,
     method: Option<&'a [u8]>,
+    request_uri: Option<&'a [u8]>,
     uri: Option<&'a [u8]>,
     status: Option<&'a [u8]>,
     referer: Option<&'a [u8]>,
@@ -341,6 +357,7 @@ impl<'a> Found<'a> {
             }
             Field::Request => &mut self.request,
             Field::Method => &mut self.method,
+            Field::RequestUri => &mut self.request_uri,
             Field::Uri => &mut self.uri,
             Field::Status => &mut self.status,
             Field::Bytes => return is_byte_count(value).then_some(()),
@@ -371,9 +388,13 @@ impl<'a> Found<'a> {
         if let Some(status) = self.status {
             request.status = parse_status(status)?;
         }
-        let (method, path) = self.request.map_or((&b""[..], &b""[..]), split_request);
+        let (method, target) = self.request.map_or((&b""[..], &b""[..]), split_request);
         request.method = self.method.unwrap_or(method);
-        request.path = self.uri.unwrap_or(path);
+        request.target = self.request_uri.unwrap_or(target);
+        // Already nginx's path; the caller reads the path from the target
+        // instead when there is one (`$uri` is the URI after rewrites and
+        // internal redirects, not the client's).
+        request.path = self.uri.unwrap_or_default();
         request.referer = self.referer.unwrap_or_default();
         request.user_agent = self.user_agent.unwrap_or_default();
         request.host = self.host.unwrap_or_default();

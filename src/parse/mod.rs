@@ -21,7 +21,8 @@
 //! (`escape=json` objects), `error_log` (nginx's error.log), `regex` (named
 //! groups), `variables` (what each nginx variable means), `fields` (request
 //! line, status, quoted fields), `addr`, `forwarded` (the client behind
-//! proxies), `time`.
+//! proxies), `time`, `target` (the path nginx serves for a request target:
+//! percent-decoded, dot segments resolved, slashes merged).
 
 mod addr;
 mod combined;
@@ -31,6 +32,7 @@ mod forwarded;
 mod json;
 mod log_format;
 mod regex;
+mod target;
 mod time;
 mod variables;
 
@@ -45,7 +47,8 @@ pub use forwarded::{resolve as resolve_forwarded, MAX_HOPS};
 pub use json::{default_json_mapping, JSON_VARIABLES};
 pub use time::{days_from_civil, parse_epoch, parse_error_log_time, parse_iso8601, parse_time_any, parse_time_local};
 
-/// One parsed access-log line; fields borrow the line (zero-copy).
+/// One parsed access-log line; fields borrow the line (zero-copy), or the
+/// caller's scratch buffer ([`Parser::parse_in`]) for a decoded value.
 ///
 /// A field the format does not have is empty / `None` / `0`. Quoted fields are
 /// returned as logged: nginx's `-` for an empty referer or user agent stays
@@ -59,8 +62,16 @@ pub struct Request<'a> {
     pub time_ms: Option<i64>,
     /// Request method (`GET`); empty when the request line is malformed.
     pub method: &'a [u8],
-    /// Request target as logged (path and query), raw bytes.
+    /// The path as nginx serves it: the target's path (no query),
+    /// percent-decoded, dot segments resolved, slashes merged (`target.rs`);
+    /// a target nginx refuses (400) gives its raw text before `?`. A format
+    /// that logs `$uri` but no target gives `$uri` as logged (nginx's own,
+    /// already normalised). What `match.path` and `distinct: path` read.
     pub path: &'a [u8],
+    /// The request target as logged (`$request_uri`, or the target of
+    /// `$request`: path and query, raw bytes); empty when the format logs
+    /// neither. What `match.target` reads.
+    pub target: &'a [u8],
     /// HTTP status; 0 when the format has none.
     pub status: u16,
     /// User agent as logged.
@@ -85,6 +96,7 @@ impl<'a> Request<'a> {
             time_ms: None,
             method: b"",
             path: b"",
+            target: b"",
             status: 0,
             user_agent: b"",
             referer: b"",
@@ -219,15 +231,18 @@ impl Parser {
 
     /// Parses one line (without its `\n`; a trailing `\r` is ignored).
     /// `None` means unparsed: the caller counts it and moves on. JSON
-    /// values are given as logged, escapes and all: [`Parser::parse_in`]
-    /// decodes them (what the per-line loop uses).
+    /// values are given as logged, escapes and all, and a path that needs
+    /// decoding or resolving is given raw (its text before `?`):
+    /// [`Parser::parse_in`] decodes both (what the per-line loop uses).
     #[inline]
     pub fn parse<'a>(&self, line: &'a [u8]) -> Option<Request<'a>> {
         self.parse_with(line, None)
     }
 
-    /// [`Parser::parse`], with JSON escapes decoded into `scratch` (cleared
-    /// first, reused from line to line: no allocation once it has grown).
+    /// [`Parser::parse`], with JSON escapes decoded and the path resolved
+    /// into `scratch` (cleared first, reused from line to line: no
+    /// allocation once it has grown). A plain path (no `%`, `//`, `/.`) is
+    /// a slice of the line: nothing is copied.
     // Inlined, the request is built where the caller keeps it (not copied
     // out of this frame: a 150-byte memcpy per line).
     #[inline]
@@ -236,16 +251,24 @@ impl Parser {
     }
 
     #[inline]
-    fn parse_with<'a>(&self, line: &'a [u8], scratch: Option<&'a mut Vec<u8>>) -> Option<Request<'a>> {
+    fn parse_with<'a>(&self, line: &'a [u8], mut scratch: Option<&'a mut Vec<u8>>) -> Option<Request<'a>> {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
-        match &self.kind {
+        if let Some(s) = scratch.as_deref_mut() {
+            s.clear();
+        }
+        let mut request = match &self.kind {
             Kind::Combined => combined::parse(line, true),
             Kind::Common => combined::parse(line, false),
             Kind::LogFormat(program) => program.parse(line, &self.proxies),
-            Kind::Json(format) => format.parse(line, scratch, &self.proxies),
+            // Its values may be decoded in `scratch`: it resolves the path there too.
+            Kind::Json(format) => return format.parse(line, scratch, &self.proxies),
             Kind::NginxError => error_log::parse(line),
             Kind::Regex(format) => format.parse(line),
+        }?;
+        if !request.target.is_empty() {
+            request.path = target::path(request.target, scratch);
         }
+        Some(request)
     }
 
     /// The variable a forwarded client may come from (`http_x_forwarded_for`,
@@ -255,6 +278,17 @@ impl Parser {
             Kind::LogFormat(program) => program.forwarded(),
             Kind::Json(format) => format.forwarded(),
             _ => None,
+        }
+    }
+
+    /// Whether parsed requests carry the request target (`match.target`
+    /// needs one): `$request` or `$request_uri`, a regex's `path` group.
+    pub fn has_target(&self) -> bool {
+        match &self.kind {
+            Kind::Combined | Kind::Common | Kind::NginxError => true,
+            Kind::LogFormat(program) => program.has_target(),
+            Kind::Json(format) => format.has_target(),
+            Kind::Regex(format) => format.has_target(),
         }
     }
 

@@ -1,7 +1,9 @@
 //! The escape hatch: a regex with named groups, for logs that are not nginx's.
 //!
 //! Groups: `addr` (required), and optionally `time` (`$time_local`, ISO 8601
-//! with a zone, or epoch seconds with a fraction), `method`, `path`, `status`
+//! with a zone, or epoch seconds with a fraction), `method`, `path` (the
+//! request target as logged, path and query: the request's path is read
+//! from it as from `$request_uri`), `status`
 //! (three digits), `ua`, `referer`, `host`. A group that did not take part in
 //! the match leaves its field empty; one that did must hold a valid value or
 //! the line is unparsed.
@@ -54,6 +56,10 @@ impl RegexFormat {
         self.time.is_some()
     }
 
+    pub(crate) fn has_target(&self) -> bool {
+        self.path.is_some()
+    }
+
     pub(crate) fn parse<'a>(&self, line: &'a [u8]) -> Option<Request<'a>> {
         let captures = self.regex.captures(line)?;
         if captures.get(0)?.start() != 0 {
@@ -68,7 +74,7 @@ impl RegexFormat {
             request.status = parse_status(status)?;
         }
         request.method = text(self.method).unwrap_or_default();
-        request.path = text(self.path).unwrap_or_default();
+        request.target = text(self.path).unwrap_or_default();
         request.user_agent = text(self.user_agent).unwrap_or_default();
         request.referer = text(self.referer).unwrap_or_default();
         request.host = text(self.host).unwrap_or_default();

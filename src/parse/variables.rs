@@ -18,6 +18,10 @@ pub(crate) enum Field {
     Msec,
     Request,
     Method,
+    /// `$request_uri`: the target as the client sent it (path and query).
+    RequestUri,
+    /// `$uri`, `$document_uri`: nginx's normalised path, after rewrites
+    /// and internal redirects.
     Uri,
     Status,
     Bytes,
@@ -39,7 +43,8 @@ impl Field {
             "msec" => Field::Msec,
             "request" => Field::Request,
             "request_method" => Field::Method,
-            "request_uri" | "uri" | "document_uri" => Field::Uri,
+            "request_uri" => Field::RequestUri,
+            "uri" | "document_uri" => Field::Uri,
             "status" => Field::Status,
             "body_bytes_sent" | "bytes_sent" => Field::Bytes,
             "http_referer" => Field::Referer,

@@ -48,7 +48,9 @@ pub use daemon::{Daemon, NotifySocket};
 pub use http::{Answer, Checker};
 pub use machine::Machine;
 
-pub use netns::{connect_from, get_from, http_get, http_get_headers, http_get_with, veth_pair, NetNs, Reply};
+pub use netns::{
+    connect_from, get_from, http_get, http_get_headers, http_get_target, http_get_with, veth_pair, NetNs, Reply,
+};
 pub use nft::{
     nft_bans, nft_bans_detailed, nft_set_elements, nft_set_elements_detailed, parse_set_json, NftElem, NftShim,
 };

@@ -126,6 +126,49 @@ pub fn http_get_with(ns: &NetNs, url: &str, extra: &[&str], timeout: Duration) -
     http_get_headers(ns, url, extra, &[], timeout).map(|r| r.status)
 }
 
+/// Sends `GET target` (exactly as given: `--request-target`, so curl
+/// neither squashes dot segments nor re-encodes anything) to `url`'s host
+/// from the address `from` of `ns`; the status and the body.
+pub fn http_get_target(
+    ns: &NetNs,
+    from: &str,
+    url: &str,
+    target: &str,
+    timeout: Duration,
+) -> Result<(u16, String), String> {
+    let max_time = format!("{:.3}", timeout.as_secs_f64());
+    let argv = [
+        "curl",
+        "-sS",
+        "-w",
+        "\n%{http_code}",
+        "--noproxy",
+        "*",
+        "--max-time",
+        &max_time,
+        "--interface",
+        from,
+        "--request-target",
+        target,
+        "--",
+        url,
+    ];
+    let out = ns.exec(&argv).output().map_err(|e| format!("spawn curl: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "curl {target} from {from}: {} ({})",
+            String::from_utf8_lossy(&out.stderr).trim(),
+            out.status
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    match code.trim().parse::<u16>() {
+        Ok(status) if status != 0 => Ok((status, body.to_owned())),
+        _ => Err(format!("curl {target}: no HTTP status (got {text:?})")),
+    }
+}
+
 /// What [`http_get_headers`] got back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reply {
