@@ -1,7 +1,7 @@
 //! The task that owns the firewall: changes from the pipeline (our own
 //! bans), the fleet (everyone's) and the control socket queue up here and go
 //! to nft folded into one transaction per wake-up (at 100k elements each nft
-//! call costs a lot: see ARCHITECTURE.md). Each ban goes in as its
+//! call costs a lot: see BENCHMARKS.md). Each ban goes in as its
 //! [`verdict::cover`]: never-banned addresses (loopback, `allow:`,
 //! `proxies:`, this host's own as they change) are cut out here, the last
 //! step before the kernel, and a ban's cover follows the set when this

@@ -1,4 +1,4 @@
-//! The names of our keys (docs/design.md §3, with the changes ARCHITECTURE.md
+//! The names of our keys (docs/design.md §3, with the changes docs/design.md §9
 //! records). Every key that belongs to one address carries its address's
 //! *bucket* as hash tag (`fleetban:win:{fleetban:b7.31}:203.0.113.7:RULE`),
 //! every fleet-wide key the prefix (`{fleetban}:bans`), so that each script
