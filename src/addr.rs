@@ -42,6 +42,19 @@ pub fn parse_member(s: &str) -> Option<IpNet> {
     (n.trunc() == n).then_some(canonical(n))
 }
 
+/// An address from its text, for tests.
+#[cfg(test)]
+pub(crate) fn at(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// A network (or a bare address, as its /32 or /128) from its text, for
+/// tests: a typo there is the test's own bug.
+#[cfg(test)]
+pub(crate) fn net(s: &str) -> IpNet {
+    s.parse().unwrap_or_else(|_| IpNet::from(s.parse::<IpAddr>().unwrap()))
+}
+
 /// The one form of a network everywhere it enters (configuration, CLI,
 /// control socket, Redis members, blocklists): an IPv4-mapped IPv6 network
 /// (`::ffff:10.0.0.0/104`, a prefix of 96 bits or more inside

@@ -96,9 +96,8 @@ enum Command {
     /// The running daemon's state, through its control socket (works while
     /// a rule file has errors: only the main file is needed).
     Status {
-        /// The main configuration file (rule files with errors are a warning here).
-        #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
-        config: PathBuf,
+        #[command(flatten)]
+        on: OperatorConfig,
         /// One JSON object (docs/design.md: the `status` fields).
         #[arg(long)]
         json: bool,
@@ -106,9 +105,8 @@ enum Command {
     /// Active bans, fleet-wide: address, rule, since, until, time left,
     /// offence count, host, reason.
     Bans {
-        /// The main configuration file (rule files with errors are a warning here).
-        #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
-        config: PathBuf,
+        #[command(flatten)]
+        on: OperatorConfig,
         /// JSON Lines, one ban each, RFC 3339 times, fields in a fixed order.
         #[arg(long)]
         json: bool,
@@ -116,9 +114,8 @@ enum Command {
     /// Ban an address or network on every host. An active ban is never
     /// shortened (the later end wins) unless --replace is given.
     Ban {
-        /// The main configuration file (rule files with errors are a warning here).
-        #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
-        config: PathBuf,
+        #[command(flatten)]
+        on: OperatorConfig,
         /// ADDR or CIDR (no host bits set), e.g. 192.0.2.7, 2001:db8::/64.
         #[arg(value_name = "TARGET")]
         target: String,
@@ -141,12 +138,8 @@ enum Command {
     },
     /// Lift a ban on every host; says which wider bans still cover it.
     Unban {
-        /// The main configuration file (rule files with errors are a warning here).
-        #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
-        config: PathBuf,
-        /// ADDR or CIDR, as `ban` takes it.
-        #[arg(value_name = "TARGET")]
-        target: String,
+        #[command(flatten)]
+        on: Target,
         /// One JSON object: what was lifted, what still covers it (docs/design.md).
         #[arg(long)]
         json: bool,
@@ -154,12 +147,8 @@ enum Command {
     /// Why an address is or is not banned: its ban, wider bans, its count
     /// in each rule's window, and what keeps it from ever being banned.
     Explain {
-        /// The main configuration file (rule files with errors are a warning here).
-        #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
-        config: PathBuf,
-        /// ADDR or CIDR, as `ban` takes it.
-        #[arg(value_name = "TARGET")]
-        target: String,
+        #[command(flatten)]
+        on: Target,
         /// One JSON object (docs/design.md: the `explain` fields).
         #[arg(long)]
         json: bool,
@@ -167,9 +156,8 @@ enum Command {
     /// Remove this host's nftables table and every ban in it; refused
     /// while a daemon runs on this configuration unless --force.
     Flush {
-        /// The main configuration file (rule files with errors are a warning here).
-        #[arg(short, long, default_value = fleetban::config::DEFAULT_PATH)]
-        config: PathBuf,
+        #[command(flatten)]
+        on: OperatorConfig,
         /// Flush even though a daemon runs (it re-creates the table within ~5 s).
         #[arg(long)]
         force: bool,
@@ -191,6 +179,24 @@ enum Command {
         #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
         config: PathBuf,
     },
+}
+
+/// The configuration an operator's command reads.
+#[derive(clap::Args)]
+struct OperatorConfig {
+    /// The main configuration file (rule files with errors are a warning here).
+    #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
+    config: PathBuf,
+}
+
+/// An address or network an operator's command is about.
+#[derive(clap::Args)]
+struct Target {
+    #[command(flatten)]
+    on: OperatorConfig,
+    /// ADDR or CIDR, as `ban` takes it.
+    #[arg(value_name = "TARGET")]
+    target: String,
 }
 
 fn main() -> ExitCode {
@@ -233,10 +239,10 @@ fn execute(command: Command) -> commands::Outcome {
                 logs,
             },
         ),
-        Command::Status { config, json } => status::status(&config, json),
-        Command::Bans { config, json } => list::bans(&config, json),
+        Command::Status { on, json } => status::status(&on.config, json),
+        Command::Bans { on, json } => list::bans(&on.config, json),
         Command::Ban {
-            config,
+            on,
             target,
             duration,
             permanent,
@@ -244,7 +250,7 @@ fn execute(command: Command) -> commands::Outcome {
             replace,
             json,
         } => list::ban(
-            &config,
+            &on.config,
             &BanArgs {
                 target,
                 duration,
@@ -254,9 +260,9 @@ fn execute(command: Command) -> commands::Outcome {
                 json,
             },
         ),
-        Command::Unban { config, target, json } => list::unban(&config, &target, json),
-        Command::Explain { config, target, json } => explain::explain(&config, &target, json),
-        Command::Flush { config, force } => run::flush(&config, force),
+        Command::Unban { on, json } => list::unban(&on.on.config, &on.target, json),
+        Command::Explain { on, json } => explain::explain(&on.on.config, &on.target, json),
+        Command::Flush { on, force } => run::flush(&on.config, force),
         Command::Completions { shell } => completions::print(shell, Cli::command()),
         Command::Manpage => manpage::print(Cli::command()),
         Command::CompleteRules { config } => completions::rules(&config),

@@ -156,9 +156,7 @@ fn ban_reply(r: &ConfigDir, addr: &str) -> Response {
 
 fn enforced(reply: &Response) -> Option<bool> {
     match reply {
-        Response::Ban {
-            banned: true, enforced, ..
-        } => *enforced,
+        Response::Ban(answer) if answer.banned => answer.enforced,
         other => panic!("not a new ban: {other:?}"),
     }
 }

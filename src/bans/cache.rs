@@ -209,9 +209,7 @@ mod tests {
         assert!(!c.is_banned(&"198.51.100.7/32".parse().unwrap(), 0));
     }
 
-    fn at(s: &str) -> IpAddr {
-        s.parse().unwrap()
-    }
+    use crate::addr::at;
 
     #[test]
     fn covering_finds_every_prefix_length() {

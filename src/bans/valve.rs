@@ -84,9 +84,7 @@ impl SafetyValve {
 mod tests {
     use super::*;
 
-    fn net(s: &str) -> IpNet {
-        s.parse().unwrap()
-    }
+    use crate::addr::net;
 
     #[test]
     fn caps_per_minute() {

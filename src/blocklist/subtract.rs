@@ -86,9 +86,7 @@ mod tests {
     use proptest::prelude::*;
     use std::net::{IpAddr, Ipv4Addr};
 
-    fn n(s: &str) -> IpNet {
-        s.parse().unwrap()
-    }
+    use crate::addr::net as n;
 
     #[test]
     fn a_hole_in_a_slash_24_leaves_eight_prefixes() {

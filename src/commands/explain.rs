@@ -327,9 +327,7 @@ fn render(
     for b in &e.blocklisted {
         out += &format!("  blocklist: {b}\n");
     }
-    let mut t = Table::new(&["RULE", "KEY", "ALGORITHM", "COUNT", "LIMIT", "WINDOW"])
-        .right(3)
-        .right(4);
+    let mut t = Table::new(&["RULE", "KEY", "ALGORITHM", "COUNT", "LIMIT", "WINDOW"]).right_range(3..=4);
     for w in &e.windows {
         let count = match w.algorithm.as_str() {
             "token_bucket" => format!("{} in use", w.count),

@@ -96,6 +96,11 @@ impl Table {
         self
     }
 
+    /// Columns `cols` aligned right (numbers).
+    pub fn right_range(self, cols: std::ops::RangeInclusive<usize>) -> Table {
+        cols.fold(self, Table::right)
+    }
+
     /// One row, as many cells as the header (missing ones are empty).
     pub fn row(&mut self, cells: Vec<String>) {
         self.rows.push(cells);

@@ -107,11 +107,7 @@ fn render(s: &Status, now: i64) -> String {
         );
     }
     out += "\nrules:\n";
-    let mut rules = Table::new(&["RULE", "LINES", "UNPARSED", "HITS", "BANS"])
-        .right(1)
-        .right(2)
-        .right(3)
-        .right(4);
+    let mut rules = Table::new(&["RULE", "LINES", "UNPARSED", "HITS", "BANS"]).right_range(1..=4);
     for r in &s.rules {
         rules.row(vec![
             r.name.clone(),
@@ -134,12 +130,7 @@ fn render(s: &Status, now: i64) -> String {
     if s.sources.is_empty() {
         out += "  (none followed)\n";
     } else {
-        let mut t = Table::new(&["FILE", "STATE", "OFFSET", "LINES", "LINES/S", "LAG", "BEHIND"])
-            .right(2)
-            .right(3)
-            .right(4)
-            .right(5)
-            .right(6);
+        let mut t = Table::new(&["FILE", "STATE", "OFFSET", "LINES", "LINES/S", "LAG", "BEHIND"]).right_range(2..=6);
         for src in &s.sources {
             t.row(vec![
                 src.path.clone(),
@@ -165,10 +156,7 @@ fn blocklists(s: &Status, now: i64) -> String {
     if s.blocklists.is_empty() {
         return String::new();
     }
-    let mut t = Table::new(&["FILE", "ENTRIES", "SKIPPED", "SPLIT", "REFRESHED", "ERROR"])
-        .right(1)
-        .right(2)
-        .right(3);
+    let mut t = Table::new(&["FILE", "ENTRIES", "SKIPPED", "SPLIT", "REFRESHED", "ERROR"]).right_range(1..=3);
     for b in &s.blocklists {
         t.row(vec![
             b.file.clone(),

@@ -219,25 +219,17 @@ fn tls_files(
 ) -> Option<TlsFiles> {
     let mut read = |p: &Spanned<PathBuf>, what: &str| -> Option<Vec<u8>> {
         let path = base.join(&p.value);
-        match std::fs::read(&path) {
-            Ok(b) if b.windows(11).any(|w| w == b"-----BEGIN ") => Some(b),
-            Ok(_) => {
-                errors.push(ConfigError::at(
-                    file,
-                    p.referenced,
-                    format!("redis.tls.{what}: {} holds no PEM block", path.display()),
-                ));
-                None
-            }
-            Err(e) => {
-                errors.push(ConfigError::at(
-                    file,
-                    p.referenced,
-                    format!("redis.tls.{what}: cannot read {}: {e}", path.display()),
-                ));
-                None
-            }
-        }
+        let problem = match std::fs::read(&path) {
+            Ok(b) if b.windows(11).any(|w| w == b"-----BEGIN ") => return Some(b),
+            Ok(_) => "holds no PEM block".to_owned(),
+            Err(e) => format!("cannot be read: {e}"),
+        };
+        errors.push(ConfigError::at(
+            file,
+            p.referenced,
+            format!("redis.tls.{what}: {} {problem}", path.display()),
+        ));
+        None
     };
     let ca = t.ca.as_ref().and_then(|p| read(p, "ca"));
     let cert = t.cert.as_ref().and_then(|p| read(p, "cert"));

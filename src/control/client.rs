@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
-use super::{Cover, Request, Response, Status, WindowCount};
+use super::{BanAnswer, Cover, Request, Response, Status, WindowCount};
 use crate::bans::BanRecord;
 
 #[derive(Debug, thiserror::Error)]
@@ -21,17 +21,6 @@ pub enum ControlError {
     /// The answer was not the one asked for.
     #[error("cannot reach the daemon at {}: bad answer: {detail}", path.display())]
     BadAnswer { path: PathBuf, detail: String },
-}
-
-/// The daemon's answer to a ban (`Response::Ban`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct BanAnswer {
-    pub banned: bool,
-    pub until: Option<i64>,
-    pub enforced: Option<bool>,
-    pub effect: Option<crate::bans::Effect>,
-    pub was: Option<i64>,
-    pub queued: bool,
 }
 
 pub struct Client {
@@ -60,21 +49,7 @@ impl Client {
     /// An operator's ban (`Request::Ban`), answered as `Response::Ban`.
     pub fn ban(&self, req: &Request) -> Result<BanAnswer, ControlError> {
         match self.call(req)? {
-            Response::Ban {
-                banned,
-                until,
-                enforced,
-                effect,
-                was,
-                queued,
-            } => Ok(BanAnswer {
-                banned,
-                until,
-                enforced,
-                effect,
-                was,
-                queued,
-            }),
+            Response::Ban(answer) => Ok(answer),
             other => Err(self.unexpected(&other)),
         }
     }

@@ -13,7 +13,7 @@ mod client;
 mod server;
 mod status;
 
-pub use client::{BanAnswer, Client, ControlError};
+pub use client::{Client, ControlError};
 pub use server::{bind, serve, Handler};
 pub use status::{
     BlocklistStatus, FirewallStatus, HttpStatus, RedisStatus, RuleStatus, SafetyStatus, SourceStatus, Status,
@@ -101,6 +101,28 @@ impl WindowCount {
     }
 }
 
+/// The daemon's answer to an operator's ban (`Request::Ban`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BanAnswer {
+    /// The address is banned now (false: nothing was done).
+    pub banned: bool,
+    /// Its end now; None: permanent (or not banned).
+    pub until: Option<i64>,
+    /// For a new or changed ban: whether the kernel holds it (false: nft
+    /// failed or did not answer within 2 s; the ban stands and is retried).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enforced: Option<bool>,
+    /// `new`, `kept`, `extended`, `replaced` (absent from an older daemon).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<crate::bans::Effect>,
+    /// An active ban's end before this one (None: permanent, or none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub was: Option<i64>,
+    /// Redis was down: enforced here, written to Redis when it answers.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub queued: bool,
+}
+
 /// What the daemon answers, one shape per request (or an error).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -120,25 +142,7 @@ pub enum Response {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         local: bool,
     },
-    Ban {
-        /// The address is banned now (false: nothing was done).
-        banned: bool,
-        /// Its end now; None: permanent (or not banned).
-        until: Option<i64>,
-        /// For a new or changed ban: whether the kernel holds it (false: nft
-        /// failed or did not answer within 2 s; the ban stands and is retried).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        enforced: Option<bool>,
-        /// `new`, `kept`, `extended`, `replaced` (absent from an older daemon).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        effect: Option<crate::bans::Effect>,
-        /// An active ban's end before this one (None: permanent, or none).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        was: Option<i64>,
-        /// Redis was down: enforced here, written to Redis when it answers.
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        queued: bool,
-    },
+    Ban(BanAnswer),
     Unban {
         removed: bool,
         /// Redis was down: lifted here, written to Redis when it answers.

@@ -16,7 +16,7 @@ use super::pipeline::Command;
 use super::stats::Stats;
 use crate::bans::list::until_ms;
 use crate::bans::{Applied, BanRequest, Bans, Effect, Mode, Unbannable, Unbanned};
-use crate::control::{Cover, Handler, Request, Response, WindowCount};
+use crate::control::{BanAnswer, Cover, Handler, Request, Response, WindowCount};
 use crate::enforce::Until;
 use crate::limit::Limiter;
 
@@ -64,26 +64,12 @@ impl Handler for Answers {
                     bans,
                 }
             }
-            Response::Ban {
-                banned: true,
-                until,
-                effect,
-                was,
-                queued,
-                ..
-            } if effect != Some(Effect::Kept) => {
-                let enforced = match ban {
+            Response::Ban(mut answer) if answer.banned && answer.effect != Some(Effect::Kept) => {
+                answer.enforced = match ban {
                     Some(net) => Some(self.enforced.applied(&net, begun, ENFORCE_WAIT).await),
                     None => None,
                 };
-                Response::Ban {
-                    banned: true,
-                    until,
-                    enforced,
-                    effect,
-                    was,
-                    queued,
-                }
+                Response::Ban(answer)
             }
             other => other,
         }
@@ -136,13 +122,15 @@ pub(super) async fn command(
                 Err(e) => return Response::error(e),
             };
             let req = BanRequest::manual(addr, mode, &reason, bans.host());
-            let answer = |until: Until, effect, was: Option<Until>, queued| Response::Ban {
-                banned: true,
-                until: until_ms(until),
-                enforced: None,
-                effect: Some(effect),
-                was: was.and_then(until_ms),
-                queued,
+            let answer = |until: Until, effect, was: Option<Until>, queued| {
+                Response::Ban(BanAnswer {
+                    banned: true,
+                    until: until_ms(until),
+                    enforced: None,
+                    effect: Some(effect),
+                    was: was.and_then(until_ms),
+                    queued,
+                })
             };
             match bans.ban(req, now, now).await {
                 Ok(Applied::New(rec)) => answer(rec.until(), Effect::New, None, false),

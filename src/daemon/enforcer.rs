@@ -502,9 +502,7 @@ mod tests {
     use super::*;
     use crate::enforce::Until;
 
-    fn net(s: &str) -> IpNet {
-        s.parse().unwrap()
-    }
+    use crate::addr::net;
 
     #[test]
     fn a_network_ban_is_split_around_allowed_addresses_and_its_unban_lifts_every_piece() {

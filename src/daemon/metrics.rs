@@ -18,6 +18,7 @@
 //! `fleetban_rule_unparsed_total{rule}` (of those, the ones its format
 //! could not parse: `fleetban_unparsed_total` counts the lines no rule parsed).
 
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -30,7 +31,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::stats::Stats;
+use super::stats::{RuleCounters, Stats};
 
 #[derive(Debug)]
 struct StatsCollector(Arc<Stats>);
@@ -154,41 +155,22 @@ impl prometheus_client::collector::Collector for StatsCollector {
             .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
         }
         let rules = s.rule_counters();
-        {
-            let mut hits = e.encode_descriptor("fleetban_hits", "Hits counted per rule.", None, MetricType::Counter)?;
+        let per_rule: [(&str, &str, fn(&RuleCounters) -> &AtomicU64); 4] = [
+            ("fleetban_hits", "Hits counted per rule.", |r| &r.hits),
+            ("fleetban_bans", "Bans decided per rule.", |r| &r.bans),
+            ("fleetban_rule_lines", "Lines each rule read.", |r| &r.lines),
+            (
+                "fleetban_rule_unparsed",
+                "Lines each rule read that its format could not parse.",
+                |r| &r.unparsed,
+            ),
+        ];
+        for (name, help, count) in per_rule {
+            let mut family = e.encode_descriptor(name, help, None, MetricType::Counter)?;
             for r in &rules {
                 let labels = [("rule", r.name.as_str())];
-                ConstCounter::new(r.hits.load(Relaxed)).encode(hits.encode_family(&labels)?)?;
+                ConstCounter::new(count(r).load(Relaxed)).encode(family.encode_family(&labels)?)?;
             }
-        }
-        {
-            let mut bans = e.encode_descriptor("fleetban_bans", "Bans decided per rule.", None, MetricType::Counter)?;
-            for r in &rules {
-                let labels = [("rule", r.name.as_str())];
-                ConstCounter::new(r.bans.load(Relaxed)).encode(bans.encode_family(&labels)?)?;
-            }
-        }
-        {
-            let mut lines = e.encode_descriptor(
-                "fleetban_rule_lines",
-                "Lines each rule read.",
-                None,
-                MetricType::Counter,
-            )?;
-            for r in &rules {
-                let labels = [("rule", r.name.as_str())];
-                ConstCounter::new(r.lines.load(Relaxed)).encode(lines.encode_family(&labels)?)?;
-            }
-        }
-        let mut unparsed = e.encode_descriptor(
-            "fleetban_rule_unparsed",
-            "Lines each rule read that its format could not parse.",
-            None,
-            MetricType::Counter,
-        )?;
-        for r in &rules {
-            let labels = [("rule", r.name.as_str())];
-            ConstCounter::new(r.unparsed.load(Relaxed)).encode(unparsed.encode_family(&labels)?)?;
         }
         Ok(())
     }

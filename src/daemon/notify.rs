@@ -141,11 +141,16 @@ mod tests {
         let stats = Stats::detached();
         let limit = Duration::from_secs(30);
         let now = 1_000_000_000;
-        assert!(progressing(&stats, limit, now), "idle");
-        stats.busy_since_ms.store(now - 29_000, Relaxed);
-        assert!(progressing(&stats, limit, now), "busy 29 s");
-        stats.busy_since_ms.store(now - 31_000, Relaxed);
-        assert!(!progressing(&stats, limit, now), "stuck 31 s");
+        for (busy_for, alive, what) in [
+            (None, true, "idle"),
+            (Some(29_000), true, "busy 29 s"),
+            (Some(31_000), false, "stuck 31 s"),
+        ] {
+            if let Some(ms) = busy_for {
+                stats.busy_since_ms.store(now - ms, Relaxed);
+            }
+            assert_eq!(progressing(&stats, limit, now), alive, "{what}");
+        }
         stats.limit.failed_at_ms.store(now - 1_000, Relaxed);
         assert!(progressing(&stats, limit, now), "retrying Redis");
     }
@@ -155,10 +160,15 @@ mod tests {
         let e = Enforced::default();
         let half = Duration::from_secs(15);
         let now = 1_000_000_000;
-        assert!(enforcer_alive(&e, half, now), "idle");
-        e.busy_since_ms.store(now - 14_000, Relaxed);
-        assert!(enforcer_alive(&e, half, now), "in nft for 14 s");
-        e.busy_since_ms.store(now - 16_000, Relaxed);
-        assert!(!enforcer_alive(&e, half, now), "in nft for 16 s");
+        for (busy_for, alive, what) in [
+            (None, true, "idle"),
+            (Some(14_000), true, "in nft for 14 s"),
+            (Some(16_000), false, "in nft for 16 s"),
+        ] {
+            if let Some(ms) = busy_for {
+                e.busy_since_ms.store(now - ms, Relaxed);
+            }
+            assert_eq!(enforcer_alive(&e, half, now), alive, "{what}");
+        }
     }
 }

@@ -111,53 +111,26 @@ impl Conditions {
             && self.levels.is_none()
     }
 
+    /// Every condition present holds (the order: cheapest first).
     fn matches(&self, r: &Request<'_>) -> bool {
-        if let Some(ms) = &self.methods {
-            if !ms.iter().any(|m| m.eq_ignore_ascii_case(r.method)) {
-                return false;
-            }
+        fn any<T>(set: &Option<Vec<T>>, holds: impl Fn(&T) -> bool) -> bool {
+            set.as_ref().is_none_or(|set| set.iter().any(holds))
         }
-        if let Some(ss) = &self.statuses {
-            if !ss.iter().any(|s| s.matches(r.status)) {
-                return false;
-            }
+        fn bytes(set: &Option<Vec<Vec<u8>>>, field: &[u8]) -> bool {
+            any(set, |v| v.as_slice() == field)
         }
-        if let Some(l) = &self.limit_req_status {
-            if !l.iter().any(|v| v.as_slice() == r.limit_req_status) {
-                return false;
-            }
+        fn re(re: &Option<Field>, field: &[u8]) -> bool {
+            re.as_ref().is_none_or(|re| re.is_match(field))
         }
-        if let Some(re) = &self.path {
-            if !re.is_match(r.path) {
-                return false;
-            }
-        }
-        if let Some(re) = &self.target {
-            if !re.is_match(r.target) {
-                return false;
-            }
-        }
-        if let Some(re) = &self.host {
-            if !re.is_match(r.host) {
-                return false;
-            }
-        }
-        if let Some(re) = &self.user_agent {
-            if !re.is_match(r.user_agent) {
-                return false;
-            }
-        }
-        if let Some(l) = &self.levels {
-            if !l.iter().any(|v| v.as_slice() == r.level) {
-                return false;
-            }
-        }
-        if let Some(re) = &self.message {
-            if !re.is_match(r.message) {
-                return false;
-            }
-        }
-        true
+        any(&self.methods, |m| m.eq_ignore_ascii_case(r.method))
+            && any(&self.statuses, |s| s.matches(r.status))
+            && bytes(&self.limit_req_status, r.limit_req_status)
+            && re(&self.path, r.path)
+            && re(&self.target, r.target)
+            && re(&self.host, r.host)
+            && re(&self.user_agent, r.user_agent)
+            && bytes(&self.levels, r.level)
+            && re(&self.message, r.message)
     }
 }
 

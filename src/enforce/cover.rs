@@ -526,9 +526,17 @@ pub(crate) mod tests {
     const NOW: i64 = 1_700_000_000_000;
     const H: i64 = 3_600_000;
 
-    /// A prefix or a bare address.
-    pub(crate) fn net(s: &str) -> IpNet {
-        s.parse().unwrap_or_else(|_| IpNet::from(s.parse::<IpAddr>().unwrap()))
+    pub(crate) use crate::addr::net;
+
+    /// A fixed pseudo-random sequence: `rnd(n)` is below `n`.
+    fn xorshift() -> impl FnMut(u64) -> u64 {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        move |n| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        }
     }
 
     fn el(s: &str, until: Until) -> Element {
@@ -711,13 +719,7 @@ pub(crate) mod tests {
     /// wanted address is dropped by exactly the cover of the wanted nets.
     #[test]
     fn random_steps_keep_applied_disjoint_and_equal_to_cover() {
-        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut rnd = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut rnd = xorshift();
         let mut b = Book::default();
         let mut now = NOW;
         for _ in 0..2_000 {
@@ -774,13 +776,7 @@ pub(crate) mod tests {
         .iter()
         .map(|s| s.parse().unwrap())
         .collect();
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rnd = |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut rnd = xorshift();
         let mut book = Book::default();
         let mut now = NOW;
         let (mut quick, mut full) = (0, 0);

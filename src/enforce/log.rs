@@ -48,16 +48,7 @@ impl LogEnforcer {
         let expired = self.book.set_desired(desired, now_ms);
         let mut stats = self.apply(now_ms);
         stats.expired = expired;
-        info!(
-            added = stats.added,
-            refreshed = stats.refreshed,
-            removed = stats.removed,
-            unchanged = stats.unchanged,
-            covered = stats.covered,
-            deferred = stats.deferred,
-            expired = stats.expired,
-            "dry run: reconciled"
-        );
+        stats.log(None);
         stats
     }
 
@@ -136,12 +127,12 @@ mod tests {
     fn keeps_the_same_bookkeeping() {
         let mut e = LogEnforcer::new();
         let el = |s: &str| Element {
-            net: crate::enforce::cover::tests::net(s),
+            net: crate::addr::net(s),
             until: Until::At(10_000),
         };
         e.add(&[el("10.0.0.5"), el("10.0.0.0/24"), el("2001:db8::/64")], 0);
         assert_eq!((e.book().applied_len(), e.book().desired_len()), (2, 3));
-        e.remove(&[crate::enforce::cover::tests::net("10.0.0.0/24")], 1);
+        e.remove(&[crate::addr::net("10.0.0.0/24")], 1);
         assert_eq!(e.book().applied_len(), 2);
         let stats = e.replace_all(
             &[

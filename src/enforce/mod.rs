@@ -173,6 +173,28 @@ pub struct ReconcileStats {
     pub expired: usize,
 }
 
+impl ReconcileStats {
+    /// The one line a reconcile logs: of `table`, or of the dry run.
+    pub(crate) fn log(&self, table: Option<&str>) {
+        tracing::info!(
+            table = table.unwrap_or("-"),
+            added = self.added,
+            refreshed = self.refreshed,
+            removed = self.removed,
+            unchanged = self.unchanged,
+            covered = self.covered,
+            deferred = self.deferred,
+            expired = self.expired,
+            "{}",
+            if table.is_some() {
+                "nftables reconciled"
+            } else {
+                "dry run: reconciled"
+            }
+        );
+    }
+}
+
 /// The enforcer the daemon holds: real nftables or a dry run.
 pub enum Enforcer {
     /// Writes the kernel's sets.

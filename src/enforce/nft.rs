@@ -153,17 +153,7 @@ impl NftEnforcer {
         }
         let mut stats = self.apply(now_ms).await?;
         stats.expired = expired;
-        info!(
-            table = %self.opts.table,
-            added = stats.added,
-            refreshed = stats.refreshed,
-            removed = stats.removed,
-            unchanged = stats.unchanged,
-            covered = stats.covered,
-            deferred = stats.deferred,
-            expired = stats.expired,
-            "nftables reconciled"
-        );
+        stats.log(Some(&self.opts.table));
         Ok(stats)
     }
 

@@ -236,21 +236,17 @@ impl FleetSync {
                             next_reconcile = tokio::time::Instant::now();
                         }
                         Err(e) => {
-                            self.tell(FleetNews::Lost);
-                            if let Some(n) = failing.note(1, FAILING_PERIOD) {
-                                tracing::warn!(error = %crate::ratelog::cap_error(&e.to_string()), failures = n,
-                                    "Checking the events stream failed; will reconcile.");
-                            }
+                            self.lost(&mut failing, &e, "Checking the events stream failed; will reconcile.");
                             next_reconcile = tokio::time::Instant::now();
                         }
                     }
                 }
                 Err(e) => {
-                    self.tell(FleetNews::Lost);
-                    if let Some(n) = failing.note(1, FAILING_PERIOD) {
-                        tracing::warn!(error = %crate::ratelog::cap_error(&e.to_string()), failures = n,
-                            "Following ban events failed; will reconcile (one warning a minute while it fails).");
-                    }
+                    self.lost(
+                        &mut failing,
+                        &e,
+                        "Following ban events failed; will reconcile (one warning a minute while it fails).",
+                    );
                     // After any gap the whole list is read again.
                     next_reconcile = tokio::time::Instant::now();
                     if sleep_or_stop(backoff, &shutdown).await {
@@ -264,6 +260,15 @@ impl FleetSync {
 }
 
 impl FleetSync {
+    /// Reading the stream failed: what the limiter knows of the fleet may be
+    /// stale (`Lost`), and `what` is said once a minute while it fails.
+    fn lost(&self, failing: &mut crate::ratelog::Every, e: &redis::RedisError, what: &str) {
+        self.tell(FleetNews::Lost);
+        if let Some(n) = failing.note(1, FAILING_PERIOD) {
+            tracing::warn!(error = %crate::ratelog::cap_error(&e.to_string()), failures = n, "{what}");
+        }
+    }
+
     /// True if the stream may have lost events after `last`, the id we had
     /// applied before the read that just returned. Trimming (XADD MAXLEN,
     /// XTRIM) removes the oldest entries first, so an unread entry can only

@@ -187,9 +187,7 @@ mod tests {
         }
     }
 
-    fn at(s: &str) -> IpAddr {
-        s.parse().unwrap()
-    }
+    use crate::addr::at;
 
     #[test]
     fn ended_bans_do_not_deny() {

@@ -209,97 +209,42 @@ pub(crate) fn resolve_in_place(buf: &mut [u8]) -> Option<usize> {
         r += 1;
         // A decoded byte is read again in the state its `%` was met in.
         loop {
-            match state {
-                State::Usual => match ch {
-                    b'/' => {
-                        state = State::Slash;
-                        buf[w] = ch;
-                        w += 1;
-                    }
-                    b'%' => {
-                        quoted = state;
-                        state = State::Quoted;
-                    }
-                    _ => {
-                        buf[w] = ch;
-                        w += 1;
-                    }
-                },
-                State::Slash => match ch {
-                    b'/' => {}
-                    b'.' => {
-                        state = State::Dot;
-                        buf[w] = ch;
-                        w += 1;
-                    }
-                    b'%' => {
-                        quoted = state;
-                        state = State::Quoted;
-                    }
-                    _ => {
-                        state = State::Usual;
-                        buf[w] = ch;
-                        w += 1;
-                    }
-                },
-                State::Dot => match ch {
-                    b'/' => {
-                        // `/./`: drop the dot, keep the slash before it.
-                        state = State::Slash;
-                        w -= 1;
-                    }
-                    b'.' => {
-                        state = State::DotDot;
-                        buf[w] = ch;
-                        w += 1;
-                    }
-                    b'%' => {
-                        quoted = state;
-                        state = State::Quoted;
-                    }
-                    _ => {
-                        state = State::Usual;
-                        buf[w] = ch;
-                        w += 1;
-                    }
-                },
-                State::DotDot => match ch {
-                    b'/' => {
-                        w = up(buf, w)?;
-                        state = State::Slash;
-                    }
-                    b'%' => {
-                        quoted = state;
-                        state = State::Quoted;
-                    }
-                    _ => {
-                        state = State::Usual;
-                        buf[w] = ch;
-                        w += 1;
-                    }
-                },
-                State::Quoted => {
+            state = match (state, ch) {
+                (State::Quoted, _) => {
                     high = hex(ch)?;
-                    state = State::QuotedSecond;
+                    State::QuotedSecond
                 }
-                State::QuotedSecond => {
-                    let decoded = (high << 4) | hex(ch)?;
-                    match decoded {
-                        0 => return None,
-                        // Written as they are, never read as syntax.
-                        b'%' | b'#' | b'?' => {
-                            state = State::Usual;
-                            buf[w] = decoded;
-                            w += 1;
-                        }
-                        _ => {
-                            state = quoted;
-                            ch = decoded;
-                            continue;
-                        }
+                (State::QuotedSecond, _) => match (high << 4) | hex(ch)? {
+                    0 => return None,
+                    // Written as they are, never read as syntax.
+                    decoded @ (b'%' | b'#' | b'?') => put(buf, &mut w, decoded, State::Usual),
+                    decoded => {
+                        state = quoted;
+                        ch = decoded;
+                        continue;
                     }
+                },
+                (_, b'%') => {
+                    quoted = state;
+                    State::Quoted
                 }
-            }
+                // Slashes merged.
+                (State::Slash, b'/') => State::Slash,
+                // `/./`: drop the dot, keep the slash before it.
+                (State::Dot, b'/') => {
+                    w -= 1;
+                    State::Slash
+                }
+                // `/../`: drop the segment before it.
+                (State::DotDot, b'/') => {
+                    w = up(buf, w)?;
+                    State::Slash
+                }
+                (_, b'/') => put(buf, &mut w, ch, State::Slash),
+                (State::Slash, b'.') => put(buf, &mut w, ch, State::Dot),
+                (State::Dot, b'.') => put(buf, &mut w, ch, State::DotDot),
+                _ => put(buf, &mut w, ch, State::Usual),
+            };
             break;
         }
     }
@@ -309,6 +254,13 @@ pub(crate) fn resolve_in_place(buf: &mut [u8]) -> Option<usize> {
         State::DotDot => up(buf, w),
         State::Usual | State::Slash => Some(w),
     }
+}
+
+/// Writes `ch` at `w` (never past the byte being read) and moves on to `next`.
+fn put(buf: &mut [u8], w: &mut usize, ch: u8, next: State) -> State {
+    buf[*w] = ch;
+    *w += 1;
+    next
 }
 
 /// `buf[..w]` ends with `/..`: the length once the segment before it is

@@ -103,26 +103,12 @@ mod tests {
 
     #[test]
     fn unknown_fingerprint_matches_same_inode_only() {
-        let a = FileId {
+        let id = |ino, fingerprint| FileId {
             dev: 1,
-            ino: 2,
-            fingerprint: 0,
+            ino,
+            fingerprint,
         };
-        let b = FileId {
-            dev: 1,
-            ino: 2,
-            fingerprint: 7,
-        };
-        let c = FileId {
-            dev: 1,
-            ino: 2,
-            fingerprint: 8,
-        };
-        let d = FileId {
-            dev: 1,
-            ino: 3,
-            fingerprint: 7,
-        };
+        let (a, b, c, d) = (id(2, 0), id(2, 7), id(2, 8), id(3, 7));
         assert!(a.same_file(&b) && b.same_file(&a));
         assert!(!b.same_file(&c));
         assert!(!b.same_file(&d) && !a.same_file(&d));

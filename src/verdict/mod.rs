@@ -155,9 +155,7 @@ mod tests {
 
     use proptest::prelude::*;
 
-    fn net(s: &str) -> IpNet {
-        s.parse().unwrap()
-    }
+    use crate::addr::net;
 
     #[test]
     fn a_ban_is_whole_around_or_spared() {

@@ -249,9 +249,7 @@ pub fn local_addresses() -> Vec<IpAddr> {
 mod tests {
     use super::*;
 
-    fn net(s: &str) -> IpNet {
-        s.parse().unwrap()
-    }
+    use crate::addr::net;
 
     #[test]
     fn an_address_that_appears_is_published_and_named_once() {
