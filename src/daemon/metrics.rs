@@ -155,7 +155,8 @@ impl prometheus_client::collector::Collector for StatsCollector {
             .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
         }
         let rules = s.rule_counters();
-        let per_rule: [(&str, &str, fn(&RuleCounters) -> &AtomicU64); 4] = [
+        type Count = fn(&RuleCounters) -> &AtomicU64;
+        let per_rule: [(&str, &str, Count); 4] = [
             ("fleetban_hits", "Hits counted per rule.", |r| &r.hits),
             ("fleetban_bans", "Bans decided per rule.", |r| &r.bans),
             ("fleetban_rule_lines", "Lines each rule read.", |r| &r.lines),
