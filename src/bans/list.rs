@@ -3,7 +3,6 @@
 //! the record, the offence count and the event in one atomic call; embedded
 //! (a map saved under `state_dir`) for a single host, with the same rules.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 
 use ipnet::IpNet;
@@ -12,6 +11,9 @@ use super::{BanRecord, BanRequest, Effect, Mode, Outcome};
 use crate::addr::AddrText;
 use crate::enforce::Until;
 use crate::store::{Keys, BAN, RESTORE, STREAM_MAXLEN, UNBAN};
+
+mod memory;
+pub use memory::MemoryBans;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BanListError {
@@ -593,201 +595,6 @@ fn until_of(v: &redis::Value) -> Option<Until> {
         redis::Value::Double(f) if f.is_finite() => Some(Until::At(*f as i64)),
         redis::Value::Int(i) => Some(Until::At(*i)),
         _ => None,
-    }
-}
-
-/// The embedded ban list of a host without Redis.
-#[derive(Default)]
-pub struct MemoryBans {
-    bans: HashMap<IpNet, BanRecord>,
-    /// Offence count and its expiry per address (escalation).
-    offences: HashMap<IpNet, (u32, i64)>,
-    /// The addresses each rule banned per network (`escalate_network:`).
-    escalations: super::escalate::Tracker,
-    file: Option<PathBuf>,
-    /// The file could not be read as a list at start.
-    lost: bool,
-    /// The last save failed: retried (`BanList::retry_save`).
-    unsaved: bool,
-    save_warn: crate::ratelog::Every,
-}
-
-impl MemoryBans {
-    /// The list `file` holds. Records that do not parse are counted and
-    /// skipped, the others kept and written back; a file that is not a list
-    /// at all keeps none (`lost`: the kernel's set is then left as it is at
-    /// start, its elements enforced until their own timeouts). Either way
-    /// the file is set aside as `bans.json.corrupt`, loudly.
-    fn load(file: Option<PathBuf>) -> MemoryBans {
-        let mut m = MemoryBans {
-            file,
-            ..MemoryBans::default()
-        };
-        let Some(path) = m.file.clone() else { return m };
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return m,
-            Err(e) => {
-                tracing::warn!(file = %path.display(), error = %e,
-                    "Ban list file unreadable; starting with none, the kernel's set kept as it is.");
-                m.lost = true;
-                return m;
-            }
-        };
-        let (records, bad) = match serde_json::from_slice::<Vec<serde_json::Value>>(&bytes) {
-            Ok(values) => {
-                let n = values.len();
-                let good: Vec<BanRecord> = values
-                    .into_iter()
-                    .filter_map(|v| serde_json::from_value::<BanRecord>(v).ok())
-                    .collect();
-                let bad = n - good.len();
-                (good, bad)
-            }
-            Err(e) => {
-                m.lost = true;
-                tracing::warn!(file = %path.display(), error = %e,
-                    "Ban list file is not a list; no ban could be read from it, the kernel's set kept as it is.");
-                (Vec::new(), 0)
-            }
-        };
-        m.bans = records.into_iter().map(|r| (r.addr, r)).collect();
-        if bad > 0 || m.lost {
-            let aside = path.with_extension("json.corrupt");
-            if bad > 0 {
-                tracing::warn!(file = %path.display(), bad, kept = m.bans.len(), aside = %aside.display(),
-                    "Ban records that do not parse; skipped, the others kept, the file set aside.");
-            }
-            if let Err(e) = std::fs::rename(&path, &aside) {
-                tracing::warn!(error = %e, aside = %aside.display(), "Setting the ban list file aside failed.");
-            } else if bad > 0 {
-                if let Err(e) = m.save() {
-                    tracing::warn!(error = %e, "Writing back the readable bans failed.");
-                }
-            }
-        }
-        m
-    }
-
-    fn save(&self) -> std::io::Result<()> {
-        let Some(file) = &self.file else { return Ok(()) };
-        let recs: Vec<&BanRecord> = self.bans.values().collect();
-        let tmp = file.with_extension("tmp");
-        let written = serde_json::to_vec(&recs)
-            .map_err(std::io::Error::other)
-            .and_then(|b| std::fs::write(&tmp, b))
-            .and_then(|()| std::fs::rename(&tmp, file));
-        if written.is_err() {
-            // No half-written bans.tmp left behind (a full disk).
-            let _ = std::fs::remove_file(&tmp);
-        }
-        written
-    }
-
-    /// Saves the list; a failure keeps it in memory (it is enforced all the
-    /// same), is retried every second (`BanList::retry_save`) and warned
-    /// about at most once a minute.
-    fn persist(&mut self) {
-        match self.save() {
-            Ok(()) if self.unsaved => {
-                self.unsaved = false;
-                tracing::info!("Ban list saved again.");
-            }
-            Ok(()) => {}
-            Err(e) => {
-                self.unsaved = true;
-                if let Some(n) = self.save_warn.note(1, std::time::Duration::from_secs(60)) {
-                    tracing::warn!(error = %e, failures = n, file = %self.file.as_deref().map(|p| p.display().to_string()).unwrap_or_default(),
-                        "Saving the ban list failed; the bans stay enforced, saving is retried every second (at most one warning a minute).");
-                }
-            }
-        }
-    }
-
-    fn active(&self, now_ms: i64) -> impl Iterator<Item = &BanRecord> {
-        self.bans.values().filter(move |r| r.until.is_none_or(|t| t > now_ms))
-    }
-
-    /// [`MemoryBans::ban`], and the network ban it triggered (same rules
-    /// as ban.lua's `escalate_network` step).
-    pub fn ban_escalating(&mut self, req: &BanRequest, now_ms: i64) -> (Outcome, Option<BanRecord>) {
-        let out = self.ban(req, now_ms);
-        let Mode::Auto(policy) = req.mode else {
-            return (out, None);
-        };
-        let Outcome::Banned(_) = out else { return (out, None) };
-        let Some((e, net)) = policy
-            .network
-            .and_then(|e| super::escalate::network_of(&req.addr, &e).map(|n| (e, n)))
-        else {
-            return (out, None);
-        };
-        let n = self.escalations.note(&req.rule, net, req.addr, now_ms, e.within_ms);
-        // `ban` dropped the expired entries: any left is active.
-        if n < e.bans || self.bans.contains_key(&net) {
-            return (out, None);
-        }
-        let rec = super::escalate::record(req, &e, net, now_ms, now_ms + e.duration_ms);
-        self.bans.insert(net, rec.clone());
-        (out, Some(rec))
-    }
-
-    /// Same rules as ban.lua.
-    pub fn ban(&mut self, req: &BanRequest, now_ms: i64) -> Outcome {
-        self.bans.retain(|_, r| r.until.is_none_or(|t| t > now_ms));
-        if let (Mode::Auto(_), Some(cur)) = (req.mode, self.bans.get(&req.addr)) {
-            return Outcome::AlreadyBanned(cur.until());
-        }
-        if let Some(cur) = self.bans.get_mut(&req.addr) {
-            // An operator's ban of an active one: never shorter unless replaced.
-            let was = cur.until();
-            let asked = match req.mode {
-                Mode::For { ms, .. } => Until::At(now_ms + ms),
-                _ => Until::Permanent,
-            };
-            let reason = if req.reason.is_empty() {
-                cur.reason.clone()
-            } else {
-                req.reason.clone()
-            };
-            let effect = if req.mode.replaces() {
-                *cur = BanRecord {
-                    reason,
-                    ..req.record(now_ms, until_ms(asked), cur.count)
-                };
-                Effect::Replaced
-            } else if asked <= was {
-                cur.reason = reason;
-                Effect::Kept
-            } else {
-                cur.reason = reason;
-                cur.until = until_ms(asked);
-                Effect::Extended
-            };
-            return Outcome::Changed {
-                rec: cur.clone(),
-                effect,
-                was,
-            };
-        }
-        let (count, until) = match req.mode {
-            Mode::Auto(p) => {
-                let e = self.offences.entry(req.addr).or_insert((0, 0));
-                if e.1 <= now_ms {
-                    *e = (0, 0);
-                }
-                e.0 += 1;
-                e.1 = now_ms + p.forget_after_ms;
-                let d = p.duration_ms as f64 * p.factor.powi(e.0 as i32 - 1);
-                let d = if d > p.max_ms as f64 { p.max_ms } else { d as i64 };
-                (e.0, Some(now_ms + d))
-            }
-            Mode::For { ms, .. } => (1, Some(now_ms + ms)),
-            Mode::Permanent { .. } => (1, None),
-        };
-        let rec = req.record(now_ms, until, count);
-        self.bans.insert(req.addr, rec.clone());
-        Outcome::Banned(rec)
     }
 }
 
