@@ -42,6 +42,24 @@ pub fn parse_member(s: &str) -> Option<IpNet> {
     (n.trunc() == n).then_some(canonical(n))
 }
 
+/// The widest network fleetban drops, by a ban or a blocklist entry: IPv4
+/// /8, IPv6 /16. A wider one (`0.0.0.0/0`, `::/0`, `224.0.0.0/3`) drops far
+/// more than any rule or list means to, the operator and Redis included.
+pub const WIDEST_V4: u8 = 8;
+pub const WIDEST_V6: u8 = 16;
+
+/// Whether `net` is wider than [`WIDEST_V4`] / [`WIDEST_V6`] (in its
+/// canonical form: `::ffff:0.0.0.0/96` is `0.0.0.0/0`).
+pub fn too_wide(net: &IpNet) -> bool {
+    match canonical(*net) {
+        IpNet::V4(n) => n.prefix_len() < WIDEST_V4,
+        IpNet::V6(n) => n.prefix_len() < WIDEST_V6,
+    }
+}
+
+/// What [`too_wide`] refuses, in words.
+pub const WIDEST_TEXT: &str = "wider than /8 (IPv4) or /16 (IPv6), the widest network fleetban drops";
+
 /// An address from its text, for tests.
 #[cfg(test)]
 pub(crate) fn at(s: &str) -> IpAddr {

@@ -352,3 +352,60 @@ fn daemon_with_nft_loads_and_refreshes_the_sets() {
     });
     assert!(table().contains("chain input"), "{}", table());
 }
+
+/// A blocklist entry that would drop (nearly) everything is refused as an
+/// operator's ban of it is (issue 25, item 4): `0.0.0.0/0`, `::/0`, a mapped
+/// `::ffff:0.0.0.0/96` and `224.0.0.0/3` are wider than IPv4 /8 or IPv6 /16.
+/// None reaches the kernel (the next entry does), `status` counts them,
+/// `check` names each by file and line, and `fleetban ban` refuses the
+/// same width where no never-banned address is inside (`128.0.0.0/1`).
+#[test]
+fn blocklist_networks_wider_than_the_widest_are_refused_and_named() {
+    let c = ConfigDir::new();
+    let list = c.path().join("wide.netset");
+    std::fs::write(
+        &list,
+        "0.0.0.0/0\n::/0\n# comment\n::ffff:0.0.0.0/96\n224.0.0.0/3\n198.51.100.0/24\n10.0.0.0/8\n2001:db8::/32\n",
+    )
+    .unwrap();
+    let main = c.main_config();
+    c.write(&main, &[Rule::new("web", &c.log, "{ hits: 10, window: 60s }")]);
+    std::fs::write(
+        &c.cfg,
+        format!("{}blocklists: [{{ file: wide.netset, format: netset }}]\n", main.yaml()),
+    )
+    .unwrap();
+
+    let text = cli(&c.cfg, &["check"]).text();
+    for (line, net) in [(1, "0.0.0.0/0"), (2, "::/0"), (4, "0.0.0.0/0"), (5, "224.0.0.0/3")] {
+        let want = format!(
+            "warning: {}:{line}: {net} is wider than /8 (IPv4) or /16 (IPv6)",
+            list.display()
+        );
+        assert!(text.contains(&want), "{want}\n{text}");
+    }
+    assert!(!text.contains(":6: "), "{text}");
+
+    let ns = NetNs::new("blkwide");
+    let d = Daemon::start(Some(&ns), &c.cfg, &c.control);
+    wait_until(Duration::from_secs(10), "the daemon to load the sets", || {
+        ns.exec(&["nft", "list", "set", "inet", "fleetban", "block6_32"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    let s = |l: &[&str]| l.iter().map(|x| x.to_string()).collect::<BTreeSet<String>>();
+    assert_eq!(set_elements(&ns, "block4"), s(&["10.0.0.0/8", "198.51.100.0/24"]));
+    assert_eq!(set_elements(&ns, "block6"), s(&["2001:db8::/32"]));
+    let b = &d.status()["blocklists"][0];
+    assert_eq!(b["too_wide"].as_u64(), Some(4), "{b}");
+    assert_eq!(b["entries"].as_u64(), Some(3), "{b}");
+
+    let out = cli(&c.cfg, &["ban", "128.0.0.0/1"]);
+    assert!(!out.success(), "{}", out.text());
+    assert!(
+        out.text().contains("wider than /8 (IPv4) or /16 (IPv6)"),
+        "{}",
+        out.text()
+    );
+    assert!(cli(&c.cfg, &["ban", "11.0.0.0/8"]).success());
+}

@@ -22,6 +22,10 @@ impl Unbannable {
     /// Why `net` may not be banned, if it may not.
     pub fn refusal(&self, net: &IpNet) -> Option<String> {
         let mut hit: Vec<_> = self.0.overlapping(net).collect();
+        if hit.is_empty() && crate::addr::too_wide(net) {
+            let net = AddrText(&crate::addr::canonical(*net)).to_string();
+            return Some(format!("{net} is {}: not banned", crate::addr::WIDEST_TEXT));
+        }
         // A proxy is named first: the reason weighs most.
         hit.sort_by_key(|w| w.kind != Kind::Proxy);
         let why = hit.first()?;

@@ -58,6 +58,10 @@ pub struct Loaded {
     pub garbage_lines: Vec<(usize, String)>,
     /// Networks written with host bits set, normalized.
     pub host_bits: usize,
+    /// Networks wider than the widest fleetban drops, refused (the first
+    /// ones with their line).
+    pub too_wide: usize,
+    pub too_wide_lines: Vec<(usize, IpNet)>,
     /// Networks refused over `max_entries`.
     pub over_cap: usize,
     /// Listed networks split around an allowed one.
@@ -89,6 +93,8 @@ pub fn from_text(text: &str, spec: &Spec, allowed: &[IpNet]) -> Loaded {
         garbage: p.garbage,
         garbage_lines: p.garbage_lines,
         host_bits: p.host_bits,
+        too_wide: p.too_wide,
+        too_wide_lines: p.too_wide_lines,
         over_cap,
         split: s.split,
         dropped: s.dropped,
@@ -101,6 +107,16 @@ pub fn named_garbage(file: &Path, l: &Loaded) -> String {
         .garbage_lines
         .iter()
         .map(|(n, t)| format!("{}:{n}: {t:?}", file.display()))
+        .collect();
+    named.join(", ")
+}
+
+/// The refused wide networks as `FILE:LINE: NET`, comma-separated.
+pub fn named_too_wide(file: &Path, l: &Loaded) -> String {
+    let named: Vec<String> = l
+        .too_wide_lines
+        .iter()
+        .map(|(n, net)| format!("{}:{n}: {}", file.display(), crate::addr::AddrText(net)))
         .collect();
     named.join(", ")
 }

@@ -37,6 +37,11 @@ pub struct Parsed {
     pub garbage_lines: Vec<(usize, String)>,
     /// Networks written with host bits set, normalized.
     pub host_bits: usize,
+    /// Networks wider than the widest fleetban drops (`addr::too_wide`),
+    /// refused: the first [`NAMED_GARBAGE`] (1-based line, network), and
+    /// how many.
+    pub too_wide_lines: Vec<(usize, IpNet)>,
+    pub too_wide: usize,
 }
 
 /// Parses `text` in `format`.
@@ -57,6 +62,12 @@ pub fn parse(text: &str, format: Format) -> Parsed {
             continue;
         }
         match network(body) {
+            Some((net, _)) if crate::addr::too_wide(&net) => {
+                out.too_wide += 1;
+                if out.too_wide_lines.len() < NAMED_GARBAGE {
+                    out.too_wide_lines.push((i + 1, net));
+                }
+            }
             Some((net, had_host_bits)) => {
                 out.host_bits += usize::from(had_host_bits);
                 out.nets.push(net);

@@ -197,6 +197,7 @@ fn report_on(config: &Config, path: &Path, online: bool, out: &mut String) -> Ou
         report!(out, "warning: {}: {w}", path.display());
     }
     warn_logs(config, out);
+    warn_blocklists(config, out);
     if !config.proxies.is_empty() {
         proxies_in_the_list(config, out);
     }
@@ -206,6 +207,38 @@ fn report_on(config: &Config, path: &Path, online: bool, out: &mut String) -> Ou
             "check --online failed: {}",
             failures.join("; ")
         ))),
+    }
+}
+
+/// Each blocklist file read as the daemon reads it: a `warning:` naming
+/// `FILE:LINE` for each network refused as too wide and each line that is
+/// no network, and one for a file that cannot be read.
+fn warn_blocklists(config: &Config, out: &mut String) {
+    for spec in &config.blocklists {
+        let l = match fleetban::blocklist::load(spec, &[]) {
+            Ok(l) => l,
+            Err(e) => {
+                report!(out, "warning: {e}; the daemon drops nothing from it until it can");
+                continue;
+            }
+        };
+        let file = spec.file.display();
+        report!(out, "  blocklist {file}: {} networks", l.listed);
+        for (line, net) in &l.too_wide_lines {
+            report!(
+                out,
+                "warning: {file}:{line}: {} is {}: refused",
+                fleetban::addr::AddrText(net),
+                fleetban::addr::WIDEST_TEXT
+            );
+        }
+        for (line, text) in &l.garbage_lines {
+            report!(out, "warning: {file}:{line}: {text:?} is not a network: skipped");
+        }
+        let unnamed = (l.too_wide - l.too_wide_lines.len()) + (l.garbage - l.garbage_lines.len());
+        if unnamed > 0 {
+            report!(out, "warning: {file}: {unnamed} more lines refused or skipped");
+        }
     }
 }
 

@@ -48,6 +48,9 @@ pub struct BlocklistStatus {
     pub skipped_lines: u64,
     /// Networks refused over `max_entries`.
     pub over_cap: u64,
+    /// Networks refused as wider than IPv4 /8 or IPv6 /16.
+    #[serde(default)]
+    pub too_wide: u64,
     /// Listed networks split around an allowed address.
     pub split_entries: u64,
     /// The last successful read and load (RFC 3339).

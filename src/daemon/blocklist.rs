@@ -108,6 +108,7 @@ impl Blocklists {
                 listed: l.as_ref().map_or(0, |l| l.listed as u64),
                 skipped_lines: l.as_ref().map_or(0, |l| l.garbage as u64),
                 over_cap: l.as_ref().map_or(0, |l| l.over_cap as u64),
+                too_wide: l.as_ref().map_or(0, |l| l.too_wide as u64),
                 split_entries: l.as_ref().map_or(0, |l| l.split as u64),
                 last_refresh: None,
                 error: e.clone(),
@@ -130,6 +131,11 @@ fn report(spec: &Spec, l: &Loaded) {
     if l.garbage > 0 {
         tracing::warn!(file = %spec.file.display(), count = l.garbage,
             first = %blocklist::named_garbage(&spec.file, l), "Blocklist lines that are not networks skipped.");
+    }
+    if l.too_wide > 0 {
+        tracing::warn!(file = %spec.file.display(), count = l.too_wide,
+            first = %blocklist::named_too_wide(&spec.file, l),
+            "Blocklist networks wider than /8 (IPv4) or /16 (IPv6) refused: fleetban never drops that much.");
     }
     if l.over_cap > 0 {
         tracing::warn!(file = %spec.file.display(), count = l.over_cap, max_entries = spec.max_entries,
