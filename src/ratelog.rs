@@ -26,6 +26,52 @@ impl Every {
     }
 }
 
+/// One retried step: its wait doubles with each of its own failures up to
+/// a bound, its warning is let through once a period, and only its own
+/// success resets both (a success of another step never does: a loop whose
+/// read fails while its snapshot succeeds must not spin at the first delay).
+#[derive(Debug)]
+pub struct Retry {
+    first: Duration,
+    max: Duration,
+    delay: Duration,
+    warn: Every,
+    failing: bool,
+}
+
+impl Retry {
+    pub fn new(first: Duration, max: Duration) -> Retry {
+        Retry {
+            first,
+            max,
+            delay: first,
+            warn: Every::default(),
+            failing: false,
+        }
+    }
+
+    /// A failure: how long to wait before the next try, and the count of
+    /// failures since the last warning when one is due (once a `period`).
+    pub fn failed(&mut self, period: Duration) -> (Duration, Option<u64>) {
+        let wait = self.delay;
+        self.delay = (self.delay * 2).min(self.max);
+        self.failing = true;
+        (wait, self.warn.note(1, period))
+    }
+
+    /// A success: whether it ends a run of failures (say so once).
+    pub fn succeeded(&mut self) -> bool {
+        self.delay = self.first;
+        self.warn = Every::default();
+        std::mem::take(&mut self.failing)
+    }
+
+    /// Whether the last try failed.
+    pub fn is_failing(&self) -> bool {
+        self.failing
+    }
+}
+
 /// At most [`CAP`] bytes of a text echoed into a log line (a reply, or a
 /// member Redis holds, can be megabytes), then "… (N bytes)".
 pub const CAP: usize = 64;
@@ -57,6 +103,23 @@ fn cap_at(s: &str, at: usize) -> std::borrow::Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_retry_backs_off_by_its_own_failures_and_warns_once_a_period() {
+        let (first, max, period) = (
+            Duration::from_millis(100),
+            Duration::from_secs(5),
+            Duration::from_secs(60),
+        );
+        let mut r = Retry::new(first, max);
+        let waits: Vec<_> = (0..8).map(|_| r.failed(period)).collect();
+        let ms: Vec<u128> = waits.iter().map(|(w, _)| w.as_millis()).collect();
+        assert_eq!(ms, [100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+        assert_eq!(waits.iter().filter(|(_, warn)| warn.is_some()).count(), 1);
+        assert!(r.succeeded());
+        assert!(!r.succeeded());
+        assert_eq!(r.failed(period), (first, Some(1)));
+    }
 
     #[test]
     fn one_message_per_period_with_the_count_held_back() {

@@ -354,3 +354,50 @@ fn an_events_stream_out_of_ids_is_a_refusal_not_an_outage() {
         d.log_text()
     );
 }
+
+/// How many times Redis ran `cmd` since it started (INFO commandstats).
+fn calls(redis: &Redis, cmd: &str) -> u64 {
+    let info = redis.cli(&["INFO", "commandstats"]);
+    let prefix = format!("cmdstat_{cmd}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// The shipped ACL user without `+xread` (issue 25, item 6): each failed
+/// read of the events stream schedules a snapshot of the list, and each
+/// snapshot's success used to reset the read's backoff and its warning, so
+/// the host read the whole list ~16 times a second and warned ~8 times a
+/// second. Now the read backs off by its own failures: in 8 s a handful of
+/// snapshots and one warning. `check --online` names the missing right.
+#[test]
+fn a_read_that_keeps_failing_backs_off_by_its_own_failures_and_warns_once() {
+    let redis = Redis::start();
+    redis.add_acl_user(&[]);
+    assert_eq!(redis.cli(&["ACL", "SETUSER", "fleetban", "-xread"]), "OK");
+    let url = format!("{}?user=fleetban&pass={}", redis.url(), common::ACL_PASSWORD);
+    let r = rig(&redis, "");
+    let main = r.main_config().host_id("fault-host").log_firewall().redis(&url, "");
+    r.write(
+        &main,
+        &[Rule::new("scraper", &r.log, "{ hits: 3, window: 60s }").ban("1h")],
+    );
+    let d = Daemon::start(None, &r.cfg, &r.control);
+    let before = calls(&redis, "zrange");
+    std::thread::sleep(Duration::from_secs(8));
+    let snapshots = calls(&redis, "zrange") - before;
+    let log = d.log_text();
+    let warned = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("Following ban events failed"))
+        .count();
+    assert_eq!(warned, 1, "{log}");
+    assert!(log.contains("xread"), "the warning names the command: {log}");
+    // 100 ms doubling: at most ~7 waits fit in 8 s (the old loop: ~130).
+    assert!((1..=12).contains(&snapshots), "{snapshots} snapshots in 8 s:\n{log}");
+
+    let out = cli(&r.cfg, &["check", "--online"]);
+    assert!(!out.success());
+    assert!(out.text().contains("may not run xread"), "{}", out.text());
+}

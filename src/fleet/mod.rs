@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use crate::bans::{list::parse_until, with_held, BanList, Held};
 use crate::enforce::{Change, Changes, Element};
 use crate::limit::FleetNews;
+use crate::ratelog::Retry;
 use crate::store::Keys;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -42,6 +43,12 @@ const MASTER_CHECK: Duration = Duration::from_secs(5);
 
 /// While reading the fleet fails (an outage), one warning per this period.
 const FAILING_PERIOD: Duration = Duration::from_secs(60);
+/// The first wait after a failed step, and the longest: a snapshot (the
+/// whole list: 42 ms of Redis for 100k bans) waits up to 5 s, a read of
+/// the stream (each failure also schedules a snapshot) up to 10 s.
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+const MAX_SNAPSHOT_RETRY: Duration = Duration::from_secs(5);
+const MAX_READ_RETRY: Duration = Duration::from_secs(10);
 
 pub struct FleetSync {
     /// Dedicated to blocking reads.
@@ -139,9 +146,11 @@ impl FleetSync {
 
     pub async fn run(mut self, mut last_id: String, shutdown: CancellationToken) {
         let mut next_reconcile = tokio::time::Instant::now() + self.reconcile_every;
-        let mut backoff = Duration::from_millis(100);
-        // One warning a minute while the reads fail, whichever fails.
-        let mut failing = crate::ratelog::Every::default();
+        // Each step backs off and warns by its own failures alone: a read
+        // that keeps failing (an ACL without XREAD) while every snapshot
+        // succeeds waits ever longer, not 100 ms after each snapshot.
+        let mut snapshot = Retry::new(FIRST_RETRY, MAX_SNAPSHOT_RETRY);
+        let mut read = Retry::new(FIRST_RETRY, MAX_READ_RETRY);
         let mut next_master_check = tokio::time::Instant::now() + MASTER_CHECK;
         loop {
             if shutdown.is_cancelled() {
@@ -165,24 +174,22 @@ impl FleetSync {
                 match self.snapshot().await {
                     Ok((id, elems)) => {
                         last_id = id;
-                        if backoff > Duration::from_millis(100) {
+                        if snapshot.succeeded() {
                             tracing::info!("Ban list read again after an error; reconciled.");
-                            failing = crate::ratelog::Every::default();
                         }
-                        backoff = Duration::from_millis(100);
                         self.changes
                             .send(Change::Replace(with_held(elems, &self.held, crate::now_ms())));
                         next_reconcile = tokio::time::Instant::now() + self.reconcile_every;
                     }
                     Err(e) => {
-                        if let Some(n) = failing.note(1, FAILING_PERIOD) {
+                        let (wait, warn) = snapshot.failed(FAILING_PERIOD);
+                        if let Some(n) = warn {
                             tracing::warn!(error = %crate::ratelog::cap_error(&e.to_string()), failures = n,
                                 "Reconcile with the ban list failed; retrying with backoff (one warning a minute meanwhile).");
                         }
-                        if sleep_or_stop(backoff, &shutdown).await {
+                        if sleep_or_stop(wait, &shutdown).await {
                             return;
                         }
-                        backoff = (backoff * 2).min(Duration::from_secs(2));
                         continue;
                     }
                 }
@@ -191,68 +198,76 @@ impl FleetSync {
             let (events, marks) = (self.keys.events(), self.keys.marks());
             let stream = [events.as_str(), marks.as_str()];
             let from = [last_id.clone(), self.marks_id.clone()];
-            let read = tokio::select! {
+            let reply = tokio::select! {
                 r = self.events.xread_options::<_, _, StreamReadReply>(&stream, &from, &opts) => r,
                 _ = shutdown.cancelled() => return,
             };
             let (before, marks_before) = (last_id.clone(), self.marks_id.clone());
-            match read {
-                Ok(reply) => {
-                    backoff = Duration::from_millis(100);
-                    let mut got = 0;
-                    for key in reply.keys {
-                        if key.key == marks {
-                            for entry in key.ids {
-                                if let Some(n) = news_of(&entry, &self.host) {
-                                    self.tell(n);
-                                }
-                                self.marks_id = entry.id;
-                            }
-                            continue;
-                        }
-                        got += key.ids.len();
-                        for entry in key.ids {
-                            if let Some(c) = change_of(&entry) {
-                                self.remembered.observe(&c);
-                                self.changes.send(c);
-                            }
-                            last_id = entry.id;
-                        }
-                    }
-                    // Marks trimmed unread: some may be missed until the
-                    // next snapshot reads them all.
-                    if !matches!(self.gap_after(&marks, &marks_before).await, Ok(false)) {
-                        self.tell(FleetNews::Lost);
-                        tracing::warn!("Hot-client marks after our last id were trimmed; reading them all again.");
-                        next_reconcile = tokio::time::Instant::now();
-                    }
-                    match self.gap_after(&events, &before).await {
-                        Ok(false) => {}
-                        Ok(true) => {
-                            self.gaps += 1;
-                            self.tell(FleetNews::Lost);
-                            tracing::warn!(last_id = %before, read = got,
-                                "Ban events after our last id were trimmed or the stream was reset; reconciling.");
-                            next_reconcile = tokio::time::Instant::now();
-                        }
-                        Err(e) => {
-                            self.lost(&mut failing, &e, "Checking the events stream failed; will reconcile.");
-                            next_reconcile = tokio::time::Instant::now();
-                        }
-                    }
-                }
+            let reply = match reply {
+                Ok(reply) => reply,
                 Err(e) => {
+                    // After any gap the whole list is read again, once
+                    // this step's wait is over.
+                    let (wait, warn) = read.failed(FAILING_PERIOD);
                     self.lost(
-                        &mut failing,
+                        warn,
                         &e,
                         "Following ban events failed; will reconcile (one warning a minute while it fails).",
                     );
-                    // After any gap the whole list is read again.
                     next_reconcile = tokio::time::Instant::now();
-                    if sleep_or_stop(backoff, &shutdown).await {
+                    if sleep_or_stop(wait, &shutdown).await {
                         return;
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                    continue;
+                }
+            };
+            let mut got = 0;
+            for key in reply.keys {
+                if key.key == marks {
+                    for entry in key.ids {
+                        if let Some(n) = news_of(&entry, &self.host) {
+                            self.tell(n);
+                        }
+                        self.marks_id = entry.id;
+                    }
+                    continue;
+                }
+                got += key.ids.len();
+                for entry in key.ids {
+                    if let Some(c) = change_of(&entry) {
+                        self.remembered.observe(&c);
+                        self.changes.send(c);
+                    }
+                    last_id = entry.id;
+                }
+            }
+            // Marks trimmed unread: some may be missed until the
+            // next snapshot reads them all.
+            if !matches!(self.gap_after(&marks, &marks_before).await, Ok(false)) {
+                self.tell(FleetNews::Lost);
+                tracing::warn!("Hot-client marks after our last id were trimmed; reading them all again.");
+                next_reconcile = tokio::time::Instant::now();
+            }
+            match self.gap_after(&events, &before).await {
+                Ok(gap) => {
+                    if read.succeeded() {
+                        tracing::info!("Following ban events again.");
+                    }
+                    if gap {
+                        self.gaps += 1;
+                        self.tell(FleetNews::Lost);
+                        tracing::warn!(last_id = %before, read = got,
+                            "Ban events after our last id were trimmed or the stream was reset; reconciling.");
+                        next_reconcile = tokio::time::Instant::now();
+                    }
+                }
+                Err(e) => {
+                    let (wait, warn) = read.failed(FAILING_PERIOD);
+                    self.lost(warn, &e, "Checking the events stream failed; will reconcile.");
+                    next_reconcile = tokio::time::Instant::now();
+                    if sleep_or_stop(wait, &shutdown).await {
+                        return;
+                    }
                 }
             }
         }
@@ -261,10 +276,11 @@ impl FleetSync {
 
 impl FleetSync {
     /// Reading the stream failed: what the limiter knows of the fleet may be
-    /// stale (`Lost`), and `what` is said once a minute while it fails.
-    fn lost(&self, failing: &mut crate::ratelog::Every, e: &redis::RedisError, what: &str) {
+    /// stale (`Lost`), and `what` is said when the warning is due (`warn`:
+    /// the failures since the last one).
+    fn lost(&self, warn: Option<u64>, e: &redis::RedisError, what: &str) {
         self.tell(FleetNews::Lost);
-        if let Some(n) = failing.note(1, FAILING_PERIOD) {
+        if let Some(n) = warn {
             tracing::warn!(error = %crate::ratelog::cap_error(&e.to_string()), failures = n, "{what}");
         }
     }
