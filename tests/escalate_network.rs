@@ -403,3 +403,67 @@ fn three_hits_each(net: &str, hosts: std::ops::RangeInclusive<u8>) -> String {
     }
     live
 }
+
+/// Draining the safety valve (issue 25, item 3): a first-hit rule with
+/// `escalate_network: { bans: 5 }` and a brute-force rule share the
+/// default budget of 600. `/.env` from 100.64.1.1-5, 100.64.2.1-5 (two /24
+/// escalations, 512) and 78 single addresses (88 requests) used to spend
+/// the whole minute, and the real attacker's `/login` ×10 got "Safety
+/// valve: too many bans this minute". Half the budget is reserved, split
+/// between the rules: the decoys take at most 450 (the second /24 is not
+/// escalated, 300 more decoys are refused), the brute-force ban is
+/// applied, and the refusals are loud (log, `status`).
+#[test]
+fn one_rule_flooded_with_decoys_cannot_drain_the_valve_for_the_others() {
+    let r = ConfigDir::new();
+    let first = Rule::new("first-hit", &r.log, "{ hits: 0, window: 60s }")
+        .matching(r"{ path: '^/\.env$' }")
+        .ban("1h")
+        .escalate_network("{ ipv4_prefix: 24, bans: 5, within: 1h, duration: 1d }");
+    let brute = Rule::new("brute", &r.log, "{ hits: 5, window: 60s }")
+        .matching("{ path: '^/login$' }")
+        .ban("1h");
+    let redis = Redis::start();
+    r.write(
+        &r.main_config().log_firewall().redis(&redis.url(), "hold: 10ms"),
+        &[first, brute],
+    );
+    let d = Daemon::start(None, &r.cfg, &r.control);
+    let now = now_ms();
+    let mut lines = String::new();
+    let decoys = (1..=5)
+        .map(|i| format!("100.64.1.{i}"))
+        .chain((1..=5).map(|i| format!("100.64.2.{i}")))
+        .chain((1..=78).map(|i| format!("198.18.{i}.1")))
+        // And 300 more: more than the first rule's share.
+        .chain((1..=300).map(|i| format!("198.19.{}.{}", i / 200, 1 + i % 200)));
+    for (k, a) in decoys.enumerate() {
+        lines += &combined_line(&a, now + k as i64, "/.env", 404);
+    }
+    for k in 0..10 {
+        lines += &combined_line("192.0.2.77", now + 100 + k, "/login", 200);
+    }
+    append(&r.log, &lines);
+    let banned = |a: &str| !redis.cli(&["ZSCORE", "{fleetban}:bans", a]).is_empty();
+    wait_until(Duration::from_secs(20), "the brute-force ban", || banned("192.0.2.77"));
+    wait_until(Duration::from_secs(10), "the decoys read", || {
+        d.status()["rules"]
+            .as_array()
+            .is_some_and(|rules| rules.iter().any(|r| r["name"] == "brute" && r["bans"] == 1))
+    });
+    let st = d.status();
+    assert!(banned("100.64.1.0/24"), "the first /24 fits: {}", d.log_text());
+    assert!(!banned("100.64.2.0/24"), "the second does not: {}", d.log_text());
+    assert!(
+        d.log_text().contains("no room this minute for the network"),
+        "{}",
+        d.log_text()
+    );
+    assert_eq!(st["safety"]["state"], "tripped", "{st}");
+    assert!(st["safety"]["refused"].as_u64().unwrap_or(0) >= 1, "{st}");
+    assert!(
+        d.log_text().contains("this rule used its share of the minute's bans"),
+        "{}",
+        d.log_text()
+    );
+}

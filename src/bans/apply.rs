@@ -18,6 +18,7 @@ mod operator;
 pub use operator::Unbanned;
 
 use super::queue::{Held, Queue, Queued};
+use super::valve::Full;
 use super::{BanCache, BanList, BanListError, BanRecord, BanRequest, Effect, Mode, Outcome, SafetyValve};
 use crate::addr::AddrText;
 use crate::enforce::{Change, Changes, Element, Until};
@@ -96,8 +97,10 @@ impl Bans {
 
     /// At most `max_per_minute` new rule bans a minute (`safety:`), a
     /// network counting the clients it covers (IPv6 ones of `v6_prefix`).
-    pub fn with_valve(mut self, max_per_minute: u32, v6_prefix: u8) -> Bans {
-        self.valve = Some(SafetyValve::new(max_per_minute, v6_prefix));
+    pub fn with_valve(mut self, max_per_minute: u32, v6_prefix: u8, rules: &[String]) -> Bans {
+        let mut valve = SafetyValve::new(max_per_minute, v6_prefix);
+        valve.set_rules(rules);
+        self.valve = Some(valve);
         self
     }
 
@@ -172,7 +175,7 @@ impl Bans {
                     // room checked in the valve: counted there, enforced at
                     // once here, the other hosts through its event.
                     if let Some(v) = &mut self.valve {
-                        v.admit(&net.addr, now_ms);
+                        let _ = v.admit(&req.rule, &net.addr, now_ms);
                     }
                     self.banned(net, at_ms, now_ms);
                 }
@@ -262,21 +265,23 @@ impl Bans {
         let Some(net) = p.network.and_then(|e| super::escalate::network_of(&req.addr, &e)) else {
             return req;
         };
-        if !valve.fits(&net, now_ms) {
+        if valve.fits(&req.rule, &net, now_ms).is_err() {
             tracing::warn!(rule = %req.rule, addr = %AddrText(&net), clients = valve.weight_of(&net),
-                max_bans_per_minute = valve.max(),
+                max_bans_per_minute = valve.max(), used_by_rule = valve.used_by(&req.rule),
                 "Safety valve: no room this minute for the network this ban may escalate to; not escalated.");
             p.network = None;
         }
         req
     }
 
-    /// The valve: true if one more rule ban may be applied now.
+    /// The valve: true if one more rule ban may be applied now. A refusal
+    /// is loud: counted (`status`, `fleetban_safety_refused_total`), warned (the first ten, then
+    /// at powers of two), and the valve's state in `status` is `tripped`.
     fn admit(&mut self, req: &BanRequest, now_ms: i64) -> bool {
         let Some(valve) = &mut self.valve else { return true };
-        if valve.admit(&req.addr, now_ms) {
+        let Err(full) = valve.admit(&req.rule, &req.addr, now_ms) else {
             return true;
-        }
+        };
         let n = self.counters.refused.fetch_add(1, Relaxed);
         self.counters.refused_at_ms.store(now_ms, Relaxed);
         if valve.too_wide(&req.addr) {
@@ -284,8 +289,15 @@ impl Bans {
                 max_bans_per_minute = valve.max(), refused = n + 1,
                 "Safety valve: this network covers more clients than `safety.max_bans_per_minute` allows in a minute; ban not applied (raise it, or count a longer prefix).");
         } else if n < 10 || n.is_power_of_two() {
-            tracing::warn!(rule = %req.rule, addr = %AddrText(&req.addr), refused = n + 1,
-                "Safety valve: too many bans this minute; ban not applied.");
+            match full {
+                Full::Budget => tracing::warn!(rule = %req.rule, addr = %AddrText(&req.addr), refused = n + 1,
+                    used_by_rule = valve.used_by(&req.rule), max_bans_per_minute = valve.max(),
+                    "Safety valve: too many bans this minute; ban not applied."),
+                Full::Reserved => tracing::warn!(rule = %req.rule, addr = %AddrText(&req.addr), refused = n + 1,
+                    used_by_rule = valve.used_by(&req.rule), max_bans_per_minute = valve.max(),
+                    reserved_per_rule = valve.reserve(),
+                    "Safety valve: this rule used its share of the minute's bans; the rest is kept for the other rules; ban not applied."),
+            }
         }
         false
     }

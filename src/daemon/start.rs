@@ -72,6 +72,8 @@ pub struct Store {
 /// Opens the store: `to_enforcer` takes this host's ban changes,
 /// `to_all` (the enforcer and the pipeline) the fleet's.
 pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all: Changes) -> Store {
+    // The safety valve keeps a reserve for each of them.
+    let rule_names: Vec<String> = config.rules.iter().map(|r| r.name.clone()).collect();
     let rules = RuleLimit::of(&config.rules);
     let Some(r) = &config.redis else {
         let mut list = BanList::memory(Some(config.state_dir.join("bans.json")));
@@ -86,8 +88,11 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
         );
         return Store {
             limiter: Limiter::memory(rules),
-            bans: Bans::new(list, &config.host_id, to_enforcer)
-                .with_valve(config.max_bans_per_minute, config.ipv6_prefix),
+            bans: Bans::new(list, &config.host_id, to_enforcer).with_valve(
+                config.max_bans_per_minute,
+                config.ipv6_prefix,
+                &rule_names,
+            ),
             health: None,
             fleet: None,
             hot: None,
@@ -98,7 +103,7 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
     let keys = Keys::new(&r.prefix);
     let health = Health::default();
     let bans = Bans::new(BanList::redis(con.clone(), keys.clone()), &config.host_id, to_enforcer)
-        .with_valve(config.max_bans_per_minute, config.ipv6_prefix)
+        .with_valve(config.max_bans_per_minute, config.ipv6_prefix, &rule_names)
         .with_queue(health.clone());
     let (news_tx, news_rx) = tokio::sync::mpsc::unbounded_channel();
     let (marks_tx, marks_rx) = tokio::sync::mpsc::unbounded_channel();
