@@ -192,7 +192,16 @@ impl Scanner {
         unparsed_by.clear();
         unparsed_by.resize(groups.len(), 0);
         let mut out = Scanned::default();
-        'lines: for (offset, line) in chunk.lines() {
+        // Lines of a record split across lines (a framed error log): read by no rule.
+        let mut split = chunk.split.iter().peekable();
+        'lines: for (i, (offset, line)) in chunk.lines().enumerate() {
+            if split.next_if(|&&s| s as usize == i).is_some() {
+                out.lines += 1;
+                out.unparsed += 1;
+                unparsed_by.iter_mut().for_each(|u| *u += 1);
+                sink.unparsed(offset);
+                continue;
+            }
             if line.is_empty() {
                 continue;
             }

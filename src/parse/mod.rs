@@ -42,7 +42,7 @@ use std::sync::Arc;
 use crate::addr::NetSet;
 
 pub use addr::parse_addr;
-pub use error_log::LEVELS;
+pub use error_log::{split_records, LEVELS, MAX_RECORD};
 pub use forwarded::{resolve as resolve_forwarded, MAX_HOPS};
 pub use json::{default_json_mapping, JSON_VARIABLES};
 pub use time::{days_from_civil, parse_epoch, parse_error_log_time, parse_iso8601, parse_time_any, parse_time_local};
