@@ -157,7 +157,10 @@ pub fn split_records(data: &[u8], ends: &[u32], marks: &mut Vec<bool>) {
     marks.resize(ends.len(), false);
     let start = |i: usize| if i == 0 { 0 } else { ends[i - 1] as usize };
     // The first line starting at or after `at`.
-    let first_from = |at: usize| ends.partition_point(|&e| (e as usize) <= at);
+    let first_from = |at: usize| match at {
+        0 => 0,
+        _ => ends.partition_point(|&e| (e as usize) < at) + 1,
+    };
     for i in 0..ends.len() {
         let (s, e) = (start(i), ends[i] as usize);
         let line = &data[s..e];
@@ -202,5 +205,67 @@ mod tests {
         assert!(parse(line).is_none());
         let no_client = b"2026/11/30 10:00:01 [notice] 1#1: signal process started";
         assert!(parse(no_client).is_none());
+    }
+
+    fn marks(lines: &[Vec<u8>]) -> Vec<bool> {
+        let (mut data, mut ends) = (Vec::new(), Vec::new());
+        for l in lines {
+            data.extend_from_slice(l);
+            data.push(b'\n');
+            ends.push(data.len() as u32);
+        }
+        let mut marks = Vec::new();
+        split_records(&data, &ends, &mut marks);
+        marks
+    }
+
+    fn record(n: usize, rest: &str) -> Vec<u8> {
+        format!("2026/11/30 10:00:01 [error] 1#0: *{n} {rest}").into_bytes()
+    }
+
+    #[test]
+    fn an_encoded_newline_marks_the_lines_around_it_and_only_those() {
+        let fake = record(
+            9,
+            r#"user "a": password mismatch, client: 198.51.100.7, server: s, host: "h""#,
+        );
+        let genuine = record(1, r#"x, client: 203.0.113.1, server: s, request: "GET / HTTP/1.1""#);
+        let far = vec![b'p'; MAX_RECORD];
+        let end = br#"" failed, client: 203.0.113.5, server: s, request: "GET /x%0a... HTTP/1.1""#.to_vec();
+        // Marked: the lines starting in the 2048 bytes before its end, and
+        // in the 2048 after its start (a `$uri` upstream comes after it).
+        let lines = [
+            far.clone(),
+            genuine.clone(),
+            record(2, r#"open() "/w/x"#),
+            fake,
+            end,
+            far,
+            genuine,
+        ];
+        assert_eq!(marks(&lines), [false, true, true, true, true, true, false]);
+    }
+
+    #[test]
+    fn a_record_cut_at_2048_bytes_is_marked_whole_and_a_line_that_long_alone_is_not() {
+        let head = record(2, r#"open() "/w/x"#);
+        let fake = record(
+            9,
+            r#"user "a": password mismatch, client: 198.51.100.7, server: s, request: "GET / HTTP/1.1""#,
+        );
+        let used = head.len() + 1 + fake.len() + 1 + 1;
+        let tail = vec![b'a'; MAX_RECORD - used];
+        let before = record(1, r#"x, client: 203.0.113.1, server: s, request: "GET / HTTP/1.1""#);
+        assert_eq!(marks(&[before.clone(), head, fake, tail]), [false, true, true, true]);
+        // One byte less: not nginx's cut.
+        let head = record(2, r#"open() "/w/"#);
+        let fake = record(
+            9,
+            r#"user "a": password mismatch, client: 198.51.100.7, server: s, request: "GET / HTTP/1.1""#,
+        );
+        let tail = vec![b'a'; MAX_RECORD - used];
+        assert_eq!(marks(&[before.clone(), head, fake, tail]), [false; 4]);
+        let long = vec![b'a'; MAX_RECORD - 1];
+        assert_eq!(marks(&[before, long]), [false, false]);
     }
 }
