@@ -159,7 +159,7 @@ pub fn split_records(data: &[u8], ends: &[u32], marks: &mut Vec<bool>) {
     // The first line starting at or after `at`.
     let first_from = |at: usize| match at {
         0 => 0,
-        _ => ends.partition_point(|&e| (e as usize) < at) + 1,
+        _ => (ends.partition_point(|&e| (e as usize) < at) + 1).min(ends.len()),
     };
     for i in 0..ends.len() {
         let (s, e) = (start(i), ends[i] as usize);
