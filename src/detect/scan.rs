@@ -192,22 +192,21 @@ impl Scanner {
         unparsed_by.clear();
         unparsed_by.resize(groups.len(), 0);
         let mut out = Scanned::default();
-        // Lines of a record split across lines (a framed error log): read by no rule.
+        // Lines of a record split across lines (a framed error log): read by
+        // no error-log rule, counted unparsed for them.
         let mut split = chunk.split.iter().peekable();
         'lines: for (i, (offset, line)) in chunk.lines().enumerate() {
-            if split.next_if(|&&s| s as usize == i).is_some() {
-                out.lines += 1;
-                out.unparsed += 1;
-                unparsed_by.iter_mut().for_each(|u| *u += 1);
-                sink.unparsed(offset);
-                continue;
-            }
-            if line.is_empty() {
+            let in_split = split.next_if(|&&s| s as usize == i).is_some();
+            if line.is_empty() && !in_split {
                 continue;
             }
             let mut parsed = false;
             for (gi, g) in groups.iter().enumerate() {
-                let Some(req) = g.parser.parse_in(line, scratch) else {
+                let read = match in_split && g.parser.is_error_log() {
+                    true => None,
+                    false => g.parser.parse_in(line, scratch),
+                };
+                let Some(req) = read else {
                     if let Some(u) = unparsed_by.get_mut(gi) {
                         *u += 1;
                     }

@@ -292,6 +292,12 @@ impl Parser {
         }
     }
 
+    /// Whether this reads nginx's error log, whose records may span lines
+    /// (`error_log::split_records`).
+    pub fn is_error_log(&self) -> bool {
+        matches!(self.kind, Kind::NginxError)
+    }
+
     /// Whether parsed requests carry a time (`clock: log` needs one).
     pub fn has_time(&self) -> bool {
         match &self.kind {
