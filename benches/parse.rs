@@ -151,8 +151,15 @@ fn read(c: &mut Criterion) {
         ("error_framed", &errors, Some(framer)),
     ] {
         let path = dir.path().join(name);
-        std::fs::write(&path, lines.iter().flat_map(|l| l.iter().chain(b"\n")).copied().collect::<Vec<u8>>())
-            .expect("write the log");
+        std::fs::write(
+            &path,
+            lines
+                .iter()
+                .flat_map(|l| l.iter().chain(b"\n"))
+                .copied()
+                .collect::<Vec<u8>>(),
+        )
+        .expect("write the log");
         group.bench_function(name, |b| {
             b.iter(|| {
                 let mut n = 0u64;
