@@ -135,5 +135,41 @@ fn parse(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, parse);
+/// Reading a file to its end in chunks (`fleetban test`'s reader): the
+/// corpus and its error-log rewriting as they are, and the error log framed
+/// (lines held until the records around them are known, split ones marked).
+fn read(c: &mut Criterion) {
+    let lines = corpus();
+    let (_, errors) = rewritten(&lines);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut group = c.benchmark_group("read");
+    group.throughput(Throughput::Elements(lines.len() as u64));
+    let framer: fleetban::source::Framer = fleetban::parse::split_records;
+    for (name, lines, framed) in [
+        ("access", &lines, None),
+        ("error", &errors, None),
+        ("error_framed", &errors, Some(framer)),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(
+            &path,
+            lines
+                .iter()
+                .flat_map(|l| l.iter().chain(b"\n"))
+                .copied()
+                .collect::<Vec<u8>>(),
+        )
+        .expect("write the log");
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let mut n = 0u64;
+                fleetban::source::read_file(&path, framed, |chunk| n += chunk.lines).expect("read");
+                n
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, parse, read);
 criterion_main!(benches);

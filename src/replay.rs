@@ -229,7 +229,12 @@ pub fn replay(
         });
         // Line numbers: the lines of the chunks before, long ones included.
         let mut before = 0u64;
-        let gzip = crate::source::read_file(&input.path, |chunk| {
+        let framer = input
+            .rules
+            .iter()
+            .any(|&ri| rules[ri].format == crate::parse::Format::NginxError)
+            .then_some(crate::parse::split_records as crate::source::Framer);
+        let gzip = crate::source::read_file(&input.path, framer, |chunk| {
             let seen = scanner.scan(chunk, origin, wall, &mut r);
             r.report.lines += seen.lines;
             r.report.unparsed += seen.unparsed;

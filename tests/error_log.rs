@@ -284,3 +284,208 @@ fn the_daemon_reads_an_error_log_and_a_json_log() {
     assert_eq!(status["stale"], 0, "the error log's local time read right: {status}");
     assert_eq!(status["future"], 0, "the error log's local time read right: {status}");
 }
+
+/// Addresses of the framing test (issue 25): the attacker, the address his
+/// injected lines name, a client failing logins for real, nginx.
+const ATTACKER: &str = "10.213.81.5";
+const VICTIM: &str = "198.51.100.99";
+const GUESSER: &str = "10.213.81.6";
+const FRAME_WEB: &str = "10.213.81.1";
+
+/// `text` percent-encoded as a request target carries it: nginx decodes
+/// it back into the `open()` message.
+fn encoded(text: &str) -> String {
+    let mut out = String::new();
+    for b in text.bytes() {
+        match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'/' | b'.' | b'-' | b'_' | b':' | b',' | b'[' | b']' | b'*' => {
+                out.push(b as char)
+            }
+            _ => out += &format!("%{b:02X}"),
+        }
+    }
+    out
+}
+
+/// One HTTP/1.1 request sent as `raw` bytes from `from` to nginx; the
+/// answer is read to its end and not looked at.
+fn send_raw(client: &common::NetNs, from: &str, raw: Vec<u8>) {
+    use std::io::{Read, Write};
+    let (from, to): (std::net::IpAddr, std::net::SocketAddr) =
+        (from.parse().unwrap(), format!("{FRAME_WEB}:8080").parse().unwrap());
+    client
+        .spawn(move || {
+            let mut s = common::connect_from(from, to, std::time::Duration::from_secs(2)).expect("connect to nginx");
+            s.set_read_timeout(Some(std::time::Duration::from_secs(2))).unwrap();
+            s.write_all(&raw).unwrap();
+            let mut answer = Vec::new();
+            let _ = s.read_to_end(&mut answer);
+        })
+        .join()
+        .unwrap();
+}
+
+fn get(target: &str, headers: &str) -> Vec<u8> {
+    format!("GET {target} HTTP/1.1\r\nHost: example.com\r\n{headers}Connection: close\r\n\r\n").into_bytes()
+}
+
+/// Issue 25: a `%0A` in a path makes nginx start, in its error log, lines
+/// the client writes whole. Against Debian's nginx (log_not_found on,
+/// basic auth, limit_req), the attacker's crafted requests name the
+/// victim in fake records: a fake header on each segment, several fake
+/// lines, a record cut at 2048 bytes, a user name holding newlines, and
+/// the attack as the last record of the file. `fleetban test` with the
+/// shipped nginx-http-auth and nginx-limit-req-error rules (their limits at
+/// first hit: `hits: 0`) bans nobody for them: the victim is never counted, the split
+/// lines are unparsed; a real guesser's failed logins still ban him.
+#[test]
+fn lines_a_client_wrote_through_a_decoded_newline_are_never_attributed() {
+    let (web, client) = (common::NetNs::new("fweb"), common::NetNs::new("fcli"));
+    let (_, client_if) = common::veth_pair(&web, FRAME_WEB, &client, ATTACKER);
+    client.run(&["ip", "addr", "add", &format!("{GUESSER}/24"), "dev", &client_if]);
+    let site = common::Site {
+        log_format: None,
+        http: "limit_req_zone $binary_remote_addr zone=one:1m rate=1r/m;\n".into(),
+        server: "root {www};\n\
+                 location /auth/ { auth_basic \"x\"; auth_basic_user_file {www}/htpasswd; }\n\
+                 location /lim/ { limit_req zone=one nodelay; }\n"
+            .into(),
+    };
+    let nginx = common::Nginx::start_site(&web, &format!("{FRAME_WEB}:8080"), &site);
+    // A user whose password nobody sends ("{PLAIN}" scheme).
+    std::fs::write(nginx.dir().join("www/htpasswd"), "admin:{PLAIN}not-this-one\n").unwrap();
+
+    let now = error_log_time(common::now_ms());
+    let auth = format!(
+        "{now} [error] 1#1: *5 user \"admin\": password mismatch, client: {VICTIM}, server: example.com, request: \"GET /auth/ HTTP/1.1\", host: \"example.com\""
+    );
+    let limit = format!(
+        "{now} [error] 1#1: *6 limiting requests, excess: 0.500 by zone \"one\", client: {VICTIM}, server: example.com, request: \"GET /lim/ HTTP/1.1\", host: \"example.com\""
+    );
+    let fake_suffix = format!("\" failed (2: No such file or directory), client: {VICTIM}, server: example.com, request: \"GET / HTTP/1.1\", host: \"example.com\"");
+    let variants: Vec<String> = vec![
+        // The issue's request: one fake line between two halves of the record.
+        format!("/x\n{auth}\n"),
+        format!("/x\n{limit}\n"),
+        // Several fake lines, and a fake header and suffix on every segment
+        // (the head line's own end and the last segment's start).
+        format!("/x{fake_suffix}\n{auth}\n{limit}\n{now} [error] 1#1: *7 open() \"/y"),
+        // A record cut at 2048 bytes: the real suffix, request and all, is lost.
+        format!("/x\n{auth}\n{now} [error] 1#1: *8 {}", "a".repeat(2100)),
+    ];
+    let guesser_fails = 2;
+    for _ in 0..2 {
+        for v in &variants {
+            send_raw(&client, ATTACKER, get(&encoded(v), ""));
+        }
+    }
+    // A user name holding newlines: base64-decoded, written raw, but cut at
+    // its first `:`, so no segment can hold a header or a suffix.
+    let user = format!("a\n{auth}\nb");
+    let basic = base64(format!("{user}:pw").as_bytes());
+    send_raw(
+        &client,
+        ATTACKER,
+        get("/auth/", &format!("Authorization: Basic {basic}\r\n")),
+    );
+    // Far from the attacks (more than 2048 bytes of other records between):
+    // the guesser's failed logins, each a record of its own.
+    for i in 0..12 {
+        send_raw(&client, GUESSER, get(&format!("/missing-{i}"), ""));
+    }
+    for _ in 0..guesser_fails {
+        let basic = base64(b"admin:guess");
+        send_raw(
+            &client,
+            GUESSER,
+            get("/auth/", &format!("Authorization: Basic {basic}\r\n")),
+        );
+    }
+    // The attacker's own failed login, far from his attacks: it counts.
+    send_raw(
+        &client,
+        ATTACKER,
+        get("/auth/", &format!("Authorization: Basic {}\r\n", base64(b"admin:mine"))),
+    );
+    for i in 0..12 {
+        send_raw(&client, GUESSER, get(&format!("/missing-{i}"), ""));
+    }
+    // The attack again as the file's last record.
+    send_raw(&client, ATTACKER, get(&encoded(&variants[0]), ""));
+
+    let log = nginx.error_log();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let injected = text
+        .lines()
+        .filter(|l| l.contains(VICTIM) && !l.contains("request: \"GET /x"))
+        .count();
+    assert!(
+        injected >= 8,
+        "nginx wrote the fake lines as lines of their own:\n{text}"
+    );
+
+    let hits = regex::Regex::new(r"hits: \d+").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    for name in ["nginx-http-auth", "nginx-limit-req-error"] {
+        let rule = std::fs::read_to_string(shipped(name)).unwrap();
+        let file = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(
+            &file,
+            hits.replace(&rule, "hits: 0")
+                .replace("/var/log/nginx/error.log", log.to_str().unwrap()),
+        )
+        .unwrap();
+        files.push(file);
+    }
+    let main = dir.path().join("fleetban.yaml");
+    MainConfig::new().rule_files(&files).write(&main);
+    let out = cli(&main, &["test", "--json", log.to_str().unwrap()]);
+    assert!(out.success(), "{out:?}");
+    let mut banned: Vec<String> = out
+        .test_bans()
+        .iter()
+        .map(|b| b["addr"].as_str().unwrap().to_owned())
+        .collect();
+    banned.sort();
+    banned.dedup();
+    assert_eq!(banned, [ATTACKER, GUESSER], "{}\n{text}", out.stdout);
+    assert!(
+        !out.stdout.contains(VICTIM),
+        "the victim is never counted:\n{}",
+        out.stdout
+    );
+    let summary: serde_json::Value = serde_json::from_str(out.stdout.lines().last().unwrap()).unwrap();
+    let auth_rule = &summary["rules"]["nginx-http-auth"];
+    assert_eq!(auth_rule["matched"], guesser_fails + 1, "{summary}");
+    // Every line of the attacker's records is unparsed: the head lines,
+    // the fake ones, the ends; and so are nginx's notices. (So are the
+    // guesser's lines within 2048 bytes of an attack: never a victim's hit.)
+    let own = format!("password mismatch, client: {ATTACKER},");
+    let attack_lines = text
+        .lines()
+        .filter(|l| !l.contains(GUESSER) && !l.contains(&own))
+        .count();
+    assert!(
+        summary["unparsed"].as_u64().unwrap() >= attack_lines as u64,
+        "{summary}\n{text}"
+    );
+}
+
+/// Standard base64 of `bytes`, as an `Authorization: Basic` value.
+fn base64(bytes: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in bytes.chunks(3) {
+        let n =
+            (u32::from(c[0]) << 16) | (u32::from(*c.get(1).unwrap_or(&0)) << 8) | u32::from(*c.get(2).unwrap_or(&0));
+        for k in 0..4 {
+            if k <= c.len() {
+                out.push(A[(n >> (18 - 6 * k) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}

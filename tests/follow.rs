@@ -31,6 +31,7 @@ fn opts() -> FollowOptions {
         drain_quiet: Duration::from_millis(300),
         rescan_interval: Duration::from_millis(50),
         inotify: true,
+        framed: Vec::new(),
     }
 }
 

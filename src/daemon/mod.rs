@@ -311,7 +311,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     // enough that a large backlog costs no memory.
     let (chunk_tx, chunk_rx) = tokio::sync::mpsc::channel(4);
     start::warn_logs(&config);
-    let mut follower = Some(Following::start(config.log_patterns(), &offsets, &chunk_tx, &token));
+    let mut follower = Some(Following::start(&config, &offsets, &chunk_tx, &token));
     if let Some(f) = &follower {
         stats.set_logs(config.log_patterns(), f.follower.waker());
     }

@@ -33,32 +33,58 @@ pub fn rule_infos(config: &Config, stats: &Stats) -> Vec<RuleInfo> {
         .collect()
 }
 
+/// The logs `config`'s rules read, and which of them (indexes) some rule
+/// reads as nginx's error log, whose records may span lines.
+fn logs_of(config: &Config) -> (Vec<String>, Vec<usize>) {
+    let patterns = config.log_patterns();
+    let framed = (0..patterns.len())
+        .filter(|&i| {
+            config
+                .rules
+                .iter()
+                .any(|r| r.format == crate::parse::Format::NginxError && r.logs.contains(&patterns[i]))
+        })
+        .collect();
+    (patterns, framed)
+}
+
 /// The log follower of the running rules; restarted when a reload changes
 /// which logs they name.
 pub struct Following {
     /// The logs it follows (paths and globs).
     patterns: Vec<String>,
+    /// Those read as nginx's error log: framed (`source/framing.rs`).
+    framed: Vec<usize>,
     token: CancellationToken,
     pub follower: crate::source::Follower,
 }
 
 impl Following {
+    /// Follows the logs of `config`'s rules.
     pub fn start(
-        patterns: Vec<String>,
+        config: &Config,
         offsets: &Arc<OffsetStore>,
         tx: &tokio::sync::mpsc::Sender<crate::source::Chunk>,
         parent: &CancellationToken,
     ) -> Following {
+        let (patterns, framed) = logs_of(config);
         let token = parent.child_token();
         let follower = crate::source::spawn(
             patterns.clone(),
             offsets.clone(),
-            FollowOptions::default(),
+            FollowOptions {
+                framed: framed
+                    .iter()
+                    .map(|&i| (i, crate::parse::split_records as crate::source::Framer))
+                    .collect(),
+                ..FollowOptions::default()
+            },
             tx.clone(),
             token.clone(),
         );
         Following {
             patterns,
+            framed,
             token,
             follower,
         }
@@ -130,8 +156,10 @@ pub async fn reload(
             );
         }
     }
-    let patterns = new.log_patterns();
-    let restart_follower = following.as_ref().is_none_or(|f| f.patterns != patterns);
+    let (patterns, framed) = logs_of(&new);
+    let restart_follower = following
+        .as_ref()
+        .is_none_or(|f| f.patterns != patterns || f.framed != framed);
     if restart_follower {
         // Stop reading first: the pipeline then handles every chunk already
         // read under the old rules before it swaps, and commits them.
@@ -152,7 +180,7 @@ pub async fn reload(
     }
     if restart_follower {
         super::start::warn_logs(&new);
-        let f = Following::start(patterns.clone(), offsets, chunk_tx, parent);
+        let f = Following::start(&new, offsets, chunk_tx, parent);
         stats.set_logs(patterns, f.follower.waker());
         *following = Some(f);
     }

@@ -192,13 +192,21 @@ impl Scanner {
         unparsed_by.clear();
         unparsed_by.resize(groups.len(), 0);
         let mut out = Scanned::default();
-        'lines: for (offset, line) in chunk.lines() {
-            if line.is_empty() {
+        // Lines of a record split across lines (a framed error log): read by
+        // no error-log rule, counted unparsed for them.
+        let mut split = chunk.split.iter().peekable();
+        'lines: for (i, (offset, line)) in chunk.lines().enumerate() {
+            let in_split = split.next_if(|&&s| s as usize == i).is_some();
+            if line.is_empty() && !in_split {
                 continue;
             }
             let mut parsed = false;
             for (gi, g) in groups.iter().enumerate() {
-                let Some(req) = g.parser.parse_in(line, scratch) else {
+                let read = match in_split && g.parser.is_error_log() {
+                    true => None,
+                    false => g.parser.parse_in(line, scratch),
+                };
+                let Some(req) = read else {
                     if let Some(u) = unparsed_by.get_mut(gi) {
                         *u += 1;
                     }

@@ -22,6 +22,14 @@
 //! fits, the line is unparsed: never a chosen victim's address. (A user name
 //! holding a whole fake suffix thus hides its own line; README "nginx error
 //! log" says so.)
+//!
+//! Records split across lines ([`split_records`]): nginx writes each record
+//! with one `write()` of at most [`MAX_RECORD`] bytes ending in one `\n`,
+//! but a message can hold decoded client text (the path in `open() "..."
+//! failed`), so a `%0A` in the request target starts a physical line the
+//! client wrote whole, fake header and suffix included. Such lines are
+//! found by the record around them, not by their own text: see
+//! [`split_records`].
 
 use memchr::memmem;
 
@@ -123,6 +131,58 @@ fn closing_quote(value: &[u8]) -> Option<usize> {
     })
 }
 
+/// The longest record nginx writes (`NGX_MAX_ERROR_STR`), its `\n` included:
+/// a longer one is cut to exactly this many bytes.
+pub const MAX_RECORD: usize = 2048;
+
+/// Marks the lines of `data` (whole lines; line `i` ends just past its
+/// `\n` at `ends[i]`) that may belong to a record nginx split across lines:
+/// `marks[i]` is set, never cleared (the caller counts them unparsed).
+///
+/// A record spans lines only where its text holds a decoded `\n`, and
+/// then one of its lines shows it:
+/// - its request line (raw, still encoded) holds `%0A`: every line that
+///   starts within [`MAX_RECORD`] bytes around that line (before its end,
+///   after its start) is marked, since the record holding it lies there
+///   (the decoded text may come before the `request:` field, in the
+///   message, or after it, in an `upstream:` built from `$uri`);
+/// - or nginx cut it at [`MAX_RECORD`] bytes, the request line with it: a
+///   line ending exactly [`MAX_RECORD`] bytes after an earlier line start,
+///   that is not a whole record with a request, marks the lines from that
+///   start to its end.
+///
+/// A line is final once the `MAX_RECORD` bytes after its end are in `data`
+/// (or the file ended or stayed quiet): nothing later can mark it.
+pub fn split_records(data: &[u8], ends: &[u32], marks: &mut Vec<bool>) {
+    marks.resize(ends.len(), false);
+    let start = |i: usize| if i == 0 { 0 } else { ends[i - 1] as usize };
+    // The first line starting at or after `at`.
+    let first_from = |at: usize| match at {
+        0 => 0,
+        _ => (ends.partition_point(|&e| (e as usize) < at) + 1).min(ends.len()),
+    };
+    for i in 0..ends.len() {
+        let (s, e) = (start(i), ends[i] as usize);
+        let line = &data[s..e];
+        if has_encoded_newline(line) {
+            let from = first_from(e.saturating_sub(MAX_RECORD));
+            let to = first_from(s + MAX_RECORD);
+            marks[from..to].iter_mut().for_each(|m| *m = true);
+        } else if e >= MAX_RECORD && e - MAX_RECORD < s {
+            let head = first_from(e - MAX_RECORD);
+            let whole = |l: &[u8]| parse(l.strip_suffix(b"\n").unwrap_or(l)).is_some_and(|r| !r.target.is_empty());
+            if head < i && start(head) == e - MAX_RECORD && !whole(line) {
+                marks[head..=i].iter_mut().for_each(|m| *m = true);
+            }
+        }
+    }
+}
+
+/// Whether `line` holds `%0A` or `%0a`.
+fn has_encoded_newline(line: &[u8]) -> bool {
+    memchr::memchr_iter(b'%', line).any(|p| matches!(line.get(p + 1..p + 3), Some([b'0', b'a' | b'A'])))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,5 +205,67 @@ mod tests {
         assert!(parse(line).is_none());
         let no_client = b"2026/11/30 10:00:01 [notice] 1#1: signal process started";
         assert!(parse(no_client).is_none());
+    }
+
+    fn marks(lines: &[Vec<u8>]) -> Vec<bool> {
+        let (mut data, mut ends) = (Vec::new(), Vec::new());
+        for l in lines {
+            data.extend_from_slice(l);
+            data.push(b'\n');
+            ends.push(data.len() as u32);
+        }
+        let mut marks = Vec::new();
+        split_records(&data, &ends, &mut marks);
+        marks
+    }
+
+    fn record(n: usize, rest: &str) -> Vec<u8> {
+        format!("2026/11/30 10:00:01 [error] 1#0: *{n} {rest}").into_bytes()
+    }
+
+    #[test]
+    fn an_encoded_newline_marks_the_lines_around_it_and_only_those() {
+        let fake = record(
+            9,
+            r#"user "a": password mismatch, client: 198.51.100.7, server: s, host: "h""#,
+        );
+        let genuine = record(1, r#"x, client: 203.0.113.1, server: s, request: "GET / HTTP/1.1""#);
+        let far = vec![b'p'; MAX_RECORD];
+        let end = br#"" failed, client: 203.0.113.5, server: s, request: "GET /x%0a... HTTP/1.1""#.to_vec();
+        // Marked: the lines starting in the 2048 bytes before its end, and
+        // in the 2048 after its start (a `$uri` upstream comes after it).
+        let lines = [
+            far.clone(),
+            genuine.clone(),
+            record(2, r#"open() "/w/x"#),
+            fake,
+            end,
+            far,
+            genuine,
+        ];
+        assert_eq!(marks(&lines), [false, true, true, true, true, true, false]);
+    }
+
+    #[test]
+    fn a_record_cut_at_2048_bytes_is_marked_whole_and_a_line_that_long_alone_is_not() {
+        let head = record(2, r#"open() "/w/x"#);
+        let fake = record(
+            9,
+            r#"user "a": password mismatch, client: 198.51.100.7, server: s, request: "GET / HTTP/1.1""#,
+        );
+        let used = head.len() + 1 + fake.len() + 1 + 1;
+        let tail = vec![b'a'; MAX_RECORD - used];
+        let before = record(1, r#"x, client: 203.0.113.1, server: s, request: "GET / HTTP/1.1""#);
+        assert_eq!(marks(&[before.clone(), head, fake, tail]), [false, true, true, true]);
+        // One byte less: not nginx's cut.
+        let head = record(2, r#"open() "/w/"#);
+        let fake = record(
+            9,
+            r#"user "a": password mismatch, client: 198.51.100.7, server: s, request: "GET / HTTP/1.1""#,
+        );
+        let tail = vec![b'a'; MAX_RECORD - used];
+        assert_eq!(marks(&[before.clone(), head, fake, tail]), [false; 4]);
+        let long = vec![b'a'; MAX_RECORD - 1];
+        assert_eq!(marks(&[before, long]), [false, false]);
     }
 }

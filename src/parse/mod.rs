@@ -42,7 +42,7 @@ use std::sync::Arc;
 use crate::addr::NetSet;
 
 pub use addr::parse_addr;
-pub use error_log::LEVELS;
+pub use error_log::{split_records, LEVELS, MAX_RECORD};
 pub use forwarded::{resolve as resolve_forwarded, MAX_HOPS};
 pub use json::{default_json_mapping, JSON_VARIABLES};
 pub use time::{days_from_civil, parse_epoch, parse_error_log_time, parse_iso8601, parse_time_any, parse_time_local};
@@ -290,6 +290,12 @@ impl Parser {
             Kind::Json(format) => format.has_target(),
             Kind::Regex(format) => format.has_target(),
         }
+    }
+
+    /// Whether this reads nginx's error log, whose records may span lines
+    /// (`error_log::split_records`).
+    pub fn is_error_log(&self) -> bool {
+        matches!(self.kind, Kind::NginxError)
     }
 
     /// Whether parsed requests carry a time (`clock: log` needs one).

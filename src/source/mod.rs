@@ -42,13 +42,15 @@
 //! `reader.rs` (one open file), `patterns.rs` (paths and globs),
 //! `tracker.rs` (which file each path names, rotation, draining),
 //! `follow.rs` (the task, backpressure, stats), `watch.rs` (inotify wake-ups),
-//! `offsets.rs` (persistence), `inspect.rs` (what a pattern names now:
+//! `framing.rs` (lines held until the records around them are known, for
+//! error logs), `offsets.rs` (persistence), `inspect.rs` (what a pattern names now:
 //! readable, missing, unreadable; for `check`, the start's warnings, `status`);
 //! `once.rs` reads a file once to its end for
 //! `fleetban test` (`compressed.rs`: gzip, other compressions refused).
 
 mod compressed;
 mod follow;
+mod framing;
 mod identity;
 mod inspect;
 mod offsets;
@@ -65,6 +67,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use follow::{spawn, Follower};
+pub use framing::Framer;
 pub use identity::{fingerprint, FileId, FINGERPRINT_BYTES};
 pub use inspect::{first_lines, inspect, inspect_path, LogFile};
 pub use offsets::OffsetStore;
@@ -91,6 +94,10 @@ pub struct FollowOptions {
     /// where inotify says nothing (NFS, a directory that does not exist yet,
     /// a glob in a directory part, inotify limits exhausted).
     pub inotify: bool,
+    /// Sources (pattern indexes) whose records may span lines (nginx's
+    /// error log), with the [`Framer`] that tells their split records: a
+    /// line is sent only once the records around it are known (`framing.rs`).
+    pub framed: Vec<(usize, Framer)>,
 }
 
 /// The longest line read, in `run` and `test` alike: longer ones are
@@ -106,6 +113,7 @@ impl Default for FollowOptions {
             drain_quiet: Duration::from_secs(5),
             rescan_interval: Duration::from_secs(1),
             inotify: true,
+            framed: Vec::new(),
         }
     }
 }
@@ -131,6 +139,10 @@ pub struct Chunk {
     pub skipped_long: u64,
     /// Their bytes, newlines included: they occupy `start + data.len()..end()`.
     pub skipped_bytes: u64,
+    /// Lines (indexes, ascending) that may belong to a record split across
+    /// lines, as a framed source's [`Framer`] marked them: counted unparsed,
+    /// never read. Empty for a source not framed.
+    pub split: Vec<u32>,
 }
 
 impl Chunk {

@@ -13,6 +13,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use super::compressed::{read_head, sniff, Compression, Counting};
+use super::framing::{Framer, Framing};
 use super::{Chunk, FileId, LineSplitter};
 
 /// Bytes read at a time.
@@ -54,7 +55,9 @@ pub enum ReadError {
 
 /// Reads `path` (`-`: standard input) to its end, decompressed, handing
 /// each chunk of lines to `each` in order. Returns whether it was gzip.
-pub fn read_file(path: &Path, mut each: impl FnMut(&Chunk)) -> Result<bool, ReadError> {
+/// With a `framer` (nginx's error log), lines reach `each` once the
+/// records around them are known, the split ones marked (`framing.rs`).
+pub fn read_file(path: &Path, framer: Option<Framer>, mut each: impl FnMut(&Chunk)) -> Result<bool, ReadError> {
     let open = |source| ReadError::Open {
         path: path.to_owned(),
         source,
@@ -103,6 +106,7 @@ pub fn read_file(path: &Path, mut each: impl FnMut(&Chunk)) -> Result<bool, Read
     let mut split = LineSplitter::new(super::MAX_LINE, 0);
     let mut buf = Vec::with_capacity(READ);
     let mut chunks = Vec::new();
+    let mut framing = framer.map(|f| (Framing::new(f, 0), Vec::new()));
     let mut lines = 0u64;
     loop {
         // Straight into the splitter's memory, after the line it carries.
@@ -131,6 +135,15 @@ pub fn read_file(path: &Path, mut each: impl FnMut(&Chunk)) -> Result<bool, Read
             split.finish();
         }
         split.take(0, &path, id, &mut chunks);
+        if let Some((framing, framed)) = &mut framing {
+            for c in chunks.drain(..) {
+                framing.push(c, framed);
+            }
+            if n == 0 {
+                framing.flush(framed);
+            }
+            std::mem::swap(&mut chunks, framed);
+        }
         for c in chunks.drain(..) {
             lines += c.lines + c.skipped_long;
             each(&c);
@@ -150,7 +163,7 @@ mod tests {
 
     fn lines_of(p: &Path) -> Result<Vec<(u64, Vec<u8>)>, ReadError> {
         let mut lines = Vec::new();
-        read_file(p, |c| lines.extend(c.lines().map(|(o, l)| (o, l.to_vec()))))?;
+        read_file(p, None, |c| lines.extend(c.lines().map(|(o, l)| (o, l.to_vec()))))?;
         Ok(lines)
     }
 

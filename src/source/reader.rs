@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use memchr::memrchr;
 
+use super::framing::{Framer, Framing};
 use super::identity::{fingerprint_of, read_head, FINGERPRINT_BYTES};
 use super::{Chunk, FileId, LineSplitter, OffsetStore};
 
@@ -51,6 +52,11 @@ pub(crate) struct Reader {
     /// rewrite is noticed even before the fingerprint is known.
     head: Vec<u8>,
     split: LineSplitter,
+    /// A framed source's lines between the splitter and `out`, and whether
+    /// the last read found the end of the file (two in a row: quiet).
+    framing: Option<(Framing, bool)>,
+    /// The splitter's chunks on their way to `framing`.
+    split_out: Vec<Chunk>,
     /// When data last arrived or the file was rotated away: the drain clock.
     pub(crate) last_data: Instant,
 }
@@ -65,6 +71,7 @@ impl Reader {
         initial: bool,
         offsets: &OffsetStore,
         max_line: usize,
+        framer: Option<Framer>,
     ) -> io::Result<(Reader, Start)> {
         let file = File::open(&path)?;
         let (meta, id, head) = identify(&file)?;
@@ -87,15 +94,36 @@ impl Reader {
             id,
             file,
             head,
+            framing: framer.map(|f| (Framing::new(f, split.position()), false)),
             split,
+            split_out: Vec::new(),
             last_data: Instant::now(),
         };
         Ok((reader, start))
     }
 
-    /// Position just past the last complete line read.
+    /// Position just past the last complete line read (and, framed, sent on).
     pub(crate) fn position(&self) -> u64 {
-        self.split.position()
+        match &self.framing {
+            Some((f, _)) => f.position(),
+            None => self.split.position(),
+        }
+    }
+
+    /// The splitter's complete lines into `out`, through the framing if any;
+    /// `quiet`: the file ended or has been quiet, every line is final.
+    fn take(&mut self, quiet: bool, out: &mut Vec<Chunk>) {
+        let Some((framing, _)) = &mut self.framing else {
+            self.split.take(self.source, &self.path, self.id, out);
+            return;
+        };
+        self.split.take(self.source, &self.path, self.id, &mut self.split_out);
+        for chunk in self.split_out.drain(..) {
+            framing.push(chunk, out);
+        }
+        if quiet {
+            framing.flush(out);
+        }
     }
 
     /// Reads once, up to `buf.len()` bytes, and appends the complete lines to
@@ -110,7 +138,16 @@ impl Reader {
         };
         if n > 0 {
             self.split.push(&buf[..n]);
-            self.split.take(self.source, &self.path, self.id, out);
+        }
+        // Framed: the lines held go once the file has been quiet, i.e.
+        // a read after one that found its end found nothing new either
+        // (not at the first end: a record being written may be half there).
+        let quiet = match &mut self.framing {
+            Some((_, at_end)) => std::mem::replace(at_end, n == 0) && n == 0,
+            None => false,
+        };
+        if n > 0 || quiet {
+            self.take(quiet, out);
         }
         Ok(n)
     }
@@ -142,6 +179,9 @@ impl Reader {
             // A partial line carried from before is dropped: its rest, if
             // any, went to the copy.
             self.split.reset(0);
+            if let Some((f, _)) = &mut self.framing {
+                f.restart(0);
+            }
             self.head.clear();
         }
         if head.len() > self.head.len() {
@@ -167,7 +207,7 @@ impl Reader {
     pub(crate) fn finish(mut self, out: &mut Vec<Chunk>, offsets: &OffsetStore) {
         let before = out.len();
         self.split.finish();
-        self.split.take(self.source, &self.path, self.id, out);
+        self.take(true, out);
         let end = out[before..].last().map_or(self.position(), Chunk::end);
         offsets.closed(self.id, end);
     }
@@ -192,6 +232,7 @@ impl Reader {
         want: FileId,
         offset: u64,
         max_line: usize,
+        framer: Option<Framer>,
     ) -> io::Result<Option<Reader>> {
         let file = File::open(found)?;
         let (meta, id, head) = identify(&file)?;
@@ -206,6 +247,8 @@ impl Reader {
             file,
             head,
             split: LineSplitter::new(max_line, start),
+            framing: framer.map(|f| (Framing::new(f, start), false)),
+            split_out: Vec::new(),
             last_data: Instant::now(),
         }))
     }

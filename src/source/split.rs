@@ -212,6 +212,7 @@ impl LineSplitter {
                 lines: run.lines,
                 skipped_long: run.skipped_long,
                 skipped_bytes: run.skipped_bytes,
+                split: Vec::new(),
             });
         }
     }

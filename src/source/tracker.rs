@@ -25,6 +25,11 @@ use super::reader::Reader;
 use super::shared::Shared;
 use super::{Chunk, FollowOptions, OffsetStore};
 
+/// The framer of source `source`, if it is framed.
+fn framer(opts: &FollowOptions, source: usize) -> Option<super::Framer> {
+    opts.framed.iter().find(|(s, _)| *s == source).map(|&(_, f)| f)
+}
+
 /// Repeat an unchanged error for a path at most this often.
 const WARN_EVERY: Duration = Duration::from_secs(60);
 
@@ -153,10 +158,18 @@ impl Tracker {
             let source = self.paths.iter().find(|t| *t.path == *r.path).map_or(0, |t| t.source);
             let path: Arc<Path> = r.path.as_path().into();
             let found = find_inode(&r.path, r.file.dev, r.file.ino).and_then(|f| {
-                Reader::resume(source, Arc::clone(&path), &f, r.file, r.offset, self.opts.max_line)
-                    .ok()
-                    .flatten()
-                    .map(|reader| (f, reader))
+                Reader::resume(
+                    source,
+                    Arc::clone(&path),
+                    &f,
+                    r.file,
+                    r.offset,
+                    self.opts.max_line,
+                    framer(&self.opts, source),
+                )
+                .ok()
+                .flatten()
+                .map(|reader| (f, reader))
             });
             match found {
                 Some((f, mut reader)) => {
@@ -309,6 +322,7 @@ impl Tracker {
             t.initial,
             &self.offsets,
             self.opts.max_line,
+            framer(&self.opts, t.source),
         );
         match opened {
             Ok((r, start)) => {
