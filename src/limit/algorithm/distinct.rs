@@ -52,9 +52,11 @@ impl LimitAlgorithm for Distinct {
             ));
         }
         match l.hits {
-            Some(h) if h.0 == 0 => return Err(format!(
+            Some(h) if h.0 == 0 => {
+                return Err(format!(
                 "`hits: 0` bans on the first match whatever its {field}: remove `distinct` (or count at least 1 value)"
-            )),
+            ))
+            }
             Some(h) if h.0 > MAX_DISTINCT_HITS => {
                 return Err(format!(
                     "`distinct: {field}` counts at most {MAX_DISTINCT_HITS} values (`hits: {}`): values are \
@@ -113,7 +115,7 @@ impl LimitAlgorithm for Distinct {
     }
 
     fn mirror(&self) -> Box<dyn Mirror> {
-        Box::<Values>::default()
+        Box::<Keyed<Members>>::default()
     }
 
     fn peek<'a>(&'a self, con: &'a mut Conn, at: &'a At<'a>, now: i64) -> BoxFuture<'a, redis::RedisResult<u64>> {
@@ -123,17 +125,12 @@ impl LimitAlgorithm for Distinct {
 
 /// One rule's windows of values in memory: (score = latest time seen,
 /// value hash).
-#[derive(Default)]
-struct Values {
-    windows: Keyed<Members>,
-}
-
-impl Mirror for Values {
+impl Mirror for Keyed<Members> {
     /// The script's steps for one group.
     fn check(&mut self, call: &Call<'_>, hits: &[Hit]) -> Verdict {
         let (rule, wall_now) = (call.rule, call.wall_now);
         let (window_ms, limit) = (rule.window_ms, rule.hits as usize);
-        let (expires_at, members) = self.windows.fresh(call.key, wall_now);
+        let (expires_at, members) = self.fresh(call.key, wall_now);
         let mut added = false;
         let mut over = None;
         for (i, hit) in hits.iter().enumerate() {
@@ -168,18 +165,6 @@ impl Mirror for Values {
     }
 
     fn peek(&self, rule: &RuleLimit, key: &IpNet, now: i64) -> u64 {
-        sliding_window::within(self.windows.live(key, now), now, rule.window_ms.max(1))
-    }
-
-    fn forget(&mut self, key: &IpNet) {
-        self.windows.forget(key);
-    }
-
-    fn tracked_keys(&self) -> usize {
-        self.windows.len()
-    }
-
-    fn sweep(&mut self, wall_now: i64) {
-        self.windows.sweep(wall_now);
+        sliding_window::within(self.live(key, now), now, rule.window_ms.max(1))
     }
 }

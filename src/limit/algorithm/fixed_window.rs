@@ -50,7 +50,7 @@ impl LimitAlgorithm for FixedWindow {
     }
 
     fn mirror(&self) -> Box<dyn Mirror> {
-        Box::<Fixed>::default()
+        Box::<Counters>::default()
     }
 
     fn peek<'a>(&'a self, con: &'a mut Conn, at: &'a At<'a>, now: i64) -> BoxFuture<'a, redis::RedisResult<u64>> {
@@ -59,18 +59,13 @@ impl LimitAlgorithm for FixedWindow {
 }
 
 /// One rule's counters in memory.
-#[derive(Default)]
-struct Fixed {
-    fixed: Counters,
-}
-
-impl Mirror for Fixed {
+impl Mirror for Counters {
     fn check(&mut self, call: &Call<'_>, hits: &[Hit]) -> Verdict {
         let rule = call.rule;
         let mut count = 0;
         for (i, h) in hits.iter().enumerate() {
             let n = call.now_of(h).div_euclid(rule.window_ms);
-            let (offer, c) = self.fixed.offer(call.key, n, h, rule.hits, call.wall_now, rule.window_ms);
+            let (offer, c) = self.offer(call.key, n, h, rule.hits, call.wall_now, rule.window_ms);
             if let Offer::Full = offer {
                 return Verdict::Over { index: i, count: c };
             }
@@ -80,18 +75,6 @@ impl Mirror for Fixed {
     }
 
     fn peek(&self, rule: &RuleLimit, key: &IpNet, now: i64) -> u64 {
-        self.fixed.count(key, now.div_euclid(rule.window_ms.max(1)), now)
-    }
-
-    fn forget(&mut self, key: &IpNet) {
-        self.fixed.forget(key);
-    }
-
-    fn tracked_keys(&self) -> usize {
-        self.fixed.len()
-    }
-
-    fn sweep(&mut self, wall_now: i64) {
-        self.fixed.sweep(wall_now);
+        self.count(key, now.div_euclid(rule.window_ms.max(1)), now)
     }
 }

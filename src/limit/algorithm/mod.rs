@@ -150,17 +150,38 @@ pub trait LimitAlgorithm: Sync {
 /// One rule's state in process memory, mirroring its script step for step,
 /// including key expiry: a key lives as long as PEXPIRE makes it live in
 /// Redis (wall-clock time, set where the script sets it).
-pub trait Mirror: Send + Sync {
+pub trait Mirror: Expiring + Send + Sync {
     /// Decides one batch of `call`'s key, in order.
     fn check(&mut self, call: &Call<'_>, hits: &[Hit]) -> Verdict;
     /// [`LimitAlgorithm::peek`] of this store.
     fn peek(&self, rule: &RuleLimit, key: &IpNet, now: i64) -> u64;
-    /// Forgets every window of `key` (an unbanned address starts afresh).
+}
+
+/// Keys in memory that expire as their Redis keys would.
+pub trait Expiring {
+    /// Forgets every key of `key` (an unbanned address starts afresh).
     fn forget(&mut self, key: &IpNet);
     /// Keys held, live or not yet swept.
     fn tracked_keys(&self) -> usize;
     /// Drops the keys expired at `wall_now`.
     fn sweep(&mut self, wall_now: i64);
+}
+
+/// Two kinds of key of one rule (a sliding window and its prefilter's counters).
+impl<A: Expiring, B: Expiring> Expiring for (A, B) {
+    fn forget(&mut self, key: &IpNet) {
+        self.0.forget(key);
+        self.1.forget(key);
+    }
+
+    fn tracked_keys(&self) -> usize {
+        self.0.tracked_keys() + self.1.tracked_keys()
+    }
+
+    fn sweep(&mut self, wall_now: i64) {
+        self.0.sweep(wall_now);
+        self.1.sweep(wall_now);
+    }
 }
 
 /// One batch to decide in memory: its rule, its client key, and the wall
@@ -227,16 +248,18 @@ impl<S> Keyed<S> {
         }
         (expires_at, state)
     }
+}
 
-    pub fn forget(&mut self, key: &IpNet) {
+impl<S> Expiring for Keyed<S> {
+    fn forget(&mut self, key: &IpNet) {
         self.map.remove(key);
     }
 
-    pub fn len(&self) -> usize {
+    fn tracked_keys(&self) -> usize {
         self.map.len()
     }
 
-    pub fn sweep(&mut self, wall_now: i64) {
+    fn sweep(&mut self, wall_now: i64) {
         self.map.retain(|_, e| e.expires_at > wall_now);
     }
 }

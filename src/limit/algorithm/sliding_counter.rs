@@ -69,7 +69,7 @@ impl LimitAlgorithm for SlidingCounter {
     }
 
     fn mirror(&self) -> Box<dyn Mirror> {
-        Box::<Counter>::default()
+        Box::<Keyed<State>>::default()
     }
 
     fn peek<'a>(&'a self, con: &'a mut Conn, at: &'a At<'a>, now: i64) -> BoxFuture<'a, redis::RedisResult<u64>> {
@@ -112,17 +112,12 @@ struct State {
 }
 
 /// One rule's counters in memory.
-#[derive(Default)]
-struct Counter {
-    counters: Keyed<State>,
-}
-
-impl Mirror for Counter {
+impl Mirror for Keyed<State> {
     fn check(&mut self, call: &Call<'_>, hits: &[Hit]) -> Verdict {
         let (rule, key, wall_now) = (call.rule, call.key, call.wall_now);
         let window = rule.window_ms;
         let limit = i64::from(rule.hits);
-        let (mut cur, mut c, mut p, mut mark) = match self.counters.live(&key, wall_now) {
+        let (mut cur, mut c, mut p, mut mark) = match self.live(&key, wall_now) {
             Some(s) => (Some(s.cur), s.c, s.p, Some(s.mark)),
             None => (None, 0, 0, None),
         };
@@ -162,28 +157,15 @@ impl Mirror for Counter {
             changed = true;
         }
         if let (true, Some(cur), Some(mark)) = (changed, cur, mark) {
-            self.counters
-                .insert(key, State { cur, c, p, mark }, wall_now + 2 * window + 1000);
+            self.insert(key, State { cur, c, p, mark }, wall_now + 2 * window + 1000);
         }
         result.unwrap_or(Verdict::Under { count: super::clamp(c) })
     }
 
     fn peek(&self, rule: &RuleLimit, key: &IpNet, now: i64) -> u64 {
-        self.counters
+        self
             .live(key, now)
             .map_or(0, |s| estimate(s.cur, s.c, s.p, now, rule.window_ms))
-    }
-
-    fn forget(&mut self, key: &IpNet) {
-        self.counters.forget(key);
-    }
-
-    fn tracked_keys(&self) -> usize {
-        self.counters.len()
-    }
-
-    fn sweep(&mut self, wall_now: i64) {
-        self.counters.sweep(wall_now);
     }
 }
 

@@ -87,7 +87,7 @@ impl LimitAlgorithm for SlidingWindow {
     }
 
     fn mirror(&self) -> Box<dyn Mirror> {
-        Box::<Window>::default()
+        Box::<(Keyed<Members>, Counters)>::default()
     }
 
     fn peek<'a>(&'a self, con: &'a mut Conn, at: &'a At<'a>, now: i64) -> BoxFuture<'a, redis::RedisResult<u64>> {
@@ -125,20 +125,14 @@ pub(super) fn within(members: Option<&Members>, now: i64, window_ms: i64) -> u64
 }
 
 /// One rule's windows and prefilter counters in memory.
-#[derive(Default)]
-struct Window {
-    windows: Keyed<Members>,
-    fixed: Counters,
-}
-
-impl Mirror for Window {
+impl Mirror for (Keyed<Members>, Counters) {
     /// The script's steps for one group, with its entry looked up once per
     /// batch, not per hit.
     fn check(&mut self, call: &Call<'_>, hits: &[Hit]) -> Verdict {
         let (rule, key, wall_now) = (call.rule, call.key, call.wall_now);
         let (window_ms, limit, pre) = (rule.window_ms, rule.hits as usize, rule.prefilter);
-        let fixed = &mut self.fixed;
-        let (expires_at, members) = self.windows.fresh(key, wall_now);
+        let (windows, fixed) = self;
+        let (expires_at, members) = windows.fresh(key, wall_now);
         let mut swept: Option<i64> = None;
         let mut low: Option<i64> = None;
         let mut added = false;
@@ -200,28 +194,15 @@ impl Mirror for Window {
 
     fn peek(&self, rule: &RuleLimit, key: &IpNet, now: i64) -> u64 {
         let w = rule.window_ms.max(1);
-        let members = within(self.windows.live(key, now), now, w);
+        let (windows, fixed) = self;
+        let members = within(windows.live(key, now), now, w);
         let pre = u64::from(rule.prefilter);
         match pre {
             0 => members,
-            _ => match self.fixed.count(key, now.div_euclid(w), now) {
+            _ => match fixed.count(key, now.div_euclid(w), now) {
                 f if f < pre => f,
                 _ => pre + members,
             },
         }
-    }
-
-    fn forget(&mut self, key: &IpNet) {
-        self.windows.forget(key);
-        self.fixed.forget(key);
-    }
-
-    fn tracked_keys(&self) -> usize {
-        self.windows.len() + self.fixed.len()
-    }
-
-    fn sweep(&mut self, wall_now: i64) {
-        self.windows.sweep(wall_now);
-        self.fixed.sweep(wall_now);
     }
 }

@@ -94,16 +94,18 @@ impl Counters {
             .filter(|f| f.expires_at > now)
             .map_or(0, |f| u64::from(f.count))
     }
+}
 
-    pub fn forget(&mut self, key: &IpNet) {
+impl super::Expiring for Counters {
+    fn forget(&mut self, key: &IpNet) {
         self.map.retain(|(k, _), _| k != key);
     }
 
-    pub fn len(&self) -> usize {
+    fn tracked_keys(&self) -> usize {
         self.map.len()
     }
 
-    pub fn sweep(&mut self, wall_now: i64) {
+    fn sweep(&mut self, wall_now: i64) {
         self.map.retain(|_, f| f.expires_at > wall_now);
     }
 }

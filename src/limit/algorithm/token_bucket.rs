@@ -101,7 +101,7 @@ impl LimitAlgorithm for TokenBucket {
     }
 
     fn mirror(&self) -> Box<dyn Mirror> {
-        Box::<Bucket>::default()
+        Box::<Keyed<State>>::default()
     }
 
     fn peek<'a>(&'a self, con: &'a mut Conn, at: &'a At<'a>, now: i64) -> BoxFuture<'a, redis::RedisResult<u64>> {
@@ -135,17 +135,12 @@ struct State {
 }
 
 /// One rule's buckets in memory.
-#[derive(Default)]
-struct Bucket {
-    buckets: Keyed<State>,
-}
-
-impl Mirror for Bucket {
+impl Mirror for Keyed<State> {
     fn check(&mut self, call: &Call<'_>, hits: &[Hit]) -> Verdict {
         let (rule, key, wall_now) = (call.rule, call.key, call.wall_now);
         let interval = rule.interval_us.max(1);
         let burst = i64::from(rule.hits);
-        let (mut tat, mut mark) = match self.buckets.live(&key, wall_now) {
+        let (mut tat, mut mark) = match self.live(&key, wall_now) {
             Some(s) => (Some(s.tat), Some(s.mark)),
             None => (None, None),
         };
@@ -173,8 +168,7 @@ impl Mirror for Bucket {
             last_now = Some(now);
         }
         if let (Some(_), Some(tat), Some(mark)) = (last_now, tat, mark) {
-            self.buckets
-                .insert(key, State { tat, mark }, wall_now + rule.window_ms + 1000);
+            self.insert(key, State { tat, mark }, wall_now + rule.window_ms + 1000);
         }
         result.unwrap_or_else(|| Verdict::Under {
             count: match (last_now, tat) {
@@ -185,18 +179,6 @@ impl Mirror for Bucket {
     }
 
     fn peek(&self, rule: &RuleLimit, key: &IpNet, now: i64) -> u64 {
-        self.buckets.live(key, now).map_or(0, |s| in_use(rule, s.tat, now))
-    }
-
-    fn forget(&mut self, key: &IpNet) {
-        self.buckets.forget(key);
-    }
-
-    fn tracked_keys(&self) -> usize {
-        self.buckets.len()
-    }
-
-    fn sweep(&mut self, wall_now: i64) {
-        self.buckets.sweep(wall_now);
+        self.live(key, now).map_or(0, |s| in_use(rule, s.tat, now))
     }
 }
