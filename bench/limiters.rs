@@ -219,7 +219,7 @@ async fn main() {
             for i in chunk * 1000..((chunk + 1) * 1000).min(addresses) {
                 let key = keys.window(&addr(i, 0x0a00_0000), "bench", None);
                 let fw = keys.fixed(&addr(i, 0x0a00_0000), "bench", None);
-                let mut c = store::SLIDING_WINDOW.cmd(&[&key, &fw]);
+                let mut c = fleetban::limit::algorithm::sliding_window::SCRIPT.cmd(&[&key, &fw]);
                 c.arg(WINDOW_MS).arg(100).arg(0).arg(0).arg(1).arg(100);
                 for k in 0..100u64 {
                     let m = member(u64::from(i), k * 200) & mask;

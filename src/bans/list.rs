@@ -357,7 +357,8 @@ impl BanList {
                 if !hosts.contains(&host) {
                     hosts.push(host);
                 }
-                let window_keys = keys.of_address(addr, rules.iter().copied(), &hosts, now_ms);
+                let kinds = crate::limit::algorithm::state_keys();
+                let window_keys = keys.of_address(addr, rules.iter().copied(), &hosts, now_ms, &kinds);
                 // Bounded commands however large the fleet.
                 for some in window_keys.chunks(1024) {
                     let _: i64 = redis::cmd("DEL").arg(some).query_async(con).await?;

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use fleetban::addr::AddrText;
 use fleetban::bans::BanList;
-use fleetban::config::{Algorithm, Backend, Config, Limit, Rule};
+use fleetban::config::{Backend, Config, Limit, Rule};
 use fleetban::parse::{Format, Parser};
 use fleetban::source::LogFile;
 
@@ -415,30 +415,7 @@ fn describe_limit(l: &Limit) -> String {
         // No window is read: the limiter bans on the hit itself.
         return "hits 0: the first matching request bans".to_owned();
     }
-    match l.algorithm {
-        Algorithm::TokenBucket => format!(
-            "burst {}, one token every {} ({})",
-            l.hits,
-            match l.interval_us % 1000 {
-                0 => duration(l.interval_us / 1000),
-                _ => format!("{}µs", l.interval_us),
-            },
-            l.algorithm.name()
-        ),
-        _ if l.distinct.is_some() => format!(
-            "{} distinct values per {} ({}, a sliding window of values)",
-            l.hits,
-            duration(l.window_ms),
-            l.algorithm_name()
-        ),
-        a => format!(
-            "{} hits per {}{} ({})",
-            l.hits,
-            duration(l.window_ms),
-            l.prefilter.map_or(String::new(), |f| format!(", prefilter {f}")),
-            a.name()
-        ),
-    }
+    fleetban::limit::algorithm::of(l.algorithm, l.distinct).describe(l, duration)
 }
 
 fn format_name(f: &Format) -> &'static str {

@@ -25,12 +25,13 @@ use std::path::{Path, PathBuf};
 use ipnet::IpNet;
 use serde_saphyr::Location;
 
+pub use crate::limit::algorithm::distinct::MAX_DISTINCT_HITS;
 pub use error::{ConfigError, ConfigErrors};
 pub use firewall::FirewallConfig;
 pub use http::{HttpConfig, Listen, DEFAULT_GROUP as DEFAULT_HTTP_GROUP};
 pub use redis::{RedisConfig, Sentinel, Servers, TlsFiles};
-pub use rules::{algorithm_name, BanPolicy, Limit, NetworkEscalation, Rule, MAX_DISTINCT_HITS};
-pub use schema::{ActionSpec, Algorithm, Backend, Clock, Distinct, MatchSpec, OnDown, Scope};
+pub use rules::{algorithm_name, BanPolicy, Limit, NetworkEscalation, Rule};
+pub use schema::{ActionSpec, Algorithm, Backend, Clock, Distinct, LimitSpec, MatchSpec, OnDown, Scope};
 pub use values::{Dur, Level, Method, Net, Rate, Re, StatusPat};
 
 /// Where `fleetban` looks when `-c` is not given.

@@ -39,7 +39,7 @@ pub struct Limit {
     /// the cheap fixed window before the exact window is consulted.
     pub prefilter: Option<f64>,
     /// `distinct:`: the field whose distinct values are counted (a sliding
-    /// window of values, at most [`MAX_DISTINCT_HITS`] of them).
+    /// window of values, at most `MAX_DISTINCT_HITS` of them).
     pub distinct: Option<Distinct>,
     pub scope: Scope,
     pub clock: Clock,
@@ -55,13 +55,6 @@ pub fn algorithm_name(algorithm: Algorithm, distinct: Option<Distinct>) -> Strin
         None => algorithm.name().to_owned(),
     }
 }
-
-/// The largest `hits` of a `distinct:` limit. Values are counted by 32-bit
-/// hashes, and two values sharing one count once: among k values the chance
-/// of any such pair is at most k(k-1)/2^33, 1.2e-4 at 1,000 (docs/design.md
-/// §2, "Distinct values"), beyond which the count stops being exact in
-/// practice; a client's window also holds up to `hits` members.
-pub const MAX_DISTINCT_HITS: u32 = 1000;
 
 impl Limit {
     /// The algorithm as `check`, `explain` and `status` name it:
@@ -358,9 +351,8 @@ fn network_of(n: &schema::EscalateNetworkSpec, ipv6_prefix: u8) -> Result<Networ
 }
 
 /// The validated limit of one rule: each algorithm takes its own parameters
-/// and refuses the others'.
+/// and refuses the others' (`limit::algorithm`, `limit_of`).
 fn limit_of(l: &schema::LimitSpec) -> Result<Limit, String> {
-    let algo = l.algorithm.name();
     let mut limit = Limit {
         algorithm: l.algorithm,
         hits: 0,
@@ -372,101 +364,6 @@ fn limit_of(l: &schema::LimitSpec) -> Result<Limit, String> {
         clock: l.clock,
         keying: keying_of(l)?,
     };
-    if let Some(d) = l.distinct {
-        distinct_fits(l, d)?;
-    }
-    if l.prefilter.is_some() && l.algorithm != Algorithm::SlidingWindow {
-        return Err(format!("`prefilter` applies to `sliding_window` only, not to `{algo}`"));
-    }
-    if l.algorithm == Algorithm::TokenBucket {
-        if l.hits.is_some() || l.window.is_some() {
-            return Err("`token_bucket` takes `burst` and `rate`, not `hits` and `window`: e.g. `{ algorithm: token_bucket, burst: 20, rate: 5/s }`".into());
-        }
-        let (Some(burst), Some(rate)) = (l.burst, l.rate) else {
-            return Err(
-                "`token_bucket` needs `burst` and `rate`: e.g. `{ algorithm: token_bucket, burst: 20, rate: 5/s }`"
-                    .into(),
-            );
-        };
-        if burst.0 == 0 {
-            // Its window is the time the bucket takes to fill: none, and a
-            // hit older than its window at arrival is stale in `run`.
-            return Err(
-                "`token_bucket` needs `burst` of at least 1: an empty bucket has no time span to \
-                        judge a hit in; to ban on the first match write `{ hits: 0, window: 60s }`"
-                    .into(),
-            );
-        }
-        let interval_us = (1e6 / rate.0).round();
-        if !(1.0..=86_400e6).contains(&interval_us) {
-            return Err("`rate` must be between 1/d and 1000000/s".into());
-        }
-        // Times are µs in Lua doubles (exact up to 2^53); a full bucket spans
-        // burst x interval.
-        if f64::from(burst.0) * interval_us >= (1u64 << 50) as f64 {
-            return Err("`token_bucket` needs burst / rate below ~35 years: lower `burst` or raise `rate`".into());
-        }
-        limit.hits = burst.0;
-        limit.interval_us = interval_us as i64;
-        limit.window_ms = ((i64::from(burst.0) * limit.interval_us + 999) / 1000).max(1);
-        return Ok(limit);
-    }
-    if l.burst.is_some() || l.rate.is_some() {
-        return Err(format!(
-            "`burst` and `rate` apply to `token_bucket` only; `{algo}` takes `hits` and `window`"
-        ));
-    }
-    let (Some(hits), Some(window)) = (l.hits, l.window) else {
-        return Err(format!(
-            "`{algo}` needs `hits` and `window`: e.g. `{{ hits: 100, window: 60s }}`"
-        ));
-    };
-    if window.as_ms() < 1 {
-        return Err("`window` must be at least 1ms".into());
-    }
-    limit.hits = hits.0;
-    limit.window_ms = window.as_ms();
-    // The sliding counter weighs counts by time in exact integers; Lua's
-    // numbers are doubles, exact up to 2^53, and the estimate reaches 2 x hits x window.
-    if l.algorithm == Algorithm::SlidingCounter && (i128::from(hits.0) * i128::from(limit.window_ms)) >= 1 << 52 {
-        return Err("`sliding_counter` needs hits x window (in ms) below 2^52: lower `hits` or `window`".into());
-    }
-    if hits.0 == 0 && l.prefilter.is_some() {
-        return Err("`hits: 0` bans on the first match, with no count to screen: remove `prefilter`".into());
-    }
-    limit.prefilter = l.prefilter.map(|f| f.0);
-    limit.distinct = l.distinct;
+    crate::limit::algorithm::of(l.algorithm, l.distinct).limit_of(l, &mut limit)?;
     Ok(limit)
-}
-
-/// `distinct: FIELD` counts the values a client sent in the last `window`:
-/// a sliding window (whose members are the values), with `hits` and
-/// `window`, no prefilter, and few enough values to count exactly.
-fn distinct_fits(l: &schema::LimitSpec, d: Distinct) -> Result<(), String> {
-    let field = d.name();
-    if l.algorithm != Algorithm::SlidingWindow {
-        return Err(format!(
-            "`distinct: {field}` counts the values seen within the last `window`, a sliding window: \
-             remove `algorithm: {}`",
-            l.algorithm.name()
-        ));
-    }
-    if l.prefilter.is_some() {
-        return Err(format!(
-            "`distinct: {field}` cannot take `prefilter`: its fixed windows count requests, not \
-             distinct values, and would let a client repeat one page to fill them; remove `prefilter`"
-        ));
-    }
-    match l.hits {
-        Some(h) if h.0 == 0 => Err(format!(
-            "`hits: 0` bans on the first match whatever its {field}: remove `distinct` (or count at least 1 value)"
-        )),
-        Some(h) if h.0 > MAX_DISTINCT_HITS => Err(format!(
-            "`distinct: {field}` counts at most {MAX_DISTINCT_HITS} values (`hits: {}`): values are \
-             counted by 32-bit hashes, exact in practice up to that (two values share a hash with \
-             probability below 1.2e-4), and each client's window holds up to `hits` of them",
-            h.0
-        )),
-        _ => Ok(()),
-    }
 }

@@ -289,26 +289,8 @@ pub enum KeyKind {
     Network,
 }
 
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Algorithm {
-    #[default]
-    SlidingWindow,
-    FixedWindow,
-    TokenBucket,
-    SlidingCounter,
-}
-
-impl Algorithm {
-    pub fn name(self) -> &'static str {
-        match self {
-            Algorithm::SlidingWindow => "sliding_window",
-            Algorithm::FixedWindow => "fixed_window",
-            Algorithm::TokenBucket => "token_bucket",
-            Algorithm::SlidingCounter => "sliding_counter",
-        }
-    }
-}
+/// `algorithm:`: listed where the algorithms are (`limit::algorithm`).
+pub use crate::limit::algorithm::Algorithm;
 
 /// The request field a `distinct:` limit counts the values of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -5,10 +5,15 @@
 //! `fleetban test` and as the fallback while Redis is down. The
 //! differential tests hold them to the same decisions hit by hit.
 //!
+//! Each algorithm is one module of `algorithm/` (its config, script, keys,
+//! memory mirror and `explain` reading); the backends hold its
+//! `LimitAlgorithm` and never ask which one it is.
+//!
 //! [`Limiter`] (`limiter.rs`) is what the daemon holds: the pending hits and
 //! when they go (`pending.rs`), the backend, and what happens while Redis
 //! does not answer (`fallback.rs`).
 
+pub mod algorithm;
 mod fallback;
 mod limiter;
 mod memory;
@@ -27,31 +32,11 @@ use crate::config::{Algorithm, Clock, Distinct, Rule, Scope};
 /// leaves the compact encoding.
 pub const LISTPACK_DEFAULT: u64 = 128;
 
-/// The warning for a sliding window whose ZSET can outgrow Redis's compact
-/// listpack encoding (`zset-max-listpack-entries`, 128 by default): past it
-/// every member costs about three times as much.
+/// The warning for a limit whose state per address can outgrow Redis's
+/// compact listpack encoding (`zset-max-listpack-entries`, 128 by default):
+/// past it every member costs about three times as much.
 pub fn listpack_warning(l: &crate::config::Limit, threshold: u64) -> Option<String> {
-    if l.algorithm != crate::config::Algorithm::SlidingWindow {
-        return None;
-    }
-    let pre = l.prefilter.map_or(0, |f| RuleLimit::threshold(f, l.hits));
-    let members = u64::from(l.hits - pre);
-    if let Some(d) = l.distinct {
-        return (members > threshold).then(|| {
-            format!(
-                "distinct {} holds up to {members} values per address, more than zset-max-listpack-entries \
-                 ({threshold}): each address past it costs ~3x the memory; consider `hits` of {threshold} or fewer",
-                d.name()
-            )
-        });
-    }
-    (members > threshold).then(|| {
-        format!(
-            "sliding_window holds up to {members} hits per address, more than zset-max-listpack-entries ({threshold}): \
-             each address past it costs ~3x the memory; consider {} or `algorithm: sliding_counter`",
-            if l.prefilter.is_some() { "a higher `prefilter`" } else { "`prefilter: 0.8`" }
-        )
-    })
+    algorithm::of(l.algorithm, l.distinct).warning(l, threshold)
 }
 
 /// The member a hit gets in a sliding window's ZSET: its 63-bit member folded
@@ -129,6 +114,11 @@ impl RuleLimit {
             distinct: Some(field),
             ..RuleLimit::new(name, Algorithm::SlidingWindow, hits, window_ms)
         }
+    }
+
+    /// Its algorithm: the script, keys and memory mirror to use.
+    pub fn algorithm_impl(&self) -> &'static dyn algorithm::LimitAlgorithm {
+        algorithm::of(self.algorithm, self.distinct)
     }
 
     /// The prefilter threshold of `fraction` of `hits`.

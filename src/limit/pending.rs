@@ -400,6 +400,17 @@ mod tests {
         Hit::of_line(t, 1, t as u64)
     }
 
+    /// One rule of `limit` over `hosts` hosts, and `times` pushed for one
+    /// address at 0 ms, the address.
+    fn held(limit: u32, hosts: u32, times: impl IntoIterator<Item = i64>) -> (Pending, IpNet) {
+        let mut p = Pending::new(vec![HoldPolicy::new(1000, limit, 0, 60_000, hosts, true)]);
+        let a: IpNet = "192.0.2.1/32".parse().unwrap();
+        for t in times {
+            p.push(0, a, hit(t), 1, 0);
+        }
+        (p, a)
+    }
+
     #[test]
     fn groups_per_rule_and_key_in_order() {
         let mut p = Pending::default();
@@ -487,11 +498,7 @@ mod tests {
 
     #[test]
     fn a_mark_from_the_fleet_sends_the_batch_held_here_at_once() {
-        let mut p = Pending::new(vec![HoldPolicy::new(1000, 20, 0, 60_000, 3, true)]);
-        let a: IpNet = "192.0.2.1/32".parse().unwrap();
-        for t in 0..3 {
-            p.push(0, a, hit(t), 1, 0);
-        }
+        let (mut p, a) = held(20, 3, 0..3);
         assert!(p.take_ready_now(0).is_empty(), "3 of a share of 3");
         p.mark_hot(0, a, 60_000);
         assert_eq!(p.take_ready_now(1)[0].hits.len(), 3);
@@ -525,11 +532,7 @@ mod tests {
 
     #[test]
     fn a_key_taken_and_queued_again_keeps_its_own_deadline() {
-        let mut p = Pending::new(vec![HoldPolicy::new(1000, 4, 0, 60_000, 1, true)]);
-        let a: IpNet = "192.0.2.1/32".parse().unwrap();
-        for _ in 0..3 {
-            p.push(0, a, hit(0), 1, 0);
-        }
+        let (mut p, a) = held(4, 1, [0; 3]);
         assert_eq!(p.take_ready_now(10).len(), 1, "3 is past a share of 2");
         p.push(0, a, hit(2), 2, 500);
         // The stale entry (deadline 1000) must not release the new batch.

@@ -1,6 +1,5 @@
 //! The limiter in Redis: one EVALSHA of the rule's algorithm script
-//! (`lua/sliding_window.lua`, `fixed_window.lua`, `token_bucket.lua`,
-//! `sliding_counter.lua`; `distinct.lua` for a `distinct:` window) per rule and up to [`MAX_GROUPS_PER_CALL`] batches
+//! (`lua/`, keys and arguments from `limit::algorithm`) per rule and up to [`MAX_GROUPS_PER_CALL`] batches
 //! (addresses), each batch decided in the script as if alone; all calls of a
 //! flush in one pipeline (one round trip), the script loaded again and the
 //! failed calls resent when the server answers NOSCRIPT.
@@ -21,23 +20,11 @@
 
 use ::redis::Value;
 
+use super::algorithm::At;
 use super::Batch;
 use super::{LimitError, RuleLimit, Verdict};
-use crate::config::{Algorithm, Clock, Scope};
-use crate::store::{self, Keys, LuaScript, DISTINCT, FIXED_WINDOW, SLIDING_COUNTER, SLIDING_WINDOW, TOKEN_BUCKET};
-
-/// The script of a rule.
-fn script(r: &RuleLimit) -> &'static LuaScript {
-    if r.distinct.is_some() {
-        return &DISTINCT;
-    }
-    match r.algorithm {
-        Algorithm::SlidingWindow => &SLIDING_WINDOW,
-        Algorithm::FixedWindow => &FIXED_WINDOW,
-        Algorithm::TokenBucket => &TOKEN_BUCKET,
-        Algorithm::SlidingCounter => &SLIDING_COUNTER,
-    }
-}
+use crate::config::{Clock, Scope};
+use crate::store::{self, Keys, LuaScript};
 
 /// Batches (rule, address) per round trip at most.
 pub const MAX_CALLS_PER_TRIP: usize = 1024;
@@ -113,28 +100,22 @@ impl RedisLimiter {
         let r = &self.rules[rule];
         let host = (r.scope == Scope::Host).then_some(self.host.as_str());
         let clock = u8::from(r.clock == Clock::Redis);
+        let algorithm = r.algorithm_impl();
         let mut keys: Vec<String> = Vec::with_capacity(group.len() * 2);
         for b in group {
-            match r.algorithm {
-                // The values' window: the sliding window's key, one per group.
-                Algorithm::SlidingWindow if r.distinct.is_some() => keys.push(self.keys.window(&b.key, &r.name, host)),
-                Algorithm::SlidingWindow => {
-                    keys.push(self.keys.window(&b.key, &r.name, host));
-                    keys.push(self.keys.fixed(&b.key, &r.name, host));
-                }
-                Algorithm::FixedWindow => keys.push(self.keys.fixed(&b.key, &r.name, host)),
-                Algorithm::TokenBucket => keys.push(self.keys.bucket(&b.key, &r.name, host)),
-                Algorithm::SlidingCounter => keys.push(self.keys.counter(&b.key, &r.name, host)),
-            }
+            let at = At {
+                keys: &self.keys,
+                rule: r,
+                addr: &b.key,
+                host,
+            };
+            algorithm.keys(&at, &mut keys);
         }
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let mut c = script(r).cmd(&keys);
-        match r.algorithm {
-            // `distinct`: prefilter 0, as the config requires.
-            Algorithm::SlidingWindow => c.arg(r.window_ms).arg(r.hits).arg(clock).arg(r.prefilter),
-            Algorithm::TokenBucket => c.arg(r.interval_us).arg(r.hits).arg(clock).arg(r.window_ms + 1000),
-            Algorithm::FixedWindow | Algorithm::SlidingCounter => c.arg(r.window_ms).arg(r.hits).arg(clock).arg(0),
-        };
+        let mut c = algorithm.script().cmd(&keys);
+        for a in algorithm.args(r, clock) {
+            c.arg(a);
+        }
         c.arg(group.len());
         for b in group {
             c.arg(b.hits.len());
@@ -143,14 +124,7 @@ impl RedisLimiter {
         for b in group {
             for h in &b.hits {
                 c.arg(h.time_ms);
-                match r.algorithm {
-                    Algorithm::SlidingWindow if r.prefilter > 0 => {
-                        c.arg(super::zset_member(h.member, r.hits)).arg(h.origin).arg(h.offset)
-                    }
-                    Algorithm::SlidingWindow => c.arg(super::zset_member(h.member, r.hits)),
-                    Algorithm::FixedWindow => c.arg(h.origin).arg(h.offset),
-                    Algorithm::TokenBucket | Algorithm::SlidingCounter => c.arg(h.member),
-                };
+                algorithm.hit_args(r, h, &mut c);
             }
         }
         c
@@ -329,7 +303,7 @@ impl RedisLimiter {
                     Reply::Value(v) => v,
                 };
                 if store::value_is_noscript(&v) && !reloaded {
-                    let s = script(&self.rules[call.rule]);
+                    let s = self.rules[call.rule].algorithm_impl().script();
                     if !reload.iter().any(|r| std::ptr::eq(*r, s)) {
                         reload.push(s);
                     }
@@ -412,7 +386,11 @@ impl RedisLimiter {
                     hits: vec![*h],
                 };
                 let cmd = self.call(b.rule, &[&one]);
-                let v: Value = script(&self.rules[b.rule]).run(&mut self.con, &cmd).await?;
+                let v: Value = self.rules[b.rule]
+                    .algorithm_impl()
+                    .script()
+                    .run(&mut self.con, &cmd)
+                    .await?;
                 self.round_trips += 1;
                 match verdicts(v, 1)?[0] {
                     Verdict::Over { count, .. } => {

@@ -3,7 +3,9 @@
 //! *bucket* as hash tag (`fleetban:win:{fleetban:b7.31}:203.0.113.7:RULE`),
 //! every fleet-wide key the prefix (`{fleetban}:bans`), so that each script
 //! touches a single Cluster slot and one script call can carry many
-//! addresses of one bucket. No other module writes a key name.
+//! addresses of one bucket. No other module writes a key name: each limiter
+//! algorithm (`limit::algorithm`) names its kinds of key ([`StateKey`]) and
+//! builds them through [`Keys::state`].
 //!
 //! The bucket of an address is FNV-1a of its bytes modulo
 //! [`ADDRESS_BUCKETS`]; bucket `i`'s tag is `{PREFIX:bI.J}`, `J` the first
@@ -34,6 +36,16 @@ pub const ADDRESS_BUCKETS: u16 = 64;
 
 /// Redis Cluster's hash slots.
 const SLOTS: u16 = 16_384;
+
+/// A kind of per-address key an algorithm keeps its state in
+/// (`PREFIX:KIND:{TAG}:ADDR:RULE`), named by the algorithm's module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateKey {
+    /// `win`, `fixed`, `tb`, `sc`, ...
+    pub kind: &'static str,
+    /// One key per fixed window: the scripts append `:N`, the window number.
+    pub per_window: bool,
+}
 
 /// Key names under one prefix.
 #[derive(Clone, Debug)]
@@ -97,35 +109,23 @@ impl Keys {
         self.tags[usize::from(b)].1
     }
 
-    /// `fleetban:win:{TAG}:ADDR:RULE`, with `:HOST` for `scope: host`.
-    pub fn window(&self, addr: &IpNet, rule: &str, host: Option<&str>) -> String {
-        self.per_addr("win", addr, rule, host)
-    }
-
-    /// `fleetban:fixed:{TAG}:ADDR:RULE` (`:HOST` for `scope: host`): the
-    /// base of the fixed-window counters (HASHes: the count and the last
-    /// offset counted per origin); the script appends `:N`, the window
-    /// number (same slot: same tag).
-    pub fn fixed(&self, addr: &IpNet, rule: &str, host: Option<&str>) -> String {
-        self.per_addr("fixed", addr, rule, host)
-    }
-
-    /// `fleetban:tb:{TAG}:ADDR:RULE`: token bucket state (HASH).
-    pub fn bucket(&self, addr: &IpNet, rule: &str, host: Option<&str>) -> String {
-        self.per_addr("tb", addr, rule, host)
-    }
-
-    /// `fleetban:sc:{TAG}:ADDR:RULE`: sliding counter state (HASH).
-    pub fn counter(&self, addr: &IpNet, rule: &str, host: Option<&str>) -> String {
-        self.per_addr("sc", addr, rule, host)
-    }
-
-    fn per_addr(&self, kind: &str, addr: &IpNet, rule: &str, host: Option<&str>) -> String {
+    /// `PREFIX:KIND:{TAG}:ADDR:RULE`, with `:HOST` for `scope: host`: the
+    /// key of one algorithm's state for one client key and rule. The kinds
+    /// are the algorithms' own (`limit::algorithm`), which name their keys
+    /// through here (`Keys::window`, `Keys::bucket`, ...).
+    pub fn state(&self, kind: StateKey, addr: &IpNet, rule: &str, host: Option<&str>) -> String {
         let tag = &self.tags[usize::from(Keys::bucket_of(addr))].0;
+        let kind = kind.kind;
         match host {
             None => format!("{}:{kind}:{tag}:{}:{}", self.prefix, AddrText(addr), rule),
             Some(h) => format!("{}:{kind}:{tag}:{}:{}:{}", self.prefix, AddrText(addr), rule, h),
         }
+    }
+
+    /// A [`StateKey::per_window`] key of window number `n`: the base
+    /// [`Keys::state`] and `:N`, as the scripts derive it (same slot: same tag).
+    pub fn state_in_window(&self, kind: StateKey, addr: &IpNet, rule: &str, host: Option<&str>, n: i64) -> String {
+        format!("{}:{n}", self.state(kind, addr, rule, host))
     }
 
     /// A SCAN pattern for every per-address key, old layout or new.
@@ -134,7 +134,8 @@ impl Keys {
     }
 
     /// True for a per-address key of the layout before buckets
-    /// (`fleetban:win:{ADDR}:RULE`): its hash tag is not one of ours.
+    /// (`fleetban:win:{ADDR}:RULE`): its hash tag is not one of ours. The
+    /// kinds are those that layout had; an algorithm added since has none.
     pub(crate) fn is_old_layout(&self, key: &str) -> bool {
         let Some(rest) = key.strip_prefix(self.prefix.as_str()).and_then(|r| r.strip_prefix(':')) else {
             return false;
@@ -155,73 +156,76 @@ impl Keys {
     }
 
     pub fn bans(&self) -> String {
-        format!("{{{}}}:bans", self.prefix)
+        self.fleet("bans")
     }
 
     pub fn records(&self) -> String {
-        format!("{{{}}}:banrec", self.prefix)
+        self.fleet("banrec")
     }
 
     /// The fleet's epoch: a token set when the list is first seen without
     /// one and never deleted by fleetban, so a list that lost it lost its
     /// data (Redis restarted empty, FLUSHALL), not its bans to unbans.
     pub fn epoch(&self) -> String {
-        format!("{{{}}}:epoch", self.prefix)
+        self.fleet("epoch")
     }
 
     pub fn events(&self) -> String {
-        format!("{{{}}}:events", self.prefix)
+        self.fleet("events")
     }
 
     /// `{fleetban}:hosts`: SET of the host ids of the daemons that used this
     /// Redis (each adds its own at every reconcile), so that an unban can
     /// name the `scope: host` keys of every host without a SCAN.
     pub fn hosts(&self) -> String {
-        format!("{{{}}}:hosts", self.prefix)
+        self.fleet("hosts")
     }
 
     /// `{fleetban}:hot`: ZSET of the clients found at half a rule's limit
     /// or more (`RULE ADDR`), scored by when the mark ends (`fleet::hot`).
     pub fn hot(&self) -> String {
-        format!("{{{}}}:hot", self.prefix)
+        self.fleet("hot")
     }
 
     /// `{fleetban}:marks`: STREAM of the hot marks and host arrivals
     /// (`fleet::hot`), apart from the ban events so that neither crowds the
     /// other out.
     pub fn marks(&self) -> String {
-        format!("{{{}}}:marks", self.prefix)
+        self.fleet("marks")
     }
 
     /// Every key holding state of `addr` under `rules` (name, window ms):
-    /// each algorithm's, in the fleet's scope and in each of `hosts`'s,
-    /// fixed-window counters for the window of `now_ms` and the one before
-    /// (older ones have expired). What `fleetban unban` deletes, so the
-    /// address starts fresh windows on every host. All in the slot of the
-    /// address's bucket.
+    /// each of `kinds` (every algorithm's, `limit::algorithm::state_keys`),
+    /// in the fleet's scope and in each of `hosts`'s, a per-window kind for
+    /// the window of `now_ms` and the one before (older ones have expired).
+    /// What `fleetban unban` deletes, so the address starts fresh windows on
+    /// every host. All in the slot of the address's bucket.
     pub fn of_address<'a>(
         &self,
         addr: &IpNet,
         rules: impl IntoIterator<Item = (&'a str, i64)>,
         hosts: &[&str],
         now_ms: i64,
+        kinds: &[StateKey],
     ) -> Vec<String> {
+        let (windowed, plain): (Vec<StateKey>, Vec<StateKey>) = kinds.iter().partition(|k| k.per_window);
         let mut out = Vec::new();
         for (rule, window_ms) in rules {
             let n = now_ms / window_ms.max(1);
             let scopes = std::iter::once(None).chain(hosts.iter().map(|h| Some(*h)));
             for host in scopes {
-                let fixed = self.fixed(addr, rule, host);
-                out.extend([
-                    self.window(addr, rule, host),
-                    self.bucket(addr, rule, host),
-                    self.counter(addr, rule, host),
-                    format!("{fixed}:{n}"),
-                    format!("{fixed}:{}", n - 1),
-                ]);
+                out.extend(plain.iter().map(|&k| self.state(k, addr, rule, host)));
+                for &k in &windowed {
+                    out.extend([n, n - 1].map(|n| self.state_in_window(k, addr, rule, host, n)));
+                }
             }
         }
         out
+    }
+
+    /// `{PREFIX}:NAME`: a fleet-wide key, in the list's slot.
+    fn fleet(&self, name: &str) -> String {
+        format!("{{{}}}:{name}", self.prefix)
     }
 
     /// Offence count of one address. Tagged with the prefix, not the address
@@ -293,7 +297,8 @@ mod tests {
         let addr = net("192.0.2.7/32");
         let b = Keys::bucket_of(&addr);
         let tag = keys.tags[usize::from(b)].0.clone();
-        let all = keys.of_address(&addr, [("scraper", 60_000)], &["web-1"], 120_000);
+        let kinds = crate::limit::algorithm::state_keys();
+        let all = keys.of_address(&addr, [("scraper", 60_000)], &["web-1"], 120_000, &kinds);
         let expect: Vec<String> = [
             "win:T:192.0.2.7:scraper",
             "tb:T:192.0.2.7:scraper",
@@ -311,7 +316,7 @@ mod tests {
         .collect();
         assert_eq!(all, expect);
         assert!(tag.starts_with(&format!("{{fb:b{b}.")), "{tag}");
-        let two = keys.of_address(&addr, [("scraper", 60_000)], &["web-1", "web-2"], 120_000);
+        let two = keys.of_address(&addr, [("scraper", 60_000)], &["web-1", "web-2"], 120_000, &kinds);
         assert_eq!(two.len(), 15);
         assert!(
             two.contains(&format!("fb:win:{tag}:192.0.2.7:scraper:web-2")),

@@ -1,4 +1,6 @@
-//! The Lua scripts of `lua/`, embedded in the binary and called by SHA.
+//! The Lua scripts of `lua/`, embedded in the binary and called by SHA:
+//! the ban list's here, each limiter algorithm's in its module
+//! (`limit::algorithm`).
 
 use super::Conn;
 
@@ -17,30 +19,11 @@ const TIER_LINE: &str = "-- tier.lua: the fixed-window counter (lua/tier.lua), p
 const TIER: &str = include_str!("../../lua/tier.lua");
 
 /// `src` with `lua/tier.lua` in place of its [`TIER_LINE`].
-fn with_tier(src: &str) -> String {
+pub(crate) fn with_tier(src: &str) -> String {
     assert_eq!(src.matches(TIER_LINE).count(), 1, "one place for lua/tier.lua");
     src.replacen(TIER_LINE, TIER, 1)
 }
 
-pub static SLIDING_WINDOW: std::sync::LazyLock<LuaScript> = std::sync::LazyLock::new(|| {
-    LuaScript::new(
-        "sliding_window",
-        with_tier(include_str!("../../lua/sliding_window.lua")),
-    )
-});
-/// `lua/distinct.lua`: a sliding window of distinct values (`distinct:`).
-pub static DISTINCT: std::sync::LazyLock<LuaScript> =
-    std::sync::LazyLock::new(|| LuaScript::new("distinct", include_str!("../../lua/distinct.lua").to_owned()));
-pub static FIXED_WINDOW: std::sync::LazyLock<LuaScript> =
-    std::sync::LazyLock::new(|| LuaScript::new("fixed_window", with_tier(include_str!("../../lua/fixed_window.lua"))));
-pub static TOKEN_BUCKET: std::sync::LazyLock<LuaScript> =
-    std::sync::LazyLock::new(|| LuaScript::new("token_bucket", include_str!("../../lua/token_bucket.lua").to_owned()));
-pub static SLIDING_COUNTER: std::sync::LazyLock<LuaScript> = std::sync::LazyLock::new(|| {
-    LuaScript::new(
-        "sliding_counter",
-        include_str!("../../lua/sliding_counter.lua").to_owned(),
-    )
-});
 pub static BAN: std::sync::LazyLock<LuaScript> =
     std::sync::LazyLock::new(|| LuaScript::new("ban", include_str!("../../lua/ban.lua").to_owned()));
 pub static UNBAN: std::sync::LazyLock<LuaScript> =
@@ -57,7 +40,7 @@ pub static PROBE: std::sync::LazyLock<LuaScript> =
     std::sync::LazyLock::new(|| LuaScript::new("probe", include_str!("../../lua/probe.lua").to_owned()));
 
 impl LuaScript {
-    fn new(name: &'static str, src: String) -> LuaScript {
+    pub(crate) fn new(name: &'static str, src: String) -> LuaScript {
         let sha = redis::Script::new(&src).get_hash().to_owned();
         LuaScript { name, src, sha }
     }
@@ -105,7 +88,8 @@ mod tests {
     /// prefilter of `sliding_window.lua` are embedded with `lua/tier.lua`.
     #[test]
     fn both_fixed_window_tiers_are_one_copy() {
-        for script in [&*FIXED_WINDOW, &*SLIDING_WINDOW] {
+        use crate::limit::algorithm::{fixed_window, sliding_window};
+        for script in [&*fixed_window::SCRIPT, &*sliding_window::SCRIPT] {
             assert_eq!(
                 script.src.matches("local function tier_offer").count(),
                 1,
