@@ -114,7 +114,9 @@ pub struct Order {
     rules: Vec<RuleOrder>,
     /// Whether one batch's ban can cover another batch's hits.
     crossed: bool,
-    /// Each file's rank, in the order first read (by origin).
+    /// Each file's rank, in the order first read (by origin; one entry per
+    /// file identity read since start, kept: a rank must not change while
+    /// a hit or a ban made holds it).
     files: Map<u64, u32>,
     /// The last count each (rule, key) reported, and when (monotonic ms).
     counts: Map<(usize, IpNet), (u32, i64)>,
@@ -382,12 +384,6 @@ impl Order {
                 .is_some_and(|r| now_ms - at < 2 * r.window_ms.max(1_000))
         });
         self.made.retain(|m| now_ms - m.made_ms < 60_000);
-        if self.files.len() > 4096 {
-            // Ranks only order hits pending together; restart them when idle.
-            if self.tails.is_empty() && self.addrs.is_empty() {
-                self.files.clear();
-            }
-        }
     }
 }
 
