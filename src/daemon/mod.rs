@@ -20,6 +20,7 @@ mod enforcer;
 mod logging;
 mod metrics;
 mod notify;
+mod order;
 mod pipeline;
 mod ratelog;
 mod reload;

@@ -7,8 +7,11 @@
 //! those lines, so a crash re-reads rather than skips. While a round trip
 //! is in flight, chunks wait in the follower's bounded channel: that is
 //! the backpressure. How a hit is judged, and what happens while Redis is
-//! down, is the limiter's; how a ban is applied is `Bans`'.
+//! down, is the limiter's; how a ban is applied is `Bans`'. That a round
+//! trip of many batches decides as `fleetban test` decides hit by hit, in
+//! log order, is `order.rs`'s.
 
+use std::cell::Cell;
 use std::collections::{HashSet, VecDeque};
 use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
@@ -21,6 +24,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::order::{Order, Pos, RuleOrder};
 use super::ratelog::Every;
 use super::sleep_until_opt;
 use super::stats::{RuleCounters, Stats};
@@ -62,6 +66,8 @@ pub struct RuleInfo {
     pub network: bool,
     /// This rule's counters in `Stats` (kept across reloads by name).
     pub counters: Arc<RuleCounters>,
+    /// What keeps its batches in log order with the others' (`order.rs`).
+    pub order: RuleOrder,
 }
 
 /// A new set of rules to run from now on (SIGHUP). The pipeline first
@@ -102,6 +108,9 @@ pub struct Pipeline {
     scanner: Scanner,
     /// Hits into verdicts (and when to send them).
     limiter: Limiter,
+    /// Round trips decided in log order: the hits held back for the next
+    /// one, the bans made with their place in the log.
+    order: Order,
     /// Verdicts over the limit into bans; this host's view of the list.
     bans: Bans,
     inputs: Inputs,
@@ -148,6 +157,9 @@ struct InFlight {
     /// bound on its own oldest): chunks from it on are not committed yet.
     oldest_seq: u64,
     hits: usize,
+    /// What its bans may cover, from where (`Order::risks_of`): a round
+    /// trip leaving meanwhile holds back the hits they would cover.
+    risks: Vec<(IpNet, Pos)>,
 }
 
 /// The daemon's sink: a hit waits in the limiter unless its client is
@@ -155,6 +167,11 @@ struct InFlight {
 struct Ingest<'a> {
     bans: &'a Bans,
     limiter: &'a mut Limiter,
+    order: &'a mut Order,
+    /// The address the scanner last asked about: it asks for each hit's
+    /// address just before it gives the hit (`Scanner::scan`), and a
+    /// `key: network` hit keeps it beside it (`Order::note`).
+    asked: Cell<IpNet>,
     seq: u64,
     now: i64,
 }
@@ -162,11 +179,15 @@ struct Ingest<'a> {
 impl Sink for Ingest<'_> {
     #[inline]
     fn is_banned(&self, key: &IpNet, time_ms: i64) -> bool {
+        self.asked.set(*key);
         self.bans.is_banned(key, time_ms)
     }
 
     #[inline]
     fn hit(&mut self, rule: usize, key: IpNet, hit: Hit) {
+        if self.order.notes(rule) {
+            self.order.note(rule, key, self.asked.get());
+        }
         self.limiter.push(rule, key, hit, self.seq, self.now);
     }
 }
@@ -182,6 +203,7 @@ impl Pipeline {
         stats: Arc<Stats>,
     ) -> Pipeline {
         Pipeline {
+            order: Order::new(&rules),
             rules,
             scanner,
             limiter,
@@ -312,7 +334,8 @@ impl Pipeline {
             {
                 self.launch();
             }
-            self.stats.held_hits.store(self.limiter.pending_hits() as u64, Relaxed);
+            let held = self.limiter.pending_hits() + self.order.held();
+            self.stats.held_hits.store(held as u64, Relaxed);
             if last_save.elapsed() >= Duration::from_secs(1) {
                 self.every_second();
                 last_save = tokio::time::Instant::now();
@@ -344,6 +367,7 @@ impl Pipeline {
         }
         self.save_offsets();
         self.rules = r.rules;
+        self.order.set_rules(&self.rules);
         self.scanner.set_plan(r.plan);
         self.limiter.set_rules(r.limits);
         self.unbannable = Some(r.unbannable);
@@ -360,6 +384,7 @@ impl Pipeline {
     /// enforcer reads them too: whoever reads a change publishes it).
     fn every_second(&mut self) {
         self.save_offsets();
+        self.order.prune(self.limiter.mono_ms());
         if let Some((own, rx)) = self.own.as_mut() {
             own.refresh();
             if rx.has_changed().unwrap_or(false) {
@@ -406,6 +431,8 @@ impl Pipeline {
             bans: &self.bans,
             now: self.limiter.mono_ms(),
             limiter: &mut self.limiter,
+            order: &mut self.order,
+            asked: Cell::new(IpNet::V4(Default::default())),
             seq: self.seq,
         };
         let seen = self.scanner.scan(chunk, origin, wall, &mut sink);
@@ -456,24 +483,29 @@ impl Pipeline {
     }
 
     /// Sends what is ready (everything if `all`) to the limiter, bans what
-    /// went over, commits the offsets of chunks with nothing pending. False
-    /// if asked to stop meanwhile (nothing committed: those lines are read
+    /// went over, commits the offsets of chunks with nothing pending; again
+    /// while hits were held back for the bans of the one before. False if
+    /// asked to stop meanwhile (nothing committed: those lines are read
     /// again next start).
     async fn flush(&mut self, shutdown: &CancellationToken, all: bool) -> bool {
-        let Some(batches) = self.ready(all) else {
-            self.commit();
-            return true;
-        };
-        // Being decided: neither kept nor in flight, but not decided yet.
-        let hits: usize = batches.iter().map(|b| b.hits.len()).sum();
-        self.stats.inflight_hits.store(hits as u64, Relaxed);
-        let decided = self.limiter.decide(&batches, shutdown).await;
-        self.publish_inflight();
-        let Some(verdicts) = decided else {
-            return false;
-        };
-        self.apply(&batches, verdicts).await;
-        true
+        loop {
+            let Some(batches) = self.ready(all) else {
+                self.commit();
+                return true;
+            };
+            // Being decided: neither kept nor in flight, but not decided yet.
+            let hits: usize = batches.iter().map(|b| b.hits.len()).sum();
+            self.stats.inflight_hits.store(hits as u64, Relaxed);
+            let decided = self.limiter.decide(&batches, shutdown).await;
+            self.publish_inflight();
+            let Some(verdicts) = decided else {
+                return false;
+            };
+            self.apply(&batches, verdicts).await;
+            if self.order.held() == 0 {
+                return true;
+            }
+        }
     }
 
     /// With Redis up: takes what is ready and starts its round trip without
@@ -496,11 +528,12 @@ impl Pipeline {
         let Some(flight) = self.limiter.flight() else {
             return false;
         };
-        let oldest_seq = self.limiter.oldest_seq().unwrap_or(u64::MAX);
+        let oldest_seq = self.oldest_seq().unwrap_or(u64::MAX);
         let all = std::mem::take(&mut self.drain);
         let Some(batches) = self.ready(all) else {
             return false;
         };
+        let risks = self.order.risks_of(&batches);
         // Keys of a round trip still out stayed: they go with the next one.
         self.drain = all && self.limiter.pending_hits() > 0;
         let hits: usize = batches.iter().map(|b| b.hits.len()).sum();
@@ -510,6 +543,7 @@ impl Pipeline {
             keys,
             oldest_seq,
             hits,
+            risks,
         });
         self.publish_inflight();
         true
@@ -555,27 +589,57 @@ impl Pipeline {
         true
     }
 
+    /// The chunk sequence number of the oldest hit pending or held back.
+    fn oldest_seq(&mut self) -> Option<u64> {
+        let pending = self.limiter.oldest_seq();
+        match (pending, self.order.oldest_seq()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// The batches to send now (all of them if `all`, or when too many
-    /// wait), without the hits of addresses banned since they were read;
-    /// None if there are none.
+    /// wait), the hits held back for the round trip before first, without
+    /// the hits of addresses banned before them in the log, and without
+    /// what a ban of another batch in it may cover (held back for the next
+    /// one, `Order::cut`); None if there are none.
     fn ready(&mut self, all: bool) -> Option<Vec<Batch>> {
-        if self.limiter.pending_hits() == 0 {
+        if self.limiter.pending_hits() == 0 && self.order.held() == 0 {
             return None;
         }
         let all = all || self.limiter.pending_hits() >= MAX_HELD_HITS;
+        let floor = self.oldest_seq();
         let inflight = &self.inflight;
-        let mut batches = self
-            .limiter
-            .take(all, |key| inflight.iter().any(|f| f.keys.contains(key)));
+        let busy = |key: &IpNet| inflight.iter().any(|f| f.keys.contains(key));
+        let taken = self.limiter.take(all, busy);
+        let mut trip = self.order.gather(taken, busy);
+        trip.seq = floor;
         // A hit that waited may belong to an address banned meanwhile (by
-        // another rule, or by the fleet): not counted, as at ingest.
-        for b in &mut batches {
-            if let Some(until) = self.bans.until(&b.key) {
-                b.hits.retain(|h| until <= Until::At(h.time_ms));
+        // another rule, or by the fleet): not counted, as at ingest, unless
+        // the ban came after it in the log.
+        for (b, addrs) in trip.batches.iter_mut().zip(trip.addrs.iter_mut()) {
+            let (rule, key) = (b.rule, b.key);
+            if addrs.is_empty() {
+                let Some(until) = self.bans.until(&key) else { continue };
+                let order = &mut self.order;
+                b.hits
+                    .retain(|h| until <= Until::At(h.time_ms) || order.spares(&key, rule, h));
+                continue;
             }
+            let mut keep = Vec::with_capacity(b.hits.len());
+            for (h, a) in b.hits.iter().zip(addrs.iter()) {
+                let banned = self.bans.until(a).is_some_and(|u| Until::At(h.time_ms) < u);
+                keep.push(!banned || self.order.spares(a, rule, h));
+            }
+            let mut k = keep.iter();
+            b.hits.retain(|_| *k.next().unwrap_or(&true));
+            let mut k = keep.iter();
+            addrs.retain(|_| *k.next().unwrap_or(&true));
         }
-        batches.retain(|b| !b.hits.is_empty());
-        (!batches.is_empty()).then_some(batches)
+        trip.retain_nonempty();
+        let out: Vec<(IpNet, Pos)> = self.inflight.iter().flat_map(|f| f.risks.iter().copied()).collect();
+        self.order.cut(&mut trip, &out);
+        (!trip.batches.is_empty()).then_some(trip.batches)
     }
 
     /// Tells the fleet of the clients found hot, bans what went over,
@@ -587,10 +651,11 @@ impl Pipeline {
                 let _ = marks.send(hot);
             }
         }
-        for (b, v) in batches.iter().zip(verdicts) {
-            if let Verdict::Over { index, count } = v {
-                self.ban(b.rule, b.key, b.hits[index].time_ms, count + 1).await;
-            }
+        self.order.learn(batches, &verdicts, self.limiter.mono_ms());
+        // In log order: a ban decides what the next ones count (escalation).
+        for (i, index, count) in self.order.sort(batches, &verdicts) {
+            let b = &batches[i];
+            self.ban(b.rule, b.key, b.hits[index], count + 1).await;
         }
         self.commit();
     }
@@ -599,11 +664,7 @@ impl Pipeline {
     /// a round trip.
     fn commit(&mut self) {
         let flying = self.inflight.iter().map(|f| f.oldest_seq).min();
-        let oldest = self
-            .limiter
-            .oldest_seq()
-            .unwrap_or(u64::MAX)
-            .min(flying.unwrap_or(u64::MAX));
+        let oldest = self.oldest_seq().unwrap_or(u64::MAX).min(flying.unwrap_or(u64::MAX));
         while let Some((seq, path, file, end)) = self.uncommitted.front() {
             if *seq >= oldest {
                 break;
@@ -613,8 +674,12 @@ impl Pipeline {
         }
     }
 
-    /// A rule's verdict over the limit, `hits` in its window at `at_ms`.
-    async fn ban(&mut self, rule: usize, key: IpNet, at_ms: i64, hits: u32) {
+    /// A rule's verdict over the limit at `hit`, `hits` in its window. The
+    /// ban is dated at the hit's time, as `fleetban test` dates it
+    /// (docs/design.md §2): its end, its escalation, the safety valve's
+    /// minute all count from there.
+    async fn ban(&mut self, rule: usize, key: IpNet, hit: Hit, hits: u32) {
+        let at_ms = hit.time_ms;
         let info = &self.rules[rule];
         let req = BanRequest {
             addr: key,
@@ -629,8 +694,21 @@ impl Pipeline {
             mode: Mode::Auto(info.ban),
         };
         let counters = info.counters.clone();
-        if let Ok(Applied::New(_) | Applied::Local(_)) = self.bans.ban(req, at_ms, crate::now_ms()).await {
-            counters.bans.fetch_add(1, Relaxed);
+        let network = self.order.escalation(rule, &key);
+        let before = network.and_then(|n| self.bans.until(&n));
+        let now = self.limiter.mono_ms();
+        let until = match self.bans.ban(req, at_ms, at_ms).await {
+            Ok(Applied::New(rec)) => rec.until(),
+            Ok(Applied::Local(e)) => e.until,
+            _ => return,
+        };
+        counters.bans.fetch_add(1, Relaxed);
+        self.order.made(key, rule, &hit, until, now);
+        if let Some(n) = network {
+            // Escalated with it: the network's ban has the same place.
+            if let Some(u) = self.bans.until(&n).filter(|u| Some(*u) != before) {
+                self.order.made(n, rule, &hit, u, now);
+            }
         }
     }
 }

@@ -29,6 +29,7 @@ pub fn rule_infos(config: &Config, stats: &Stats) -> Vec<RuleInfo> {
             ban: r.ban,
             network: r.limit.keying != crate::addr::Keying::Address,
             counters,
+            order: super::order::RuleOrder::of(r),
         })
         .collect()
 }
