@@ -405,11 +405,7 @@ fn summary_human(
         )?;
     }
     writeln!(out)?;
-    let mut rules = Table::new(&["RULE", "LINES", "UNPARSED", "MATCHED", "BANS"])
-        .right(1)
-        .right(2)
-        .right(3)
-        .right(4);
+    let mut rules = Table::new(&["RULE", "LINES", "UNPARSED", "MATCHED", "BANS"]).right_range(1..=4);
     for r in &report.rules {
         rules.row(vec![
             r.name.clone(),
@@ -420,7 +416,7 @@ fn summary_human(
         ]);
     }
     writeln!(out, "{}", rules.render())?;
-    let mut near = Table::new(&["RULE", "ADDRESS", "PEAK", "LIMIT"]).right(2).right(3);
+    let mut near = Table::new(&["RULE", "ADDRESS", "PEAK", "LIMIT"]).right_range(2..=3);
     for r in &report.rules {
         for c in &r.closest {
             near.row(vec![

@@ -89,6 +89,19 @@ struct Span {
     end: u32,
 }
 
+impl Span {
+    /// Key `k`'s value at `start..end` of the line, or of the scratch
+    /// buffer where it was unescaped (lines and keys fit: `MAX_LINE`, 64 keys).
+    fn new(k: usize, in_scratch: bool, start: usize, end: usize) -> Span {
+        Span {
+            key: k as u8,
+            in_scratch,
+            start: start as u32,
+            end: end as u32,
+        }
+    }
+}
+
 impl JsonFormat {
     /// `mapping`: (nginx variable, JSON key) pairs.
     pub(crate) fn compile(mapping: &[(String, String)]) -> Result<JsonFormat, FormatError> {
@@ -186,19 +199,9 @@ impl JsonFormat {
                         spans[kept] = if let (true, Some(scratch)) = (vesc, scratch.as_deref_mut()) {
                             let start = scratch.len();
                             unescape(&line[vstart..vend], scratch)?;
-                            Span {
-                                key: k as u8,
-                                in_scratch: true,
-                                start: start as u32,
-                                end: scratch.len() as u32,
-                            }
+                            Span::new(k, true, start, scratch.len())
                         } else {
-                            Span {
-                                key: k as u8,
-                                in_scratch: false,
-                                start: vstart as u32,
-                                end: vend as u32,
-                            }
+                            Span::new(k, false, vstart, vend)
                         };
                         kept += 1;
                         seen |= 1 << k;
@@ -222,12 +225,7 @@ impl JsonFormat {
                         return None;
                     }
                     if let Some(k) = slot.filter(|_| word != b"null") {
-                        spans[kept] = Span {
-                            key: k as u8,
-                            in_scratch: false,
-                            start: i as u32,
-                            end: end as u32,
-                        };
+                        spans[kept] = Span::new(k, false, i, end);
                         kept += 1;
                         seen |= 1 << k;
                     }

@@ -101,9 +101,6 @@ impl LimitAlgorithm for Distinct {
     }
 
     /// The values' window: the sliding window's key, one per group.
-    fn keys(&self, at: &At<'_>, out: &mut Vec<String>) {
-        out.push(at.keys.window(at.addr, &at.rule.name, at.host));
-    }
 
     /// The sliding window's, with `prefilter` 0 as the config requires.
     fn args(&self, r: &RuleLimit, clock: u8) -> [i64; 4] {

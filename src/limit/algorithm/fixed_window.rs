@@ -37,9 +37,6 @@ impl LimitAlgorithm for FixedWindow {
         &SCRIPT
     }
 
-    fn keys(&self, at: &At<'_>, out: &mut Vec<String>) {
-        out.push(at.keys.fixed(at.addr, &at.rule.name, at.host));
-    }
 
     fn args(&self, r: &RuleLimit, clock: u8) -> [i64; 4] {
         [r.window_ms, i64::from(r.hits), i64::from(clock), 0]

@@ -129,15 +129,23 @@ pub trait LimitAlgorithm: Sync {
     /// `lua/NAME.lua`, embedded.
     fn script(&self) -> &'static LuaScript;
 
-    /// Pushes the script's keys for one group (one client key).
-    fn keys(&self, at: &At<'_>, out: &mut Vec<String>);
+    /// Pushes the script's keys for one group (one client key): by default
+    /// one key of each of its kinds.
+    fn keys(&self, at: &At<'_>, out: &mut Vec<String>) {
+        for kind in self.state_keys() {
+            out.push(at.keys.state(*kind, at.addr, &at.rule.name, at.host));
+        }
+    }
 
     /// The script's four leading arguments (the layout in `lua/`); `clock`
     /// is 1 for `clock: redis`.
     fn args(&self, rule: &RuleLimit, clock: u8) -> [i64; 4];
 
-    /// What the script reads of one hit after its time (each script's header).
-    fn hit_args(&self, rule: &RuleLimit, hit: &Hit, cmd: &mut ::redis::Cmd);
+    /// What the script reads of one hit after its time (each script's
+    /// header): by default its member.
+    fn hit_args(&self, _rule: &RuleLimit, hit: &Hit, cmd: &mut ::redis::Cmd) {
+        cmd.arg(hit.member);
+    }
 
     /// An empty embedded store of one rule's state.
     fn mirror(&self) -> Box<dyn Mirror>;

@@ -56,17 +56,11 @@ impl LimitAlgorithm for SlidingCounter {
         &SCRIPT
     }
 
-    fn keys(&self, at: &At<'_>, out: &mut Vec<String>) {
-        out.push(at.keys.counter(at.addr, &at.rule.name, at.host));
-    }
 
     fn args(&self, r: &RuleLimit, clock: u8) -> [i64; 4] {
         [r.window_ms, i64::from(r.hits), i64::from(clock), 0]
     }
 
-    fn hit_args(&self, _: &RuleLimit, h: &Hit, c: &mut ::redis::Cmd) {
-        c.arg(h.member);
-    }
 
     fn mirror(&self) -> Box<dyn Mirror> {
         Box::<Keyed<State>>::default()

@@ -88,17 +88,11 @@ impl LimitAlgorithm for TokenBucket {
         &SCRIPT
     }
 
-    fn keys(&self, at: &At<'_>, out: &mut Vec<String>) {
-        out.push(at.keys.bucket(at.addr, &at.rule.name, at.host));
-    }
 
     fn args(&self, r: &RuleLimit, clock: u8) -> [i64; 4] {
         [r.interval_us, i64::from(r.hits), i64::from(clock), r.window_ms + 1000]
     }
 
-    fn hit_args(&self, _: &RuleLimit, h: &Hit, c: &mut ::redis::Cmd) {
-        c.arg(h.member);
-    }
 
     fn mirror(&self) -> Box<dyn Mirror> {
         Box::<Keyed<State>>::default()
