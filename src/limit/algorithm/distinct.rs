@@ -100,8 +100,6 @@ impl LimitAlgorithm for Distinct {
         &SCRIPT
     }
 
-    /// The values' window: the sliding window's key, one per group.
-
     /// The sliding window's, with `prefilter` 0 as the config requires.
     fn args(&self, r: &RuleLimit, clock: u8) -> [i64; 4] {
         [r.window_ms, i64::from(r.hits), i64::from(clock), i64::from(r.prefilter)]
