@@ -74,6 +74,10 @@ const BAD: &[Case] = &[
     ("zero burst", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: token_bucket, burst: 0, rate: 5/s }\n", "r.yaml", "4:", &["burst", "at least 1", "hits: 0"]),
     ("prefilter with hits 0", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 0, window: 1s, prefilter: 0.5 }\n", "r.yaml", "4:", &["hits: 0", "prefilter"]),
     ("ban below a second", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: 1s }\n    ban: { duration: 100ms }\n", "r.yaml", "5:10", &["100ms", "below a second"]),
+    // Issue 25, item 5: one bound for a ban's length, in the rules as on the command line.
+    ("ban longer than nft holds", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: 1s }\n    ban: { duration: 3651d }\n", "r.yaml", "5:10", &["ban.duration", "above 3650d", "longest ban"]),
+    ("ban that overflows", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: 1s }\n    ban: { duration: 300000000y }\n", "r.yaml", "5:", &["ban.duration", "above 3650d"]),
+    ("escalate max longer than nft holds", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: 1s }\n    ban: { duration: 1d, escalate: { max: 4000d } }\n", "r.yaml", "5:10", &["escalate.max", "above 3650d"]),
     ("escalate max below a second", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: 1s }\n    ban: { duration: 1s, escalate: { max: 500ms } }\n", "r.yaml", "5:10", &["escalate.max", "500ms"]),
     ("escalate max below the duration", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: 1s }\n    ban: { duration: 1h, escalate: { max: 10m } }\n", "r.yaml", "5:10", &["escalate.max", "shorter"]),
     ("pasted log_format directive", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    format: { log_format: \"log_format main '$remote_addr [$time_local]';\" }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["whole text", "format string", "format: json"]),

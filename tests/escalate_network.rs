@@ -299,6 +299,10 @@ fn bad_escalate_network_keys_are_errors_at_their_place() {
             "shorter than `ipv6_prefix` (64",
         ),
         (
+            "{ bans: 5, within: 1h, duration: 9999999999999999s }",
+            "`escalate_network.duration` is",
+        ),
+        (
             "{ bans: 5, within: 0s, duration: 1d }",
             "`escalate_network.within` is 0s, below a second",
         ),

@@ -222,15 +222,11 @@ fn rule_of(
     let ban = spec.ban.map(|b| b.value).unwrap_or_default();
     let esc = ban.escalate.as_ref();
     let duration_ms = ban.duration.as_ms();
+    // A ban's length, wherever it is written: from a second to the longest
+    // timeout nft holds (the bound `fleetban ban --for` keeps too).
     let at_least_a_second = |what: &str, d: Dur, error: &mut dyn FnMut(Location, String)| {
-        if d.as_ms() < 1000 {
-            error(
-                ban_at,
-                format!(
-                    "`{what}` is {}, below a second: a ban lasts at least 1s (write e.g. `1s`)",
-                    humantime::format_duration(d.0)
-                ),
-            );
+        if let Err(why) = ban_length(d) {
+            error(ban_at, format!("`{what}` is {why}"));
         }
     };
     at_least_a_second("ban.duration", ban.duration, &mut error);
@@ -287,6 +283,25 @@ fn rule_of(
     })
 }
 
+/// Whether `d` may be a ban's length: at least a second, at most
+/// [`crate::enforce::MAX_TIMEOUT_MS`] (3650 days, nft's longest timeout).
+/// The error says what it is and why not.
+fn ban_length(d: Dur) -> Result<(), String> {
+    const DAY_MS: i64 = 86_400_000;
+    match d.as_ms() {
+        ms if ms < 1000 => Err(format!(
+            "{}, below a second: a ban lasts at least 1s (write e.g. `1s`)",
+            humantime::format_duration(d.0)
+        )),
+        ms if ms > crate::enforce::MAX_TIMEOUT_MS => Err(format!(
+            "{}, above {}d, the longest ban (nft's longest timeout)",
+            humantime::format_duration(d.0),
+            crate::enforce::MAX_TIMEOUT_MS / DAY_MS
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// `key: network` and its lengths. A network shorter than /8 (IPv4) or /16
 /// (IPv6) is refused: one ban would cover a country's worth of clients.
 fn keying_of(l: &schema::LimitSpec) -> Result<crate::addr::Keying, String> {
@@ -333,14 +348,13 @@ fn network_of(n: &schema::EscalateNetworkSpec, ipv6_prefix: u8) -> Result<Networ
             n.bans
         ));
     }
-    for (key, d) in [("within", n.within), ("duration", n.duration)] {
-        if d.as_ms() < 1000 {
-            return Err(format!(
-                "`{what}.{key}` is {}, below a second (write e.g. `1h`)",
-                humantime::format_duration(d.0)
-            ));
-        }
+    if n.within.as_ms() < 1000 {
+        return Err(format!(
+            "`{what}.within` is {}, below a second (write e.g. `1h`)",
+            humantime::format_duration(n.within.0)
+        ));
     }
+    ban_length(n.duration).map_err(|why| format!("`{what}.duration` is {why}"))?;
     Ok(NetworkEscalation {
         ipv4_prefix: n.ipv4_prefix,
         ipv6_prefix: n.ipv6_prefix,
