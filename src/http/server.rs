@@ -43,7 +43,7 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// after its first byte, else the connection is closed. nginx writes its
 /// check in one write; a client trickling a head holds a connection this
 /// long at most.
-pub const HEAD_TIMEOUT: Duration = Duration::from_secs(1);
+const HEAD_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// An answer the client does not read for this long drops the connection.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
