@@ -214,8 +214,10 @@ pub(super) async fn connection<S: AsyncRead + AsyncWrite + Unpin>(mut sock: S, e
             begun = Some(read_at);
             slot.quiet_since(read_at);
         } else if !pending && (begun.is_some() || answered) {
+            // Idle since the read that completed the request (a clock
+            // read less per request than its answer's time).
             begun = None;
-            idle_since = Instant::now();
+            idle_since = read_at;
             slot.quiet_since(idle_since);
         }
         let deadline = match begun {
