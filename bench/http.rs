@@ -13,6 +13,16 @@
 //! the addresses banned, half not; RUNS runs. Per run: checks/s, and the
 //! client's p50/p99/p99.9 from writing a request to reading its whole
 //! answer; then the daemon's own `fleetban_http_check_seconds` buckets.
+//!
+//! `flood`: `fleetban run` (embedded store, one banned address, 1024
+//! descriptors as under the shipped unit) asked as nginx's pool asks it:
+//! POOL kept-alive connections, each a check every PAUSE_MS, a connection
+//! the daemon closed reconnected and the check retried once (nginx's
+//! `proxy_next_upstream error`); RUN_SECONDS without, then with FLOOD
+//! connections from another thread (`tests/common/flood.rs`: half
+//! trickling heads, half idle, reopened once closed). Per phase: p50, p99,
+//! p99.9, max, retries, and checks over 200 ms (what the snippet's
+//! `proxy_read_timeout` would have let through).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -31,9 +41,13 @@ fn main() {
             checks();
             ran = true;
         }
+        if name == "flood" {
+            flood();
+            ran = true;
+        }
     }
     if !ran {
-        eprintln!("usage: cargo bench --bench http -- checks (bench/http.sh)");
+        eprintln!("usage: cargo bench --bench http -- checks|flood (bench/http.sh)");
     }
 }
 
@@ -255,4 +269,171 @@ fn daemon_histogram(metrics: &str) {
         at(0.99),
         at(0.999)
     );
+}
+
+fn flood() {
+    let pool = env("POOL", 16) as usize;
+    let pause = Duration::from_millis(env("PAUSE_MS", 10));
+    let seconds = env("RUN_SECONDS", 5);
+    let flood_n = env("FLOOD", 2000) as usize;
+    common::flood::raise_nofile(flood_n as u64 + 1024);
+    let dir = tempfile::tempdir().unwrap();
+    let (log, control, sock) = (
+        dir.path().join("access.log"),
+        dir.path().join("control.sock"),
+        dir.path().join("http.sock"),
+    );
+    std::fs::write(&log, "").unwrap();
+    std::fs::write(
+        dir.path().join("rules.yaml"),
+        format!(
+            "rules:\n  - name: bench\n    logs: [{}]\n    limit: {{ hits: 100, window: 60s }}\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    let cfg = dir.path().join("fleetban.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "host_id: bench-flood\nstate_dir: {}\ncontrol: {}\nfirewall: {{ backend: log }}\n\
+             http: {{ listen: '{}' }}\nrules: [rules.yaml]\n",
+            dir.path().join("state").display(),
+            control.display(),
+            sock.display(),
+        ),
+    )
+    .unwrap();
+    let d = Daemon::start_with_nofile(None, &cfg, &control, &[], 1024);
+    let out = common::cli(&cfg, &["ban", "203.0.113.7"]);
+    assert!(out.success(), "{}", out.text());
+    common::wait_until(Duration::from_secs(10), "the ban in the daemon's view", || {
+        d.status()["bans_active"].as_u64() == Some(1)
+    });
+    println!("{pool} pooled connections, a check every {pause:?} each, {seconds} s per phase; flood {flood_n}");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let phase = |name: &str| {
+        let (mut lat, retries, lost) = rt.block_on(pooled(&sock, pool, pause, Duration::from_secs(seconds)));
+        lat.sort_unstable();
+        if lat.is_empty() {
+            println!("{name}: no check answered; {retries} retried on a new connection, {lost} unanswered");
+            return;
+        }
+        let q = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)] as f64 / 1000.0;
+        let slow = lat.iter().filter(|&&ns| ns > 200_000_000).count();
+        println!(
+            "{name}: {} checks; p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, max {:.1} µs; {retries} retried on a new \
+             connection, {slow} over 200 ms, {lost} unanswered",
+            lat.len(),
+            q(0.5),
+            q(0.99),
+            q(0.999),
+            q(1.0)
+        );
+    };
+    phase("no flood");
+    let (stop, opened, reopened) = (
+        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0)),
+        std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0)),
+    );
+    let flooder = {
+        let (path, stop, opened, reopened) = (sock.clone(), stop.clone(), opened.clone(), reopened.clone());
+        std::thread::spawn(move || common::flood::flood(&path, flood_n, &stop, &opened, &reopened))
+    };
+    common::wait_until(Duration::from_secs(60), "the flood open", || {
+        opened.load(std::sync::atomic::Ordering::Relaxed) > 0
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    phase("flood");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    flooder.join().unwrap();
+    println!(
+        "flood reopened {} connections; daemon status http: {}",
+        reopened.load(std::sync::atomic::Ordering::Relaxed),
+        d.status()["http"]
+    );
+}
+
+/// `pool` connections as nginx's upstream pool: each asks a check every
+/// `pause` (the banned address and a free one in turn), reconnects and
+/// retries once when the daemon closed it. Latencies (ns, a retry
+/// included), retries, and checks unanswered within a second.
+async fn pooled(sock: &Path, pool: usize, pause: Duration, length: Duration) -> (Vec<u64>, u64, u64) {
+    let end = Instant::now() + length;
+    let mut tasks = Vec::new();
+    for c in 0..pool {
+        let sock = sock.to_path_buf();
+        tasks.push(tokio::spawn(async move {
+            let (mut lat, mut retries, mut lost) = (Vec::new(), 0u64, 0u64);
+            let mut conn: Option<tokio::net::UnixStream> = None;
+            let mut i = c;
+            while Instant::now() < end {
+                tokio::time::sleep(pause).await;
+                i += 1;
+                let (addr, want): (&str, &[u8]) = if i % 2 == 0 {
+                    ("203.0.113.7", b"403")
+                } else {
+                    ("198.18.0.1", b"204")
+                };
+                let req = format!("GET /check HTTP/1.1\r\nHost: fleetban\r\nX-Client-Addr: {addr}\r\n\r\n");
+                let t = Instant::now();
+                let mut answered = false;
+                for attempt in 0..2 {
+                    if attempt > 0 {
+                        retries += 1;
+                    }
+                    if conn.is_none() {
+                        conn = tokio::net::UnixStream::connect(&sock).await.ok();
+                    }
+                    let Some(s) = conn.as_mut() else { continue };
+                    match tokio::time::timeout(Duration::from_secs(1), ask(s, req.as_bytes())).await {
+                        Ok(Some(status)) => {
+                            assert_eq!(status, want, "{addr}");
+                            answered = true;
+                            break;
+                        }
+                        Ok(None) => conn = None,
+                        Err(_) => {
+                            conn = None;
+                            break;
+                        }
+                    }
+                }
+                if answered {
+                    lat.push(t.elapsed().as_nanos() as u64);
+                } else {
+                    lost += 1;
+                }
+            }
+            (lat, retries, lost)
+        }));
+    }
+    let (mut all, mut retries, mut lost) = (Vec::new(), 0, 0);
+    for t in tasks {
+        let (l, r, x) = t.await.expect("a pool task");
+        all.extend(l);
+        retries += r;
+        lost += x;
+    }
+    (all, retries, lost)
+}
+
+/// One check on `s`: the answer's status, or None if the connection was
+/// closed or failed.
+async fn ask(s: &mut tokio::net::UnixStream, req: &[u8]) -> Option<[u8; 3]> {
+    s.write_all(req).await.ok()?;
+    let mut buf = [0u8; 512];
+    let mut got = 0;
+    while !buf[..got].ends_with(b"\r\n\r\n") {
+        let k = s.read(&mut buf[got..]).await.ok()?;
+        if k == 0 || got + k == buf.len() {
+            return None;
+        }
+        got += k;
+    }
+    buf.get(9..12)?.try_into().ok()
 }

@@ -147,6 +147,17 @@ pub struct HttpStatus {
     pub p50_us: Option<u64>,
     #[serde(default)]
     pub p99_us: Option<u64>,
+    /// Connections open now (absent from an older daemon's).
+    #[serde(default)]
+    pub connections: u64,
+    /// Connections closed to admit a new one when as many were open as may
+    /// be (the one quiet the longest goes).
+    #[serde(default)]
+    pub evicted: u64,
+    /// Connections closed because a request was not whole a second after
+    /// its first byte.
+    #[serde(default)]
+    pub head_timeouts: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

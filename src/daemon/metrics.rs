@@ -12,7 +12,9 @@
 //! `fleetban_redis_connected`, `fleetban_redis_state{state}` (1 for the
 //! current one of embedded, connecting, connected, down),
 //! `fleetban_redis_down_since_seconds` (while down); with `http:`, `fleetban_http_checks_total`,
-//! `fleetban_http_denials_total`, `fleetban_http_malformed_total` and
+//! `fleetban_http_denials_total`, `fleetban_http_malformed_total`,
+//! `fleetban_http_connections`, `fleetban_http_evicted_total`,
+//! `fleetban_http_head_timeouts_total` and
 //! `fleetban_http_check_seconds` (filled by the endpoint, lock-free); per
 //! rule, `fleetban_rule_lines_total{rule}` (lines it read) and
 //! `fleetban_rule_unparsed_total{rule}` (of those, the ones its format
@@ -145,6 +147,24 @@ impl prometheus_client::collector::Collector for StatsCollector {
                 "Checks without a readable X-Client-Addr.",
                 c.malformed.load(Relaxed),
             )?;
+            gauge(
+                &mut e,
+                "fleetban_http_connections",
+                "Connections open to the decision endpoint.",
+                c.open.load(Relaxed) as f64,
+            )?;
+            counter(
+                &mut e,
+                "fleetban_http_evicted",
+                "Connections closed to admit a new one, the table full.",
+                c.evicted.load(Relaxed),
+            )?;
+            counter(
+                &mut e,
+                "fleetban_http_head_timeouts",
+                "Connections closed because a request was not whole a second after its first byte.",
+                c.head_timeouts.load(Relaxed),
+            )?;
             let (sum, count, buckets) = c.latency.snapshot();
             e.encode_descriptor(
                 "fleetban_http_check_seconds",
@@ -275,12 +295,18 @@ mod tests {
         counters.checks.store(5, Relaxed);
         counters.denials.store(2, Relaxed);
         counters.malformed.store(1, Relaxed);
+        counters.open.store(7, Relaxed);
+        counters.evicted.store(3, Relaxed);
+        counters.head_timeouts.store(4, Relaxed);
         counters.latency.observe(std::time::Duration::from_micros(30));
         let text = render(&Arc::new(Stats::detached().with_http("unix:/x".into(), counters)));
         for line in [
             "fleetban_http_checks_total 5",
             "fleetban_http_denials_total 2",
             "fleetban_http_malformed_total 1",
+            "fleetban_http_connections 7.0",
+            "fleetban_http_evicted_total 3",
+            "fleetban_http_head_timeouts_total 4",
             "fleetban_http_check_seconds_count 1",
             "fleetban_http_check_seconds_bucket{le=\"0.00004\"} 1",
             "fleetban_http_check_seconds_bucket{le=\"0.00002\"} 0",

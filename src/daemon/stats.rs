@@ -376,6 +376,9 @@ impl Stats {
                 malformed: h.counters.malformed.load(Relaxed),
                 p50_us: micros(h.counters.latency.quantile(0.5)),
                 p99_us: micros(h.counters.latency.quantile(0.99)),
+                connections: h.counters.open.load(Relaxed),
+                evicted: h.counters.evicted.load(Relaxed),
+                head_timeouts: h.counters.head_timeouts.load(Relaxed),
             }),
             // Filled by the control socket from the enforcer's report.
             firewall: Default::default(),

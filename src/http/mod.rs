@@ -7,13 +7,15 @@
 //! (`decisions.rs`: this host's view of the list, kept by [`follow`] from
 //! the enforcer's stream of changes) -> bytes (`server.rs`: connections
 //! with keepalive and pipelining, on what `listen.rs` binds: the unix
-//! socket with its owner and mode, or loopback TCP).
+//! socket with its owner and mode, or loopback TCP; `table.rs`: at most so
+//! many open, a new one taking the place of the one quiet the longest).
 //! No Redis command per check: answers come from memory only.
 
 mod decisions;
 mod listen;
 mod request;
 mod server;
+mod table;
 
 pub use decisions::{follow, Decisions};
 pub use listen::{bind, Listener};
@@ -35,6 +37,14 @@ pub struct HttpCounters {
     pub malformed: AtomicU64,
     /// From the read that completed a check to its answer written.
     pub latency: Latency,
+    /// Connections open now.
+    pub open: AtomicU64,
+    /// Connections closed to make room for a new one (the table full: the
+    /// one quiet the longest goes).
+    pub evicted: AtomicU64,
+    /// Connections closed because a request's head (and body) did not
+    /// arrive whole within a second of its first byte.
+    pub head_timeouts: AtomicU64,
 }
 
 /// Upper bounds of [`Latency`]'s buckets, in seconds: 10 µs doubling to

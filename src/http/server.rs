@@ -1,8 +1,10 @@
 //! The endpoint's connections, on the listener `listen.rs` binds: HTTP/1.1
 //! with keepalive (nginx's upstream `keepalive` pool) and HTTP/1.0;
 //! pipelined requests answered in order; a head of at most [`MAX_HEAD`]
-//! bytes, read and write timeouts, a cap on connections, a pause after a
-//! failed accept; the answer to each head.
+//! bytes, whole within [`HEAD_TIMEOUT`] of its first byte; an idle
+//! timeout, a write timeout; at most so many connections, the one quiet
+//! the longest closed to admit a new one (`table.rs`); a short pause after
+//! a failed accept; the answer to each head.
 
 use std::io::Write as _;
 use std::sync::Arc;
@@ -14,6 +16,7 @@ use tokio_util::task::TaskTracker;
 
 use super::listen::{accept, Listener, Stream};
 use super::request::{parse_trusting, Client, Head, Method, Parse, MAX_HEAD};
+use super::table::{Slot, Table};
 use super::{Decisions, HttpCounters};
 use crate::addr::NetSet;
 use crate::enforce::Until;
@@ -22,16 +25,32 @@ use crate::enforce::Until;
 /// later, not never; a ban lifted meanwhile answers 204 at once).
 pub const PERMANENT_RETRY_AFTER_S: u64 = 86_400;
 
-/// Connections served at once; the next ones wait in the listen backlog.
+/// Connections open at most (fewer if `RLIMIT_NOFILE` is low: see
+/// [`max_connections`]); one more takes the place of the one quiet the
+/// longest.
 const MAX_CONNECTIONS: usize = 1024;
+
+/// Descriptors below `RLIMIT_NOFILE` left to the rest of the daemon (logs,
+/// Redis, nft, the control socket, the metrics): the endpoint's
+/// connections never take them.
+const RESERVED_FDS: u64 = 256;
 
 /// A kept-alive connection with no request this long is closed (nginx
 /// opens a new one when it needs it).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A head (or a body being skipped) that stops arriving this long, or an
-/// answer the client does not read for this long, drops the connection.
-const READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// A request's head, and the body to skip, must arrive whole this long
+/// after its first byte, else the connection is closed. nginx writes its
+/// check in one write; a client trickling a head holds a connection this
+/// long at most.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// An answer the client does not read for this long drops the connection.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The pause after a failed accept (out of descriptors, say), so that
+/// retrying does not spin; short, as checks are waiting behind it.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(10);
 
 /// Bodies longer than this are not skipped: the answer closes the
 /// connection instead.
@@ -51,18 +70,31 @@ pub struct Endpoint {
 /// Answers connections on `listener` until `shutdown`, then waits for the
 /// open connections to close (each watches `shutdown` too).
 pub async fn serve(listener: Listener, endpoint: Endpoint, shutdown: CancellationToken) {
-    serve_at_most(listener, endpoint, MAX_CONNECTIONS, shutdown).await;
+    serve_at_most(listener, endpoint, max_connections(), shutdown).await;
+}
+
+/// [`MAX_CONNECTIONS`], or fewer when `RLIMIT_NOFILE` leaves less than
+/// that beside [`RESERVED_FDS`] (systemd's default soft limit is 1024).
+fn max_connections() -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct it is given.
+    let soft = match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } {
+        0 => lim.rlim_cur,
+        _ => 1024,
+    };
+    let fit = usize::try_from(soft.saturating_sub(RESERVED_FDS)).unwrap_or(MAX_CONNECTIONS);
+    MAX_CONNECTIONS.min(fit).max(16)
 }
 
 async fn serve_at_most(listener: Listener, endpoint: Endpoint, max: usize, shutdown: CancellationToken) {
     let endpoint = Arc::new(endpoint);
-    let slots = Arc::new(tokio::sync::Semaphore::new(max));
+    let table = Table::new(max, endpoint.counters.clone());
     let connections = TaskTracker::new();
+    let mut failed = crate::ratelog::Every::default();
     loop {
-        let slot = tokio::select! {
-            s = slots.clone().acquire_owned() => match s { Ok(s) => s, Err(_) => break },
-            _ = shutdown.cancelled() => break,
-        };
         let accepted = tokio::select! {
             a = accept(&listener) => a,
             _ = shutdown.cancelled() => break,
@@ -70,22 +102,27 @@ async fn serve_at_most(listener: Listener, endpoint: Endpoint, max: usize, shutd
         let stream = match accepted {
             Ok(s) => s,
             Err(e) => {
-                // Out of descriptors, say: retrying at once would spin.
-                tracing::warn!(error = %e, "Decision endpoint: accept failed.");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                // Out of descriptors, say: free one, and pause so that
+                // retrying does not spin.
+                table.evict_one();
+                if let Some(n) = failed.note(1, Duration::from_secs(10)) {
+                    tracing::warn!(error = %e, failures = n, "Decision endpoint: accept failed; closed the connection quiet the longest.");
+                }
+                tokio::time::sleep(ACCEPT_PAUSE).await;
                 continue;
             }
         };
-        let (endpoint, shutdown) = (endpoint.clone(), shutdown.clone());
+        let lease = table.admit(&shutdown);
+        let endpoint = endpoint.clone();
         connections.spawn(async move {
             match stream {
-                Stream::Unix(s) => connection(s, &endpoint, &shutdown).await,
+                Stream::Unix(s) => connection(s, &endpoint, &lease.slot).await,
                 Stream::Tcp(s) => {
                     let _ = s.set_nodelay(true);
-                    connection(s, &endpoint, &shutdown).await
+                    connection(s, &endpoint, &lease.slot).await
                 }
             }
-            drop(slot);
+            drop(lease);
         });
     }
     connections.close();
@@ -94,20 +131,24 @@ async fn serve_at_most(listener: Listener, endpoint: Endpoint, max: usize, shutd
 
 /// One connection: reads heads, answers each in order (every complete head
 /// already read is answered before the answers are written, in one write),
-/// until the client closes, asks to close, errs or idles out.
-pub(super) async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
-    mut sock: S,
-    endpoint: &Endpoint,
-    shutdown: &CancellationToken,
-) {
+/// until the client closes, asks to close, errs, idles out, is too slow to
+/// send a request whole, or `slot` is closed (evicted, or shutdown); tells
+/// `slot` since when it has been quiet.
+pub(super) async fn connection<S: AsyncRead + AsyncWrite + Unpin>(mut sock: S, endpoint: &Endpoint, slot: &Slot) {
+    let close = &slot.close;
     let mut buf = vec![0u8; MAX_HEAD];
     let (mut start, mut end) = (0, 0);
     // Body bytes of the last request still to be skipped.
     let mut skip: u64 = 0;
     let mut out = Vec::with_capacity(256);
     let mut read_at = Instant::now();
+    // The arrival of the first byte of the request not yet whole (its head,
+    // or its body to skip); None while idle.
+    let mut begun: Option<Instant> = None;
+    let mut idle_since = read_at;
     loop {
         let mut checks = 0u32;
+        let mut answered = false;
         let mut open = true;
         while open {
             if skip > 0 {
@@ -128,6 +169,7 @@ pub(super) async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
                 }
                 Parse::Done(head, len) => {
                     start += len;
+                    answered = true;
                     let keep = head.keep_alive && !head.chunked && head.body <= MAX_SKIP;
                     checks += u32::from(answer(&head, keep, endpoint, crate::now_ms(), &mut out));
                     skip = head.body;
@@ -136,10 +178,8 @@ pub(super) async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
             }
         }
         if !out.is_empty() {
-            // A client that does not read its answers loses its connection.
-            match tokio::time::timeout(READ_TIMEOUT, sock.write_all(&out)).await {
-                Ok(Ok(())) => {}
-                _ => return,
+            if !send(&mut sock, &out, close).await {
+                return;
             }
             out.clear();
             if checks > 0 {
@@ -160,31 +200,62 @@ pub(super) async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
             (start, end) = (0, end - start);
         }
         if end == buf.len() {
-            let _ = sock
-                .write_all(
-                    b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-                )
-                .await;
-            let _ = sock.shutdown().await;
+            let too_large =
+                b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+            if send(&mut sock, too_large, close).await {
+                let _ = sock.shutdown().await;
+            }
             return;
         }
-        let timeout = if end == 0 && skip == 0 {
-            IDLE_TIMEOUT
-        } else {
-            READ_TIMEOUT
+        // A request still to come whole keeps its deadline from its first
+        // byte; one begun after an answer in the same read starts its own.
+        let pending = end > 0 || skip > 0;
+        if pending && (begun.is_none() || answered) {
+            begun = Some(read_at);
+            slot.quiet_since(read_at);
+        } else if !pending && (begun.is_some() || answered) {
+            // Idle since the read that completed the request (a clock
+            // read less per request than its answer's time).
+            begun = None;
+            idle_since = read_at;
+            slot.quiet_since(idle_since);
+        }
+        let deadline = match begun {
+            Some(t) => t + HEAD_TIMEOUT,
+            None => idle_since + IDLE_TIMEOUT,
         };
         let read = tokio::select! {
-            r = tokio::time::timeout(timeout, sock.read(&mut buf[end..])) => r,
-            _ = shutdown.cancelled() => return,
+            r = tokio::time::timeout_at(deadline.into(), sock.read(&mut buf[end..])) => r,
+            _ = close.cancelled() => return,
         };
         match read {
             Ok(Ok(n)) if n > 0 => {
                 end += n;
                 read_at = Instant::now();
             }
-            // Closed, failed, or timed out.
-            _ => return,
+            Ok(_) => return,
+            Err(_) => {
+                if begun.is_some() {
+                    endpoint
+                        .counters
+                        .head_timeouts
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                return;
+            }
         }
+    }
+}
+
+/// Writes `bytes`; false if the client did not take them within
+/// [`WRITE_TIMEOUT`] (a client that does not read its answers loses its
+/// connection), the write failed, or `close` was cancelled.
+async fn send<S: AsyncWrite + Unpin>(sock: &mut S, bytes: &[u8], close: &CancellationToken) -> bool {
+    tokio::select! {
+        // The write first: done at its first poll, it never waits on `close`.
+        biased;
+        w = tokio::time::timeout(WRITE_TIMEOUT, sock.write_all(bytes)) => matches!(w, Ok(Ok(()))),
+        _ = close.cancelled() => false,
     }
 }
 
@@ -278,7 +349,8 @@ mod tests {
     async fn exchange(endpoint: &Endpoint, input: &[u8]) -> (String, bool) {
         let (mut client, server) = tokio::io::duplex(64 * 1024);
         let token = CancellationToken::new();
-        let serving = connection(server, endpoint, &token);
+        let slot = Slot::alone(token.clone());
+        let serving = connection(server, endpoint, &slot);
         let talking = async {
             client.write_all(input).await.unwrap();
             // A fifth of a second of silence ends the exchange of a connection kept open.
@@ -432,41 +504,77 @@ mod tests {
             token.cancel();
             String::from_utf8_lossy(&got[..n]).into_owned()
         };
-        let ((), got) = tokio::join!(connection(server, &ep, &token), talking);
+        let slot = Slot::alone(token.clone());
+        let ((), got) = tokio::join!(connection(server, &ep, &slot), talking);
         assert!(got.starts_with("HTTP/1.1 403 Forbidden\r\n"), "{got}");
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_head_not_whole_a_second_after_its_first_byte_is_closed_and_counted() {
+        let ep = endpoint(403);
+        let (mut client, server) = tokio::io::duplex(1024);
+        let slot = Slot::alone(CancellationToken::new());
+        let talking = async {
+            client.write_all(b"GET /check HTTP/1.1\r\n").await.unwrap();
+            // A byte every 300 ms: each read comes well within any per-read timeout.
+            let mut got = [0u8; 64];
+            for _ in 0..20 {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                if client.write_all(b"X").await.is_err() {
+                    break;
+                }
+            }
+            client.read(&mut got).await.unwrap_or(0)
+        };
+        let ((), n) = tokio::join!(connection(server, &ep, &slot), talking);
+        assert_eq!(n, 0, "closed without an answer");
+        assert_eq!(ep.counters.head_timeouts.load(Relaxed), 1);
+        // A request whole within the second is answered, and an idle
+        // connection is not a head timing out.
+        let (got, closed) = exchange(&ep, check("192.0.2.1").as_bytes()).await;
+        assert!(got.starts_with("HTTP/1.1 403") && !closed, "{got}");
+        assert_eq!(ep.counters.head_timeouts.load(Relaxed), 1);
+    }
+
     #[tokio::test]
-    async fn connections_beyond_the_cap_wait_for_a_slot_and_shutdown_waits_for_all() {
+    async fn a_full_table_admits_a_new_connection_in_place_of_the_one_quiet_the_longest() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let token = CancellationToken::new();
-        let server = tokio::spawn(serve_at_most(Listener::Tcp(listener), endpoint(403), 1, token.clone()));
-        let ask = |mut s: tokio::net::TcpStream| async move {
+        let ep = endpoint(403);
+        let counters = ep.counters.clone();
+        let server = tokio::spawn(serve_at_most(Listener::Tcp(listener), ep, 2, token.clone()));
+        async fn ask(s: &mut tokio::net::TcpStream) -> String {
             s.write_all(check("192.0.2.1").as_bytes()).await.unwrap();
             let mut got = [0u8; 256];
-            let n = s.read(&mut got).await.unwrap();
-            (s, String::from_utf8_lossy(&got[..n]).into_owned())
-        };
-        let first = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (first, got) = tokio::time::timeout(Duration::from_secs(5), ask(first)).await.unwrap();
-        assert!(got.starts_with("HTTP/1.1 403"), "{got}");
-        // The second waits in the backlog while the first holds the slot...
-        let second = tokio::spawn(ask(tokio::net::TcpStream::connect(addr).await.unwrap()));
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(!second.is_finished(), "answered beyond the cap");
-        // ...and is answered once the first lets go.
-        drop(first);
-        let (_second, got) = tokio::time::timeout(Duration::from_secs(5), second)
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(got.starts_with("HTTP/1.1 403"), "{got}");
+            let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut got))
+                .await
+                .expect("answered")
+                .unwrap_or(0);
+            String::from_utf8_lossy(&got[..n]).into_owned()
+        }
+        let mut a = tokio::net::TcpStream::connect(addr).await.unwrap();
+        assert!(ask(&mut a).await.starts_with("HTTP/1.1 403"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut b = tokio::net::TcpStream::connect(addr).await.unwrap();
+        assert!(ask(&mut b).await.starts_with("HTTP/1.1 403"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // a asks again: b is now the one quiet the longest.
+        assert!(ask(&mut a).await.starts_with("HTTP/1.1 403"));
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        assert!(ask(&mut c).await.starts_with("HTTP/1.1 403"), "the third is served");
+        let mut rest = [0u8; 16];
+        let closed = tokio::time::timeout(Duration::from_secs(5), b.read(&mut rest)).await;
+        assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "b was closed");
+        assert!(ask(&mut a).await.starts_with("HTTP/1.1 403"), "a is still served");
+        assert_eq!((counters.evicted.load(Relaxed), counters.open.load(Relaxed)), (1, 2));
+        // Shutdown closes the open ones and waits for them.
         token.cancel();
         tokio::time::timeout(Duration::from_secs(5), server)
             .await
             .unwrap()
             .unwrap();
+        assert_eq!(counters.open.load(Relaxed), 0);
     }
 
     #[test]

@@ -30,6 +30,7 @@ mod config;
 mod daemon;
 pub mod escalation;
 pub mod fleet;
+pub mod flood;
 mod http;
 mod machine;
 pub mod metrics;
