@@ -485,7 +485,6 @@ impl Pipeline {
             .push_back((self.seq, chunk.path.clone(), chunk.file, chunk.end()));
     }
 
-
     /// Tells the fleet of the clients found hot, bans what went over,
     /// commits the offsets of chunks with nothing pending.
     async fn apply(&mut self, batches: &[Batch], verdicts: Vec<Verdict>) {

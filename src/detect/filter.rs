@@ -112,13 +112,17 @@ impl Conditions {
     }
 
     /// Every condition present holds (the order: cheapest first).
+    #[inline]
     fn matches(&self, r: &Request<'_>) -> bool {
+        #[inline(always)]
         fn any<T>(set: &Option<Vec<T>>, holds: impl Fn(&T) -> bool) -> bool {
             set.as_ref().is_none_or(|set| set.iter().any(holds))
         }
+        #[inline(always)]
         fn bytes(set: &Option<Vec<Vec<u8>>>, field: &[u8]) -> bool {
             any(set, |v| v.as_slice() == field)
         }
+        #[inline(always)]
         fn re(re: &Option<Field>, field: &[u8]) -> bool {
             re.as_ref().is_none_or(|re| re.is_match(field))
         }

@@ -80,7 +80,11 @@ impl Pipeline {
 
     /// The answer of the round trip in flight: bans and commits as a flush
     /// does. False if asked to stop meanwhile.
-    pub(super) async fn land(&mut self, landed: Result<Landed, tokio::task::JoinError>, shutdown: &CancellationToken) -> bool {
+    pub(super) async fn land(
+        &mut self,
+        landed: Result<Landed, tokio::task::JoinError>,
+        shutdown: &CancellationToken,
+    ) -> bool {
         let landed = match landed {
             Ok(l) => l,
             Err(e) => {
