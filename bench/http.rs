@@ -27,7 +27,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -89,21 +89,7 @@ fn checks() {
     let until = fleetban::now_ms() + 3_600_000;
     redis.preload_bans(n, until);
 
-    let dir = tempfile::tempdir().unwrap();
-    let (log, control, sock) = (
-        dir.path().join("access.log"),
-        dir.path().join("control.sock"),
-        dir.path().join("http.sock"),
-    );
-    std::fs::write(&log, "").unwrap();
-    std::fs::write(
-        dir.path().join("rules.yaml"),
-        format!(
-            "rules:\n  - name: bench\n    logs: [{}]\n    limit: {{ hits: 100, window: 60s }}\n",
-            log.display()
-        ),
-    )
-    .unwrap();
+    let (dir, control, sock) = bench_dir();
     let metrics = format!("127.0.0.1:{}", common::free_port());
     let cfg = dir.path().join("fleetban.yaml");
     std::fs::write(
@@ -277,21 +263,7 @@ fn flood() {
     let seconds = env("RUN_SECONDS", 5);
     let flood_n = env("FLOOD", 2000) as usize;
     common::flood::raise_nofile(flood_n as u64 + 1024);
-    let dir = tempfile::tempdir().unwrap();
-    let (log, control, sock) = (
-        dir.path().join("access.log"),
-        dir.path().join("control.sock"),
-        dir.path().join("http.sock"),
-    );
-    std::fs::write(&log, "").unwrap();
-    std::fs::write(
-        dir.path().join("rules.yaml"),
-        format!(
-            "rules:\n  - name: bench\n    logs: [{}]\n    limit: {{ hits: 100, window: 60s }}\n",
-            log.display()
-        ),
-    )
-    .unwrap();
+    let (dir, control, sock) = bench_dir();
     let cfg = dir.path().join("fleetban.yaml");
     std::fs::write(
         &cfg,
@@ -436,4 +408,25 @@ async fn ask(s: &mut tokio::net::UnixStream, req: &[u8]) -> Option<[u8; 3]> {
         got += k;
     }
     buf.get(9..12)?.try_into().ok()
+}
+
+/// A temporary directory with an empty access log and one rule reading it:
+/// (the directory, the control socket's path, the endpoint's).
+fn bench_dir() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, control, sock) = (
+        dir.path().join("access.log"),
+        dir.path().join("control.sock"),
+        dir.path().join("http.sock"),
+    );
+    std::fs::write(&log, "").unwrap();
+    std::fs::write(
+        dir.path().join("rules.yaml"),
+        format!(
+            "rules:\n  - name: bench\n    logs: [{}]\n    limit: {{ hits: 100, window: 60s }}\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    (dir, control, sock)
 }
