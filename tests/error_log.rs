@@ -12,7 +12,7 @@ use common::{cli, fleetban_test_json, ConfigDir, MainConfig, Rule};
 use fleetban::config::Config;
 use fleetban::detect::RuleFilter;
 use fleetban::parse::Parser;
-use fleetban::verdict::NeverBanned as AllowList;
+use fleetban::verdict::NeverBanned;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -97,7 +97,7 @@ fn replay_through_the_library(rule_name: &str, sample: &str) {
     let rule = &config.rules[0];
     let parser = Parser::new(&rule.format).unwrap();
     let filter = RuleFilter::new(&rule.matches, &rule.ignore);
-    let allow = AllowList::only(&["127.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()]);
+    let allow = NeverBanned::only(&["127.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()]);
     let (mut matched, mut skipped) = (0, 0);
     let mut problems = Vec::new();
     for case in fail2ban_cases(sample) {

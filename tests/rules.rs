@@ -3,7 +3,7 @@
 //! samples with at least one hit and one miss, and every sample line is
 //! decided exactly as annotated — parsed or not, a hit or not, and for which
 //! client key. Uses the library the daemon uses: config loading, `Parser`,
-//! `RuleFilter`, `AllowList`, `client_key`.
+//! `RuleFilter`, `NeverBanned`, `client_key`.
 
 mod common;
 
@@ -14,7 +14,7 @@ use fleetban::addr::client_key;
 use fleetban::config::Config;
 use fleetban::detect::RuleFilter;
 use fleetban::parse::Parser;
-use fleetban::verdict::NeverBanned as AllowList;
+use fleetban::verdict::NeverBanned;
 
 use common::{rules_yaml, MainConfig, Rule};
 
@@ -97,12 +97,12 @@ fn load(files: &[PathBuf]) -> Config {
 }
 
 /// What the daemon decides for one line under one rule.
-fn decide(parser: &Parser, filter: &RuleFilter, allow: &AllowList, v6: u8, line: &str) -> Expect {
+fn decide(parser: &Parser, filter: &RuleFilter, never: &NeverBanned, v6: u8, line: &str) -> Expect {
     let mut scratch = Vec::new();
     let Some(req) = parser.parse_in(line.as_bytes(), &mut scratch) else {
         return Expect::Unparsed;
     };
-    if allow.contains(req.addr) || !filter.accepts(&req) {
+    if never.contains(req.addr) || !filter.accepts(&req) {
         return Expect::Miss;
     }
     Expect::Hit(client_key(req.addr, v6).to_string())
@@ -122,7 +122,7 @@ fn canonical(key: &str) -> String {
 fn check_rules(files: &[PathBuf], samples_dir: &Path) -> Vec<String> {
     let config = load(files);
     // Loopback and the private networks of the shipped config/fleetban.yaml.
-    let allow = AllowList::only(
+    let allow = NeverBanned::only(
         &[
             "127.0.0.0/8",
             "::1/128",
