@@ -65,11 +65,6 @@ impl Retry {
         self.warn = Every::default();
         std::mem::take(&mut self.failing)
     }
-
-    /// Whether the last try failed.
-    pub fn is_failing(&self) -> bool {
-        self.failing
-    }
 }
 
 /// At most [`CAP`] bytes of a text echoed into a log line (a reply, or a
