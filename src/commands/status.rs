@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use fleetban::config::ByteSize;
 use fleetban::control::{Client, RedisStatus, Status};
 
 use super::human::{local, relative, Table};
@@ -93,6 +94,15 @@ fn render(s: &Status, now: i64) -> String {
     out += &format!(
         "lines:     {} read, {} unparsed, {} stale, {} future, {} longer than 64 KiB; lag {} ms\n",
         s.lines, s.unparsed, s.stale, s.future, s.skipped_long, s.lag_ms
+    );
+    let c = &s.client_state;
+    out += &format!(
+        "memory:    client state {} of {}, {} window(s); {} shed in {} shed(s)\n",
+        ByteSize(c.bytes),
+        ByteSize(c.max),
+        c.keys,
+        c.shed_keys,
+        c.sheds
     );
     out += &format!("reloads:   {} ({} refused)\n", s.reloads, s.reload_errors);
     if let Some(h) = &s.http {

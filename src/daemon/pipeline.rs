@@ -205,8 +205,12 @@ impl Pipeline {
         offsets: Arc<OffsetStore>,
         stats: Arc<Stats>,
     ) -> Pipeline {
+        let mut order = Order::new(&rules);
+        if let Some(max) = limiter.counts_bound() {
+            order.bound(max, limiter.counters());
+        }
         Pipeline {
-            order: Order::new(&rules),
+            order,
             rules,
             scanner,
             limiter,

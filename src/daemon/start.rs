@@ -75,6 +75,7 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
     // The safety valve keeps a reserve for each of them.
     let rule_names: Vec<String> = config.rules.iter().map(|r| r.name.clone()).collect();
     let rules = RuleLimit::of(&config.rules);
+    let client_state = usize::try_from(config.max_client_state).unwrap_or(usize::MAX);
     let Some(r) = &config.redis else {
         let mut list = BanList::memory(Some(config.state_dir.join("bans.json")));
         // A file that is no list lifts nothing: the kernel keeps its set.
@@ -87,7 +88,7 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
                 .collect(),
         );
         return Store {
-            limiter: Limiter::memory(rules),
+            limiter: Limiter::memory(rules).with_memory_bound(client_state),
             bans: Bans::new(list, &config.host_id, to_enforcer).with_valve(
                 config.max_bans_per_minute,
                 config.ipv6_prefix,
@@ -146,7 +147,8 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
         false => i64::try_from(r.hold.as_millis()).unwrap_or(i64::MAX),
     };
     Store {
-        limiter: Limiter::redis(redis, health.clone(), r.on_down, r.fleet_size, hold_ms),
+        limiter: Limiter::redis(redis, health.clone(), r.on_down, r.fleet_size, hold_ms)
+            .with_memory_bound(client_state),
         bans,
         health: Some(health),
         fleet: Some((fleet, last_id)),
