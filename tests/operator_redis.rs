@@ -10,7 +10,10 @@ use common::metrics::{http_get, sample};
 
 use std::time::Duration;
 
-use common::operator::{ban_of, explain_cases, rebanning_never_shortens, redis_rig, unban_names_the_wider_ban};
+use common::operator::{
+    ban_of, explain_cases, rebanning_never_shortens, redis_rig, unban_names_the_narrower_bans,
+    unban_names_the_wider_ban,
+};
 use common::{append, cli, combined_lines, now_ms, wait_until, ConfigDir, Daemon, Redis, Rule};
 
 #[test]
@@ -32,6 +35,13 @@ fn unban_names_the_wider_ban_that_still_covers_the_address_over_redis() {
     let redis = Redis::start();
     let r = redis_rig(&redis, "");
     unban_names_the_wider_ban(&r);
+}
+
+#[test]
+fn unban_of_a_network_names_the_narrower_bans_it_leaves_over_redis() {
+    let redis = Redis::start();
+    let r = redis_rig(&redis, "");
+    unban_names_the_narrower_bans(&r);
 }
 
 #[test]

@@ -332,6 +332,17 @@ fn print_ban(net: &IpNet, a: &BanAnswer) {
     }
 }
 
+/// The bans inside `net` that the daemon still holds after lifting `net`
+/// (its view of the list: the embedded one, or what it enforces while
+/// Redis is down), so both stores answer an unban alike. Empty if the
+/// daemon does not answer this second question: the unban itself is done.
+fn narrower_by_daemon(config: &fleetban::config::Config, net: &IpNet) -> Vec<IpNet> {
+    let records = Client::new(&config.control).bans().unwrap_or_default();
+    let mut narrower: Vec<IpNet> = overlapping(&records, net).1.iter().map(|r| r.addr).collect();
+    narrower.sort();
+    narrower
+}
+
 pub fn unban(path: &Path, t: &str, json: bool) -> Outcome {
     let config = load_for_cli(path)?;
     let net = target(t)?;
@@ -361,7 +372,8 @@ pub fn unban(path: &Path, t: &str, json: bool) -> Outcome {
                             until: r.until,
                         })
                         .collect();
-                    let narrower = narrower.iter().map(|r| r.addr).collect();
+                    let mut narrower: Vec<IpNet> = narrower.iter().map(|r| r.addr).collect();
+                    narrower.sort();
                     (u.removed, false, wider, narrower)
                 }
                 Err(e) if e.is_outage() => {
@@ -374,14 +386,14 @@ pub fn unban(path: &Path, t: &str, json: bool) -> Outcome {
                             "not unbanned: Redis is down ({e}) and the daemon could not take it ({d})"
                         ))
                     })?;
-                    (removed, queued, wider, Vec::new())
+                    (removed, queued, wider, narrower_by_daemon(&config, &net))
                 }
                 Err(e) => return Err(failed(e)),
             }
         }
         None => {
             let (removed, queued, wider) = via_daemon().map_err(failed)?;
-            (removed, queued, wider, Vec::new())
+            (removed, queued, wider, narrower_by_daemon(&config, &net))
         }
     };
     let addr = AddrText(&net);
