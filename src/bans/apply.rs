@@ -125,6 +125,18 @@ impl Bans {
         self.counters.clone()
     }
 
+    /// The embedded list had no file at start: the firewall's set may be
+    /// taken as the list ([`Bans::adopt`]).
+    pub fn absent_at_start(&self) -> bool {
+        self.list.absent_at_start()
+    }
+
+    /// The embedded list takes the firewall's set kept at start (`elems`)
+    /// as this host's bans; how many (`BanList::adopt`).
+    pub fn adopt(&mut self, elems: &[Element], now_ms: i64) -> usize {
+        self.list.adopt(elems, &self.host, now_ms)
+    }
+
     /// Takes `view` as this host's view of the list (built at start).
     pub fn set_view(&mut self, view: BanCache) {
         self.cache = view;

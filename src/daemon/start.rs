@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::Options;
 use crate::bans::{BanCache, BanList, Bans};
 use crate::config::{Config, RedisConfig};
-use crate::enforce::{Changes, Element, Enforcer};
+use crate::enforce::{Changes, Element, Enforcer, Until};
 use crate::fleet::{hot::Publisher, FleetSync};
 use crate::limit::{FleetNews, HotKey, Limiter, RedisLimiter, RuleLimit};
 use crate::store::{self, Health, Keys};
@@ -126,6 +126,11 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
         marks_id: "0-0".to_owned(),
         remembered: Default::default(),
     };
+    // A host that ran on the embedded store joins with its bans.
+    let file = config.state_dir.join("bans.json");
+    if let Some(bans) = crate::bans::list::embedded_bans(&file, crate::now_ms()) {
+        fleet.remembered.joining(file, bans);
+    }
     let (last_id, initial) = match fleet.snapshot().await {
         Ok((id, list)) => {
             health.succeeded();
@@ -185,6 +190,33 @@ pub async fn first_sync(
         // Only a panic in the view (a bug) gets here: keep it a panic.
         Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
+}
+
+/// A host on the embedded store that starts without `bans.json` (it ran
+/// on Redis, or the file was removed) takes what its firewall kept as its
+/// list, rather than lifting it; said once with the count. `initial` (the
+/// empty list read) or the bans taken.
+pub fn adopt_kernel(enforcer: &Enforcer, bans: &mut Bans, initial: Option<Vec<Element>>) -> Option<Vec<Element>> {
+    let now = crate::now_ms();
+    // Right after `Enforcer::init` the bans wanted are what the kernel held.
+    let kept: Vec<Element> = enforcer
+        .wanted_until()
+        .filter(|(_, u)| **u > Until::At(now))
+        .map(|(net, until)| Element {
+            net: *net,
+            until: *until,
+        })
+        .collect();
+    let n = bans.adopt(&kept, now);
+    if n == 0 {
+        return initial;
+    }
+    tracing::warn!(count = n,
+        "No bans.json in state_dir: kept the bans the firewall's set holds as this host's list (it left Redis, or the file was removed); `fleetban unban` lifts them.");
+    let mut list = initial.unwrap_or_default();
+    let known: std::collections::HashSet<_> = list.iter().map(|e| e.net).collect();
+    list.extend(kept.into_iter().filter(|e| !known.contains(&e.net)));
+    Some(list)
 }
 
 /// Logs the server's ZSET listpack threshold and warns for each sliding

@@ -8,13 +8,16 @@
 //! (`BanList::restore`, the later end winning), and keeps them in its set.
 //!
 //! [`Remembered`] is what this host knows to write back: the list as it
-//! last applied it (snapshots and events), with each entry's record.
+//! last applied it (snapshots and events), with each entry's record; and,
+//! for a host joining Redis from the embedded store, the bans its
+//! `bans.json` holds, written the same way at its first snapshot.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 
 use ipnet::IpNet;
 
-use crate::bans::{BanList, BanListError};
+use crate::bans::{BanList, BanListError, BanRecord};
 use crate::enforce::{Change, Element, Until};
 
 #[derive(Default)]
@@ -26,9 +29,19 @@ pub struct Remembered {
     bans: HashMap<IpNet, (Until, Option<Box<str>>)>,
     /// Reading the epoch was refused once (warned once).
     refused: bool,
+    /// The embedded store's file this host joins Redis with and its active
+    /// bans: written to the list at the next snapshot, then set aside.
+    joining: Option<(PathBuf, Vec<BanRecord>)>,
 }
 
 impl Remembered {
+    /// This host joins Redis with the embedded store's `file` holding
+    /// `bans`: they go to the fleet's list at the next snapshot rather
+    /// than being lifted by it.
+    pub fn joining(&mut self, file: PathBuf, bans: Vec<BanRecord>) {
+        self.joining = Some((file, bans));
+    }
+
     /// An event or a change applied: the list as this host knows it follows.
     pub fn observe(&mut self, change: &Change) {
         match change {
@@ -97,15 +110,32 @@ impl Remembered {
             let written = list.restore(&back, host, now).await?;
             tracing::warn!(count = back.len(), written, in_list = entries.len(),
                 "The ban list was lost (the fleet's epoch changed: Redis restarted without persistence, or FLUSHALL); wrote back the bans this host enforces, with their ends and records.");
-            let mut at: HashMap<IpNet, usize> = entries.iter().enumerate().map(|(i, e)| (e.net, i)).collect();
-            for (net, until, _) in back {
-                match at.get(&net) {
-                    Some(&i) => entries[i].until = entries[i].until.max(until),
-                    None => {
-                        at.insert(net, entries.len());
-                        entries.push(Element { net, until });
+            merge(&mut entries, back.iter().map(|(n, u, _)| (*n, *u)));
+        }
+        if let Some((file, bans)) = self.joining.take() {
+            let back: Vec<(IpNet, Until, Option<String>)> = bans
+                .iter()
+                .filter(|r| r.until() > Until::At(now))
+                .map(|r| (r.addr, r.until(), serde_json::to_string(r).ok()))
+                .collect();
+            match list.restore(&back, host, now).await {
+                Ok(written) => {
+                    let aside = file.with_extension("json.imported");
+                    if !back.is_empty() {
+                        tracing::warn!(count = back.len(), written, in_list = entries.len(), file = %file.display(), aside = %aside.display(),
+                        "Joined Redis with bans of this host's embedded store: wrote them to the fleet's list (the later end wins, records kept); the file is set aside.");
                     }
+                    if let Err(e) = std::fs::rename(&file, &aside) {
+                        tracing::warn!(error = %e, file = %file.display(), "Setting the embedded ban list aside failed; its bans are written again at the next start.");
+                    }
+                    merge(&mut entries, back.iter().map(|(n, u, _)| (*n, *u)));
                 }
+                Err(e) if e.is_outage() => {
+                    self.joining = Some((file, bans));
+                    return Err(e);
+                }
+                Err(e) => tracing::warn!(error = %crate::ratelog::cap_error(&e.to_string()), file = %file.display(),
+                    "Writing this host's embedded bans to the fleet's list refused; the file is kept for the next start."),
             }
         }
         self.epoch = epoch;
@@ -130,6 +160,21 @@ impl Remembered {
             }
         }
         Ok(entries)
+    }
+}
+
+/// `entries` (the list read) with `back` (bans written back) in it, the
+/// later end winning.
+fn merge(entries: &mut Vec<Element>, back: impl Iterator<Item = (IpNet, Until)>) {
+    let mut at: HashMap<IpNet, usize> = entries.iter().enumerate().map(|(i, e)| (e.net, i)).collect();
+    for (net, until) in back {
+        match at.get(&net) {
+            Some(&i) => entries[i].until = entries[i].until.max(until),
+            None => {
+                at.insert(net, entries.len());
+                entries.push(Element { net, until });
+            }
+        }
     }
 }
 
