@@ -24,6 +24,9 @@ use crate::addr::AddrText;
 use crate::enforce::{Change, Changes, Element, Until};
 use crate::store::Health;
 
+/// "Banned." lines a second before the rest is summed up.
+const BANNED_LINES_PER_SECOND: u32 = 5;
+
 /// What the ban owner counts, read by `status` and the metrics endpoint.
 #[derive(Default)]
 pub struct BanCounters {
@@ -73,6 +76,8 @@ pub struct Bans {
     counters: Arc<BanCounters>,
     /// Rate limits the warnings of bans Redis refused.
     refusals: Refusals,
+    /// The "Banned." lines let through (a few a second), and the rest.
+    lines: crate::ratelog::Burst,
 }
 
 impl Bans {
@@ -92,6 +97,7 @@ impl Bans {
             changes,
             counters: Arc::default(),
             refusals: Refusals::default(),
+            lines: crate::ratelog::Burst::new(BANNED_LINES_PER_SECOND, Duration::from_secs(1)),
         }
     }
 
@@ -322,9 +328,22 @@ impl Bans {
         Applied::New(rec)
     }
 
-    /// The "Banned." line of every new ban; `local`: why the list does not
-    /// have it (yet).
-    fn log_banned(&self, rec: &BanRecord, at_ms: i64, now_ms: i64, local: Option<&str>) {
+    /// The summary of the "Banned." lines a busy second held back, once
+    /// it is over (the pipeline calls it every second).
+    pub fn flush_log(&mut self) {
+        if let Some((count, by)) = self.lines.summary() {
+            tracing::info!(count, by = %by,
+                "More bans decided here than 5 a second; summed up (by RULE: count).");
+        }
+    }
+
+    /// The "Banned." line of every new ban (a few a second, then a
+    /// summary); `local`: why the list does not have it (yet).
+    fn log_banned(&mut self, rec: &BanRecord, at_ms: i64, now_ms: i64, local: Option<&str>) {
+        if !self.lines.admit(&rec.rule) {
+            return;
+        }
+        let by = if rec.rule == "manual" { "operator" } else { "rule" };
         let duration = rec.until.map_or("permanent".into(), |u| {
             humantime::format_duration(Duration::from_secs(((u - now_ms).max(0) / 1000) as u64)).to_string()
         });
@@ -332,12 +351,13 @@ impl Bans {
         match local {
             None => {
                 tracing::info!(rule = %rec.rule, addr = %AddrText(&rec.addr), hits = rec.hits, duration = %duration,
-                at = %crate::rfc3339(at_ms), until = %until, count = rec.count, reason = %rec.reason, "Banned.")
+                at = %crate::rfc3339(at_ms), until = %until, count = rec.count, reason = %rec.reason,
+                host = %self.host, decided_by = %by, "Banned.")
             }
             Some(list) => {
                 tracing::info!(rule = %rec.rule, addr = %AddrText(&rec.addr), hits = rec.hits, duration = %duration,
                 at = %crate::rfc3339(at_ms), until = %until, count = rec.count, reason = %rec.reason,
-                decided = "locally", list = %list, "Banned.")
+                host = %self.host, decided_by = %by, decided = "locally", list = %list, "Banned.")
             }
         }
     }

@@ -125,6 +125,7 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
         news: Some(news_tx),
         marks_id: "0-0".to_owned(),
         remembered: Default::default(),
+        story: Default::default(),
     };
     // A host that ran on the embedded store joins with its bans.
     let file = config.state_dir.join("bans.json");

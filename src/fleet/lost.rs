@@ -73,6 +73,17 @@ impl Remembered {
         }
     }
 
+    /// Whether the list as this host knows it holds `e` already (the same
+    /// end or a later one): an event of it is nothing new here.
+    pub fn holds(&self, e: &Element) -> bool {
+        self.bans.get(&e.net).is_some_and(|(u, _)| *u >= e.until)
+    }
+
+    /// Whether the list as this host knows it has a ban of `net`.
+    pub fn has(&self, net: &IpNet) -> bool {
+        self.bans.contains_key(net)
+    }
+
     /// After a snapshot read `entries` from `list` (before the epoch: a
     /// loss between the two shows in the epoch): the list Redis has now,
     /// with what this host still enforces written back if the list was

@@ -16,8 +16,10 @@
 
 pub mod hot;
 mod lost;
+mod story;
 
 pub use lost::Remembered;
+pub use story::Story;
 
 use std::time::Duration;
 
@@ -73,6 +75,8 @@ pub struct FleetSync {
     /// The list as this host knows it, with records, and the fleet's epoch:
     /// what it writes back when Redis lost the list (`lost.rs`).
     pub remembered: Remembered,
+    /// This host's log of the bans and unbans it applies from the fleet.
+    pub story: Story,
 }
 
 impl FleetSync {
@@ -235,12 +239,14 @@ impl FleetSync {
                 got += key.ids.len();
                 for entry in key.ids {
                     if let Some(c) = change_of(&entry) {
+                        self.story.event(&entry, &c, &self.host, &self.remembered);
                         self.remembered.observe(&c);
                         self.changes.send(c);
                     }
                     last_id = entry.id;
                 }
             }
+            self.story.flush();
             // Marks trimmed unread: some may be missed until the
             // next snapshot reads them all.
             if !matches!(self.gap_after(&marks, &marks_before).await, Ok(false)) {
