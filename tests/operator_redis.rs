@@ -97,13 +97,19 @@ fn ban_and_unban_while_redis_is_down_go_through_the_daemon_and_reach_redis_in_or
     assert_eq!(st["redis"]["queued_bans"], 3, "{st}");
     assert_eq!(st["bans_active"], 1, "{st}");
     // `bans` with Redis down: the daemon's view of what this host enforces,
-    // said to be that; the records wait in Redis.
+    // said to be that; a queued ban with its record from the queue.
     let out = cli(&r.cfg, &["bans", "--json"]);
     assert_eq!(out.code, 0, "{}", out.text());
     let lines: Vec<serde_json::Value> = out.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(lines.len(), 1, "{}", out.stdout);
     assert_eq!(lines[0]["addr"], "198.51.100.32", "{}", out.stdout);
-    assert_eq!(lines[0]["since"], serde_json::Value::Null, "{}", out.stdout);
+    assert!(lines[0]["since"].is_string(), "{}", out.stdout);
+    assert_eq!(
+        (lines[0]["queued"].as_bool(), lines[0]["reason"].as_str()),
+        (Some(true), Some("while down")),
+        "{}",
+        out.stdout
+    );
     assert!(lines[0]["until"].is_string(), "{}", out.stdout);
     assert!(
         out.stderr

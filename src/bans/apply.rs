@@ -393,11 +393,20 @@ impl Bans {
         self.publish_active();
     }
 
-    /// The bans this host enforces, as records with only the address and
-    /// the end known (`fleetban bans` while Redis, which keeps the records,
-    /// is down): no rule, host, reason; `since` 0.
-    pub fn enforced_here(&self, now_ms: i64) -> Vec<BanRecord> {
-        self.cache
+    /// The bans this host enforces (`fleetban bans` while Redis, which
+    /// keeps the records, is down), and which of them are queued: those
+    /// decided meanwhile, not in Redis yet, with their records from the
+    /// queue; the others with only the address and the end known (no rule,
+    /// host, reason; `since` 0).
+    pub fn enforced_here(&self, now_ms: i64) -> (Vec<BanRecord>, Vec<IpNet>) {
+        let mut queued: std::collections::HashMap<IpNet, BanRecord> = self
+            .queue
+            .as_ref()
+            .map(|q| q.records().into_iter().map(|r| (r.addr, r)).collect())
+            .unwrap_or_default();
+        let mut waiting = Vec::new();
+        let recs = self
+            .cache
             .entries()
             .into_iter()
             .filter_map(|(addr, until)| {
@@ -406,6 +415,10 @@ impl Bans {
                     Until::At(t) => Some(t),
                     Until::Permanent => None,
                 };
+                if let Some(rec) = queued.remove(&addr) {
+                    waiting.push(addr);
+                    return Some(BanRecord { until, ..rec });
+                }
                 Some(BanRecord {
                     addr,
                     rule: String::new(),
@@ -417,7 +430,8 @@ impl Bans {
                     hits: 0,
                 })
             })
-            .collect()
+            .collect();
+        (recs, waiting)
     }
 
     /// The active bans with their records (`fleetban bans`).

@@ -87,14 +87,19 @@ fn render(s: &Status, now: i64) -> String {
     }
     out.push('\n');
     out += &format!(
-        "bans:      {} active, {} applied by this host; safety valve: {} ({} refused, limit {}/min)\n",
+        "bans:      {} active, {} decided here; safety valve: {} ({} refused, limit {}/min)\n",
         s.bans_active, s.bans, s.safety.state, s.safety.refused, s.safety.max_bans_per_minute
     );
     out += &format!(
         "lines:     {} read, {} unparsed, {} stale, {} future, {} longer than 64 KiB; lag {} ms\n",
         s.lines, s.unparsed, s.stale, s.future, s.skipped_long, s.lag_ms
     );
-    out += &format!("reloads:   {} ({} refused)\n", s.reloads, s.reload_errors);
+    // Every SIGHUP, the refused ones among them.
+    out += &format!(
+        "reloads:   {} ({} refused)\n",
+        s.reloads + s.reload_errors,
+        s.reload_errors
+    );
     if let Some(h) = &s.http {
         out += &format!(
             "http:      {}; {} checks, {} denials, {} malformed; answered within p50 {}, p99 {}\n",

@@ -112,6 +112,7 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
         keys: keys.clone(),
         host: config.host_id.clone(),
         marks: marks_rx,
+        health: health.clone(),
     };
     let mut fleet = FleetSync {
         events,
@@ -126,6 +127,7 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
         marks_id: "0-0".to_owned(),
         remembered: Default::default(),
         story: Default::default(),
+        health: health.clone(),
     };
     // A host that ran on the embedded store joins with its bans.
     let file = config.state_dir.join("bans.json");

@@ -77,6 +77,8 @@ pub struct FleetSync {
     pub remembered: Remembered,
     /// This host's log of the bans and unbans it applies from the fleet.
     pub story: Story,
+    /// Counts each failed step among the host's Redis errors (`status`).
+    pub health: crate::store::Health,
 }
 
 impl FleetSync {
@@ -187,8 +189,9 @@ impl FleetSync {
                     }
                     Err(e) => {
                         let (wait, warn) = snapshot.failed(FAILING_PERIOD);
+                        let errors = self.health.count_error() + 1;
                         if let Some(n) = warn {
-                            tracing::warn!(error = %crate::ratelog::cap_error(&e.to_string()), failures = n,
+                            tracing::warn!(error = %crate::ratelog::cap_error(&e.to_string()), failures = n, errors,
                                 "Reconcile with the ban list failed; retrying with backoff (one warning a minute meanwhile).");
                         }
                         if sleep_or_stop(wait, &shutdown).await {
@@ -286,8 +289,9 @@ impl FleetSync {
     /// the failures since the last one).
     fn lost(&self, warn: Option<u64>, e: &redis::RedisError, what: &str) {
         self.tell(FleetNews::Lost);
+        let errors = self.health.count_error() + 1;
         if let Some(n) = warn {
-            tracing::warn!(error = %crate::ratelog::cap_error(&e.to_string()), failures = n, "{what}");
+            tracing::warn!(error = %crate::ratelog::cap_error(&e.to_string()), failures = n, errors, "{what}");
         }
     }
 
