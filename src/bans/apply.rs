@@ -502,7 +502,8 @@ impl Bans {
                     let mut elems = vec![Element { net: req.addr, until }];
                     if let Some(n) = network {
                         tracing::info!(rule = %n.rule, addr = %AddrText(&n.addr), reason = %n.reason,
-                            until = %n.until.map_or("forever".into(), crate::rfc3339), "Banned.");
+                            until = %n.until.map_or("forever".into(), crate::rfc3339), host = %n.host,
+                            decided_by = %"rule", "Banned.");
                         elems.push(Element {
                             net: n.addr,
                             until: n.until(),
