@@ -88,7 +88,7 @@ fn render(s: &Status, now: i64) -> String {
     }
     out.push('\n');
     out += &format!(
-        "bans:      {} active, {} applied by this host; safety valve: {} ({} refused, limit {}/min)\n",
+        "bans:      {} active, {} decided here; safety valve: {} ({} refused, limit {}/min)\n",
         s.bans_active, s.bans, s.safety.state, s.safety.refused, s.safety.max_bans_per_minute
     );
     out += &format!(
@@ -104,7 +104,12 @@ fn render(s: &Status, now: i64) -> String {
         c.shed_keys,
         c.sheds
     );
-    out += &format!("reloads:   {} ({} refused)\n", s.reloads, s.reload_errors);
+    // Every SIGHUP, the refused ones among them.
+    out += &format!(
+        "reloads:   {} ({} refused)\n",
+        s.reloads + s.reload_errors,
+        s.reload_errors
+    );
     if let Some(h) = &s.http {
         out += &format!(
             "http:      {}; {} checks, {} denials, {} malformed; answered within p50 {}, p99 {}\n",

@@ -16,6 +16,8 @@ pub struct Status {
     /// the wall clock. Absent from an older daemon's status.
     #[serde(default)]
     pub future: u64,
+    /// New bans this daemon decided (its rules; operators through its
+    /// control socket), not those it applied from the fleet.
     pub bans: u64,
     pub safety_refused: u64,
     pub safety: SafetyStatus,
@@ -23,6 +25,7 @@ pub struct Status {
     pub bans_active: u64,
     /// Wall clock minus the log time of the last hit read.
     pub lag_ms: i64,
+    /// Reloads applied, and those refused (`status` shows their sum).
     pub reloads: u64,
     pub reload_errors: u64,
     /// The decision endpoint, when `http:` is configured.

@@ -391,6 +391,7 @@ impl Pipeline {
     /// enforcer reads them too: whoever reads a change publishes it).
     fn every_second(&mut self) {
         self.save_offsets();
+        self.bans.flush_log();
         self.order.prune(self.limiter.mono_ms());
         if let Some((own, rx)) = self.own.as_mut() {
             own.refresh();

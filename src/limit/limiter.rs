@@ -486,7 +486,7 @@ impl Limiter {
             let started = outage && health.failed();
             if fallback.mode == OnDown::Local {
                 if started {
-                    tracing::warn!(error = %e, "Redis unreachable; limiting locally (limits / fleet_size) until it answers.");
+                    tracing::warn!(error = %e, errors = n + 1, "Redis unreachable; limiting locally (limits / fleet_size) until it answers.");
                 }
                 decide_locally(fallback, &batches[verdicts.len()..], verdicts, &self.counters);
                 return true;
