@@ -60,6 +60,10 @@ enum Command {
         /// tables`); exit 1 when either fails.
         #[arg(long)]
         online: bool,
+        /// With --online: POST one test event to each `notify:` target
+        /// (nothing is sent without it); exit 1 when one fails.
+        #[arg(long, requires = "online")]
+        notify_test: bool,
         /// One JSON object: ok, every error with file, line and column, the
         /// rules, the warnings, what --online found failing, the report's lines.
         #[arg(long)]
@@ -217,7 +221,12 @@ fn execute(command: Command) -> commands::Outcome {
             bench_one_call_per_hit,
             bench_one_flight,
         } => run::run(&config, dry_run, bench_one_call_per_hit, bench_one_flight),
-        Command::Check { config, online, json } => check::check(&config, online, json),
+        Command::Check {
+            config,
+            online,
+            notify_test,
+            json,
+        } => check::check(&config, online, notify_test, json),
         Command::Test {
             config,
             rules,

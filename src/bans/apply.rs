@@ -73,6 +73,8 @@ pub struct Bans {
     counters: Arc<BanCounters>,
     /// Rate limits the warnings of bans Redis refused.
     refusals: Refusals,
+    /// Webhook targets, told of each ban this host creates in the list.
+    notifier: crate::notify::Notifier,
 }
 
 impl Bans {
@@ -92,7 +94,15 @@ impl Bans {
             changes,
             counters: Arc::default(),
             refusals: Refusals::default(),
+            notifier: crate::notify::Notifier::default(),
         }
+    }
+
+    /// Tells `notifier`'s targets of the bans this host creates (and of
+    /// operators' unbans through it).
+    pub fn with_notify(mut self, notifier: crate::notify::Notifier) -> Bans {
+        self.notifier = notifier;
+        self
     }
 
     /// At most `max_per_minute` new rule bans a minute (`safety:`), a
@@ -224,6 +234,11 @@ impl Bans {
                     }
                     self.counters.queued.store(q.len() as u64, Relaxed);
                 }
+                // A queued ban is told once it is written (`recover`), by
+                // the host whose write creates it; one never written, now.
+                if !queued {
+                    self.notify(&rec, at_ms);
+                }
                 let list = match (&e, queued) {
                     (BanListError::Down, true) => "Redis down; queued".to_owned(),
                     (_, true) => format!("queued: {}", crate::ratelog::cap_error(&e.to_string())),
@@ -306,10 +321,36 @@ impl Bans {
     fn banned(&mut self, rec: BanRecord, at_ms: i64, now_ms: i64) -> Applied {
         self.counters.bans.fetch_add(1, Relaxed);
         self.log_banned(&rec, at_ms, now_ms, None);
+        self.notify(&rec, at_ms);
         self.enforce(rec.addr, rec.until());
         Applied::New(rec)
     }
 
+    fn notify(&self, rec: &BanRecord, at_ms: i64) {
+        tell(&self.notifier, rec, at_ms);
+    }
+}
+
+/// The targets hear of `rec`: only ever from the host whose write created
+/// it (ban.lua answers "banned" to that one write alone), so the fleet
+/// tells each ban once.
+fn tell(notifier: &crate::notify::Notifier, rec: &BanRecord, at_ms: i64) {
+    if !notifier.is_on() {
+        return;
+    }
+    notifier.ban(crate::notify::BanEvent {
+        addr: rec.addr,
+        rule: rec.rule.clone(),
+        reason: rec.reason.clone(),
+        host: rec.host.clone(),
+        hits: rec.hits,
+        at_ms,
+        until_ms: rec.until,
+        network: false,
+    });
+}
+
+impl Bans {
     /// The "Banned." line of every new ban; `local`: why the list does not
     /// have it (yet).
     fn log_banned(&self, rec: &BanRecord, at_ms: i64, now_ms: i64, local: Option<&str>) {
@@ -450,13 +491,18 @@ impl Bans {
             match self.list.ban_escalating(req, *at).await {
                 Ok((out, network)) => {
                     let until = match out {
-                        Outcome::Banned(rec) | Outcome::Changed { rec, .. } => rec.until(),
+                        Outcome::Banned(rec) => {
+                            tell(&self.notifier, &rec, *at);
+                            rec.until()
+                        }
+                        Outcome::Changed { rec, .. } => rec.until(),
                         Outcome::AlreadyBanned(u) => u,
                     };
                     let mut elems = vec![Element { net: req.addr, until }];
                     if let Some(n) = network {
                         tracing::info!(rule = %n.rule, addr = %AddrText(&n.addr), reason = %n.reason,
                             until = %n.until.map_or("forever".into(), crate::rfc3339), "Banned.");
+                        tell(&self.notifier, &n, *at);
                         elems.push(Element {
                             net: n.addr,
                             until: n.until(),
