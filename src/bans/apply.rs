@@ -39,6 +39,8 @@ pub struct BanCounters {
     pub dropped: AtomicU64,
     /// Entries of this host's view of the list.
     pub active: AtomicU64,
+    /// New bans per network (the dashboard's top banned networks).
+    pub networks: std::sync::Mutex<super::TopNetworks>,
 }
 
 /// What came of a ban.
@@ -320,6 +322,11 @@ impl Bans {
     /// A new ban in the list: logged, counted, enforced.
     fn banned(&mut self, rec: BanRecord, at_ms: i64, now_ms: i64) -> Applied {
         self.counters.bans.fetch_add(1, Relaxed);
+        self.counters
+            .networks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add(&rec.addr);
         self.log_banned(&rec, at_ms, now_ms, None);
         self.notify(&rec, at_ms);
         self.enforce(rec.addr, rec.until());

@@ -19,6 +19,9 @@
 //! rule, `fleetban_rule_lines_total{rule}` (lines it read) and
 //! `fleetban_rule_unparsed_total{rule}` (of those, the ones its format
 //! could not parse: `fleetban_unparsed_total` counts the lines no rule parsed);
+//! `fleetban_safety_tripped` (1 while the valve is tripped),
+//! `fleetban_banned_network_bans{network}` (bans this host created per /24
+//! or /48, the ten largest; `bans::TopNetworks`);
 //! per `notify:` target (labelled by its origin, never its path),
 //! `fleetban_notify_sent_total{target}`, `fleetban_notify_failed_total{target}`,
 //! `fleetban_notify_dropped_total{target}`, `fleetban_notify_folded_total{target}`,
@@ -178,6 +181,25 @@ impl prometheus_client::collector::Collector for StatsCollector {
                 MetricType::Histogram,
             )?
             .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
+        }
+        gauge(
+            &mut e,
+            "fleetban_safety_tripped",
+            "1 while the safety valve is tripped (it refused a ban within the last minute).",
+            if s.valve_state() == "tripped" { 1.0 } else { 0.0 },
+        )?;
+        {
+            let top = s.bans.networks.lock().unwrap_or_else(|e| e.into_inner()).top();
+            let mut family = e.encode_descriptor(
+                "fleetban_banned_network_bans",
+                "Bans this host created per network (IPv4 /24, IPv6 /48), the ten with the most.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (net, n) in top {
+                let net = crate::addr::AddrText(&net).to_string();
+                ConstGauge::new(n as f64).encode(family.encode_family(&[("network", net.as_str())])?)?;
+            }
         }
         if !s.notify.is_empty() {
             type Of = fn(&crate::notify::TargetCounters) -> f64;

@@ -101,7 +101,7 @@ impl Queue {
                     sum.bans += 1;
                     sum.host = b.host;
                     *rules.entry(b.rule).or_default() += 1;
-                    *nets.entry(network_of(&b.addr)).or_default() += 1;
+                    *nets.entry(crate::addr::ranked_network(&b.addr)).or_default() += 1;
                 }
                 Event::Unban { host, .. } => {
                     sum.unbans += 1;
@@ -163,18 +163,6 @@ fn top<K: Ord>(map: HashMap<K, u64>) -> Vec<(K, u64)> {
     v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     v.truncate(TOP);
     v
-}
-
-/// The network a banned address is counted under in a summary.
-fn network_of(addr: &IpNet) -> IpNet {
-    let len = match addr {
-        IpNet::V4(_) => 24,
-        IpNet::V6(_) => 48,
-    };
-    match IpNet::new(addr.addr(), len.min(addr.prefix_len())) {
-        Ok(n) => n.trunc(),
-        Err(_) => *addr,
-    }
 }
 
 #[cfg(test)]
