@@ -8,7 +8,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 mod commands;
 
 use commands::list::BanArgs;
-use commands::{check, completions, explain, list, manpage, run, status, test};
+use commands::{check, completions, explain, list, manpage, run, status, test, top};
 
 #[derive(Parser)]
 #[command(
@@ -105,6 +105,19 @@ enum Command {
         /// One JSON object (docs/design.md: the `status` fields).
         #[arg(long)]
         json: bool,
+    },
+    /// A live view of the running daemon, like top: bans per second by rule,
+    /// the clients nearest their limits, lines per second and lag per file,
+    /// Redis, the decision endpoint, notifications. q quits.
+    Top {
+        #[command(flatten)]
+        on: OperatorConfig,
+        /// Print one snapshot (two readings an interval apart) and exit.
+        #[arg(long)]
+        once: bool,
+        /// Time between readings, e.g. 1s, 500ms (at least 100ms).
+        #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_interval)]
+        interval: std::time::Duration,
     },
     /// Active bans, fleet-wide: address, rule, since, until, time left,
     /// offence count, host, reason.
@@ -249,6 +262,7 @@ fn execute(command: Command) -> commands::Outcome {
             },
         ),
         Command::Status { on, json } => status::status(&on.config, json),
+        Command::Top { on, once, interval } => top::top(&on.config, once, interval),
         Command::Bans { on, json } => list::bans(&on.config, json),
         Command::Ban {
             on,
@@ -276,6 +290,11 @@ fn execute(command: Command) -> commands::Outcome {
         Command::Manpage => manpage::print(Cli::command()),
         Command::CompleteRules { config } => completions::rules(&config),
     }
+}
+
+/// `top --interval`: a human duration (`1s`, `500ms`).
+fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
+    humantime::parse_duration(s.trim()).map_err(|e| format!("invalid duration `{s}` ({e}): expected e.g. 1s, 500ms"))
 }
 
 #[cfg(test)]

@@ -37,6 +37,24 @@ pub struct Status {
     /// One per `notify:` target, in the configuration's order.
     #[serde(default)]
     pub notify: Vec<NotifyStatus>,
+    /// The clients nearest a limit (at half of it or more, by the counts
+    /// this host's verdicts reported within the rule's window), nearest
+    /// first, ten at most (`fleetban top`).
+    #[serde(default)]
+    pub nearest: Vec<NearStatus>,
+}
+
+/// A client near a rule's limit.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NearStatus {
+    pub rule: String,
+    /// The client key (an address, or a network for IPv6 or `key: network`).
+    pub addr: String,
+    /// Its window's count when last reported, and the rule's limit.
+    pub count: u32,
+    pub limit: u32,
+    /// When that count was reported (RFC 3339).
+    pub at: String,
 }
 
 /// A `notify:` target: what it was sent and what failed. Named by its

@@ -20,6 +20,7 @@ mod control;
 mod enforcer;
 mod logging;
 mod metrics;
+mod nearest;
 mod notify;
 mod order;
 mod pipeline;

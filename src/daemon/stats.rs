@@ -95,6 +95,9 @@ pub struct Stats {
     pub http: Option<HttpStats>,
     /// The `notify:` targets, counted by their senders.
     pub notify: Vec<crate::notify::TargetInfo>,
+    /// The clients nearest their limits, published by the pipeline once a
+    /// second (`nearest.rs`).
+    pub nearest: Mutex<Vec<crate::control::NearStatus>>,
 }
 
 /// The decision endpoint as `Stats` knows it.
@@ -136,6 +139,7 @@ impl Stats {
             nft_apply: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             http: None,
             notify: Vec::new(),
+            nearest: Mutex::default(),
         };
         stats.set_rules(rule_names);
         stats
@@ -407,6 +411,7 @@ impl Stats {
                     }
                 })
                 .collect(),
+            nearest: self.nearest.lock().unwrap_or_else(|e| e.into_inner()).clone(),
             // Filled by the control socket from the enforcer's report.
             firewall: Default::default(),
             blocklists: Vec::new(),
