@@ -406,3 +406,30 @@ fn secrets_never_appear_in_the_log_or_status() {
         }
     }
 }
+
+#[test]
+fn a_redis_outage_and_its_end_are_told() {
+    let mut redis = Redis::start();
+    let receiver = Receiver::start(&[]);
+    let c = ConfigDir::new();
+    c.write(
+        &c.main_config()
+            .host_id("web-r")
+            .log_firewall()
+            .notify(&format!("[{{ url: '{}', events: [redis] }}]", receiver.url("/")))
+            .redis(&redis.url(), ""),
+        &[Rule::new("scraper", &c.log, "{ hits: 3, window: 60s }").ban("1h")],
+    );
+    let d = Daemon::start(None, &c.cfg, &c.control);
+    wait_until(WAIT, "Redis connected", || d.status()["redis"]["state"] == "connected");
+    redis.kill();
+    wait_until(WAIT, "the outage told", || {
+        !events(&receiver.posts(), "redis").is_empty()
+    });
+    redis.restart();
+    wait_until(WAIT, "its end told", || events(&receiver.posts(), "redis").len() == 2);
+    let ev = events(&receiver.posts(), "redis");
+    assert_eq!((&ev[0]["state"], &ev[0]["host"]), (&"down".into(), &"web-r".into()));
+    assert_eq!(ev[1]["state"], "up");
+    assert!(events(&receiver.posts(), "ban").is_empty());
+}
