@@ -433,3 +433,35 @@ fn a_redis_outage_and_its_end_are_told() {
     assert_eq!(ev[1]["state"], "up");
     assert!(events(&receiver.posts(), "ban").is_empty());
 }
+
+#[test]
+fn an_https_target_is_spoken_to_in_tls_and_a_plain_answer_fails_the_handshake() {
+    // A server that answers plain HTTP at once, whatever it is sent.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+        let mut first = [0u8; 1];
+        let _ = std::io::Read::read(&mut conn, &mut first);
+        first[0]
+    });
+    let c = ConfigDir::new();
+    c.write(
+        &c.main_config()
+            .log_firewall()
+            .notify(&format!("[{{ url: 'https://127.0.0.1:{port}/hook' }}]")),
+        &[Rule::new("scraper", &c.log, "{ hits: 3, window: 60s }")],
+    );
+    let out = cli(&c.cfg, &["check", "--online", "--notify-test"]);
+    assert_eq!(out.code, 1, "{}", out.text());
+    assert!(
+        out.stdout.contains(&format!(
+            "notify: https://127.0.0.1:{port} (json; events ban, valve, redis): FAILED: TLS:"
+        )),
+        "{}",
+        out.stdout
+    );
+    // 0x16: a TLS handshake record, the ClientHello.
+    assert_eq!(server.join().unwrap(), 0x16);
+}
