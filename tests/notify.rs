@@ -465,3 +465,29 @@ fn an_https_target_is_spoken_to_in_tls_and_a_plain_answer_fails_the_handshake() 
     // 0x16: a TLS handshake record, the ClientHello.
     assert_eq!(server.join().unwrap(), 0x16);
 }
+
+#[test]
+fn a_reload_keeps_the_running_targets_and_says_a_change_needs_a_restart() {
+    let (first, second) = (Receiver::start(&[]), Receiver::start(&[]));
+    let (c, d) = single(
+        &format!("[{{ url: '{}' }}]", first.url("/")),
+        "",
+        "{ hits: 3, window: 60s }",
+    );
+    let rules = [Rule::new("scraper", &c.log, "{ hits: 3, window: 60s }").ban("1h")];
+    c.write(
+        &c.main_config()
+            .host_id("solo")
+            .log_firewall()
+            .notify(&format!("[{{ url: '{}' }}]", second.url("/"))),
+        &rules,
+    );
+    d.signal(libc::SIGHUP);
+    wait_until(WAIT, "the reload's warning", || {
+        d.log_text().contains("setting=\"notify\"") || d.log_text().contains("setting=notify")
+    });
+    append(&c.log, &combined_lines("203.0.113.50", 4, "/", 200));
+    wait_until(WAIT, "the ban told", || sum(&[&d], "sent") == 1);
+    assert_eq!(first.posts().len(), 1, "the running target");
+    assert!(second.posts().is_empty());
+}

@@ -145,7 +145,7 @@ impl Endpoint {
 }
 
 /// A validated target.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct NotifyConfig {
     pub endpoint: Endpoint,
     pub format: NotifyFormat,
@@ -159,6 +159,27 @@ pub struct NotifyConfig {
     pub min_duration_ms: i64,
     /// Where `rules:` stands, for [`check_rules`].
     rules_at: Location,
+}
+
+/// The same target, wherever it is written in the file (a reload compares).
+impl PartialEq for NotifyConfig {
+    fn eq(&self, o: &NotifyConfig) -> bool {
+        (
+            &self.endpoint,
+            self.format,
+            &self.secret_file,
+            &self.events,
+            &self.rules,
+            self.min_duration_ms,
+        ) == (
+            &o.endpoint,
+            o.format,
+            &o.secret_file,
+            &o.events,
+            &o.rules,
+            o.min_duration_ms,
+        )
+    }
 }
 
 /// Reads a secret file: its content without surrounding whitespace, not
