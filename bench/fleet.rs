@@ -12,6 +12,11 @@
 //!   ban event's stream id (the Redis clock of `ban.lua`, same machine):
 //!   append -> ban written (A: follow poll, parse, window, ban.lua) and
 //!   ban written -> element in B's set (B: XREAD, enforcer, nft).
+//!   With `NOTIFY=silent`, both hosts have a `notify:` target on their
+//!   loopback that accepts connections and never answers (a listening
+//!   socket nobody accepts on: every attempt waits out its 5 s timeout):
+//!   the figures against those without it say whether a dead webhook
+//!   slows banning (BENCHMARKS.md "Notifications").
 //! - `start_with_100k_bans`: 100,000 active bans in the list, a daemon
 //!   starts; time from spawn to all of them in the kernel's sets.
 
@@ -45,8 +50,32 @@ fn now_us() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as i64
 }
 
+/// The loopback port of the silent webhook target (`NOTIFY=silent`).
+const SILENT_PORT: u16 = 9499;
+
+/// With `NOTIFY=silent`: in `ns`, a socket listening on [`SILENT_PORT`]
+/// that never accepts: connections complete in the kernel's backlog, the
+/// POST is sent, no answer ever comes.
+fn silent_target(ns: &NetNs) -> Option<std::process::Child> {
+    if std::env::var("NOTIFY").ok().as_deref() != Some("silent") {
+        return None;
+    }
+    let script = format!(
+        "import socket,time\ns=socket.socket()\ns.bind(('127.0.0.1',{SILENT_PORT}))\ns.listen(4096)\ntime.sleep(3600)\n"
+    );
+    Some(
+        ns.exec(&["python3", "-c", &script])
+            .spawn()
+            .expect("python3 for the silent target"),
+    )
+}
+
 fn write_config(dir: &Path, id: &str, log: &Path, redis: &Redis) -> (std::path::PathBuf, std::path::PathBuf) {
     let control = dir.join("control.sock");
+    let notify = match std::env::var("NOTIFY").ok().as_deref() {
+        Some("silent") => format!("notify: [{{ url: 'http://127.0.0.1:{SILENT_PORT}/hook' }}]\n"),
+        _ => String::new(),
+    };
     std::fs::write(
         dir.join("rules.yaml"),
         format!(
@@ -59,7 +88,7 @@ fn write_config(dir: &Path, id: &str, log: &Path, redis: &Redis) -> (std::path::
     std::fs::write(
         &cfg,
         format!(
-            "host_id: {id}\nstate_dir: {}\ncontrol: {}\nredis: {{ url: '{}' }}\nsafety: {{ max_bans_per_minute: 100000 }}\nrules: [rules.yaml]\n",
+            "host_id: {id}\nstate_dir: {}\ncontrol: {}\nredis: {{ url: '{}' }}\nsafety: {{ max_bans_per_minute: 100000 }}\n{notify}rules: [rules.yaml]\n",
             dir.join("state").display(),
             control.display(),
             redis.url()
@@ -96,7 +125,8 @@ fn propagation_latency() {
     std::fs::write(&log_b, "").unwrap();
     let (cfg_a, ctl_a) = write_config(da.path(), "bench-a", &log_a, &redis);
     let (cfg_b, ctl_b) = write_config(db.path(), "bench-b", &log_b, &redis);
-    let _ha = Daemon::start(Some(&a), &cfg_a, &ctl_a);
+    let silent: Vec<std::process::Child> = [&a, &b].into_iter().filter_map(silent_target).collect();
+    let ha = Daemon::start(Some(&a), &cfg_a, &ctl_a);
     let _hb = Daemon::start(Some(&b), &cfg_b, &ctl_b);
 
     let mut mon = b
@@ -149,6 +179,16 @@ fn propagation_latency() {
     }
     let _ = mon.kill();
     let _ = mon.wait();
+    if !silent.is_empty() {
+        // The daemon's own account: nothing delivered, everything queued,
+        // retried or failed; the ban path never waited for it.
+        let st = ha.status();
+        println!("notify (A, silent target): {}", st["notify"]);
+    }
+    for mut c in silent {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
     println!("propagation over {n} bans (append on A -> element in B's nft set):");
     report("append -> element on B", &mut total);
     report("append -> ban in Redis (A)", &mut to_list);

@@ -9,6 +9,7 @@
 # The harness is bench/fleet.rs (a [[bench]] target; never part of the suite).
 # Usage: bench/fleet.sh [BANS] [START_BANS]   (defaults 200, 100000)
 # Env: BIN=/path/to/fleetban measures that build instead of this tree's.
+#      NOTIFY=silent gives both hosts a notify: target that never answers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export BANS=${1:-200} START_BANS=${2:-100000}

@@ -61,6 +61,17 @@ pub fn too_wide(net: &IpNet) -> bool {
 pub const WIDEST_TEXT: &str = "wider than /8 (IPv4) or /16 (IPv6), the widest network fleetban drops";
 
 /// An address from its text, for tests.
+/// The network a ban is counted under where networks are ranked (the
+/// metric of top banned networks, notification summaries): IPv4 /24, IPv6
+/// /48, or the ban's own network when wider.
+pub fn ranked_network(addr: &IpNet) -> IpNet {
+    let len = match addr {
+        IpNet::V4(_) => 24,
+        IpNet::V6(_) => 48,
+    };
+    IpNet::new(addr.addr(), len.min(addr.prefix_len())).map_or(*addr, |n| n.trunc())
+}
+
 #[cfg(test)]
 pub(crate) fn at(s: &str) -> IpAddr {
     s.parse().unwrap()

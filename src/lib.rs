@@ -15,6 +15,7 @@
 //! - `store`: the Redis connection and its health, key names, the Lua scripts.
 //! - `limit`: the limiter: pending hits, the windows in Redis (`lua/`) or in
 //!   memory with the same semantics, the fallback while Redis is down.
+//! - `notify`: webhook targets told of bans and outages, never in the way of banning.
 //! - `bans`: the one owner of ban application: ban list (Redis or embedded),
 //!   escalation, safety valve, the queue while Redis is down, this host's view.
 //! - `fleet`: follows the fleet's ban events and reconciles the local set with the list.
@@ -37,6 +38,7 @@ pub mod enforce;
 pub mod fleet;
 pub mod http;
 pub mod limit;
+pub mod notify;
 pub mod parse;
 pub mod ratelog;
 pub mod replay;

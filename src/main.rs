@@ -8,7 +8,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 mod commands;
 
 use commands::list::BanArgs;
-use commands::{check, completions, explain, list, manpage, run, status, test};
+use commands::{check, completions, explain, list, manpage, run, status, test, top};
 
 #[derive(Parser)]
 #[command(
@@ -60,6 +60,10 @@ enum Command {
         /// tables`); exit 1 when either fails.
         #[arg(long)]
         online: bool,
+        /// With --online: POST one test event to each `notify:` target
+        /// (nothing is sent without it); exit 1 when one fails.
+        #[arg(long, requires = "online")]
+        notify_test: bool,
         /// One JSON object: ok, every error with file, line and column, the
         /// rules, the warnings, what --online found failing, the report's lines.
         #[arg(long)]
@@ -101,6 +105,19 @@ enum Command {
         /// One JSON object (docs/design.md: the `status` fields).
         #[arg(long)]
         json: bool,
+    },
+    /// A live view of the running daemon, like top: bans per second by rule,
+    /// the clients nearest their limits, lines per second and lag per file,
+    /// Redis, the decision endpoint, notifications. q quits.
+    Top {
+        #[command(flatten)]
+        on: OperatorConfig,
+        /// Print one snapshot (two readings an interval apart) and exit.
+        #[arg(long)]
+        once: bool,
+        /// Time between readings, e.g. 1s, 500ms (at least 100ms).
+        #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_interval)]
+        interval: std::time::Duration,
     },
     /// Active bans, fleet-wide: address, rule, since, until, time left,
     /// offence count, host, reason.
@@ -217,7 +234,12 @@ fn execute(command: Command) -> commands::Outcome {
             bench_one_call_per_hit,
             bench_one_flight,
         } => run::run(&config, dry_run, bench_one_call_per_hit, bench_one_flight),
-        Command::Check { config, online, json } => check::check(&config, online, json),
+        Command::Check {
+            config,
+            online,
+            notify_test,
+            json,
+        } => check::check(&config, online, notify_test, json),
         Command::Test {
             config,
             rules,
@@ -240,6 +262,7 @@ fn execute(command: Command) -> commands::Outcome {
             },
         ),
         Command::Status { on, json } => status::status(&on.config, json),
+        Command::Top { on, once, interval } => top::top(&on.config, once, interval),
         Command::Bans { on, json } => list::bans(&on.config, json),
         Command::Ban {
             on,
@@ -267,6 +290,11 @@ fn execute(command: Command) -> commands::Outcome {
         Command::Manpage => manpage::print(Cli::command()),
         Command::CompleteRules { config } => completions::rules(&config),
     }
+}
+
+/// `top --interval`: a human duration (`1s`, `500ms`).
+fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
+    humantime::parse_duration(s.trim()).map_err(|e| format!("invalid duration `{s}` ({e}): expected e.g. 1s, 500ms"))
 }
 
 #[cfg(test)]

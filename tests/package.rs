@@ -50,6 +50,7 @@ fn the_deb_installs_on_a_fresh_root_and_fleetban_check_passes() {
         "./etc/fleetban/nginx/fleetban-location.conf",
         "./usr/share/fleetban/rules/nginx-php-probes.yaml",
         "./usr/share/fleetban/rules/samples/nginx-login.log",
+        "./usr/share/fleetban/dashboards/fleetban.json",
         "./usr/share/man/man1/fleetban.1.gz",
         "./usr/share/zsh/vendor-completions/_fleetban",
         "./usr/share/fish/vendor_completions.d/fleetban.fish",

@@ -42,6 +42,8 @@ pub struct BanCounters {
     pub dropped: AtomicU64,
     /// Entries of this host's view of the list.
     pub active: AtomicU64,
+    /// New bans per network (the dashboard's top banned networks).
+    pub networks: std::sync::Mutex<super::TopNetworks>,
 }
 
 /// What came of a ban.
@@ -78,6 +80,8 @@ pub struct Bans {
     refusals: Refusals,
     /// The "Banned." lines let through (a few a second), and the rest.
     lines: crate::ratelog::Burst,
+    /// Webhook targets, told of each ban this host creates in the list.
+    notifier: crate::notify::Notifier,
 }
 
 impl Bans {
@@ -98,7 +102,15 @@ impl Bans {
             counters: Arc::default(),
             refusals: Refusals::default(),
             lines: crate::ratelog::Burst::new(BANNED_LINES_PER_SECOND, Duration::from_secs(1)),
+            notifier: crate::notify::Notifier::default(),
         }
+    }
+
+    /// Tells `notifier`'s targets of the bans this host creates (and of
+    /// operators' unbans through it).
+    pub fn with_notify(mut self, notifier: crate::notify::Notifier) -> Bans {
+        self.notifier = notifier;
+        self
     }
 
     /// At most `max_per_minute` new rule bans a minute (`safety:`), a
@@ -242,6 +254,11 @@ impl Bans {
                     }
                     self.counters.queued.store(q.len() as u64, Relaxed);
                 }
+                // A queued ban is told once it is written (`recover`), by
+                // the host whose write creates it; one never written, now.
+                if !queued {
+                    self.notify(&rec, at_ms);
+                }
                 let list = match (&e, queued) {
                     (BanListError::Down, true) => "Redis down; queued".to_owned(),
                     (_, true) => format!("queued: {}", crate::ratelog::cap_error(&e.to_string())),
@@ -323,7 +340,13 @@ impl Bans {
     /// A new ban in the list: logged, counted, enforced.
     fn banned(&mut self, rec: BanRecord, at_ms: i64, now_ms: i64) -> Applied {
         self.counters.bans.fetch_add(1, Relaxed);
+        self.counters
+            .networks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add(&rec.addr);
         self.log_banned(&rec, at_ms, now_ms, None);
+        self.notify(&rec, at_ms);
         self.enforce(rec.addr, rec.until());
         Applied::New(rec)
     }
@@ -337,6 +360,31 @@ impl Bans {
         }
     }
 
+    fn notify(&self, rec: &BanRecord, at_ms: i64) {
+        tell(&self.notifier, rec, at_ms);
+    }
+}
+
+/// The targets hear of `rec`: only ever from the host whose write created
+/// it (ban.lua answers "banned" to that one write alone), so the fleet
+/// tells each ban once.
+fn tell(notifier: &crate::notify::Notifier, rec: &BanRecord, at_ms: i64) {
+    if !notifier.is_on() {
+        return;
+    }
+    notifier.ban(crate::notify::BanEvent {
+        addr: rec.addr,
+        rule: rec.rule.clone(),
+        reason: rec.reason.clone(),
+        host: rec.host.clone(),
+        hits: rec.hits,
+        at_ms,
+        until_ms: rec.until,
+        network: false,
+    });
+}
+
+impl Bans {
     /// The "Banned." line of every new ban (a few a second, then a
     /// summary); `local`: why the list does not have it (yet).
     fn log_banned(&mut self, rec: &BanRecord, at_ms: i64, now_ms: i64, local: Option<&str>) {
@@ -496,7 +544,11 @@ impl Bans {
             match self.list.ban_escalating(req, *at).await {
                 Ok((out, network)) => {
                     let until = match out {
-                        Outcome::Banned(rec) | Outcome::Changed { rec, .. } => rec.until(),
+                        Outcome::Banned(rec) => {
+                            tell(&self.notifier, &rec, *at);
+                            rec.until()
+                        }
+                        Outcome::Changed { rec, .. } => rec.until(),
                         Outcome::AlreadyBanned(u) => u,
                     };
                     let mut elems = vec![Element { net: req.addr, until }];
@@ -504,6 +556,7 @@ impl Bans {
                         tracing::info!(rule = %n.rule, addr = %AddrText(&n.addr), reason = %n.reason,
                             until = %n.until.map_or("forever".into(), crate::rfc3339), host = %n.host,
                             decided_by = %"rule", "Banned.");
+                        tell(&self.notifier, &n, *at);
                         elems.push(Element {
                             net: n.addr,
                             until: n.until(),

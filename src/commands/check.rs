@@ -30,7 +30,7 @@ use super::{load, runtime, Failure, Outcome};
 /// Lines of each log `check` tries its rules' formats on.
 pub const SAMPLE_LINES: usize = 1000;
 
-pub fn check(path: &Path, online: bool, json: bool) -> Outcome {
+pub fn check(path: &Path, online: bool, notify_test: bool, json: bool) -> Outcome {
     let config = match load(path) {
         Ok(c) => c,
         // stdout has the JSON; stderr the errors for people, exit 2.
@@ -42,7 +42,7 @@ pub fn check(path: &Path, online: bool, json: bool) -> Outcome {
         Err(e) => return Err(e),
     };
     let mut report = String::new();
-    let result = report_on(&config, path, online, &mut report);
+    let result = report_on(&config, path, online, notify_test, &mut report);
     if json {
         let failures = match &result {
             Err(Failure::Runtime(e)) => vec![format!("{e:#}")],
@@ -144,7 +144,7 @@ fn to_json(v: &impl serde::Serialize) -> String {
 }
 
 /// Everything `check` prints, into `out`; a failure of `--online` after it.
-fn report_on(config: &Config, path: &Path, online: bool, out: &mut String) -> Outcome {
+fn report_on(config: &Config, path: &Path, online: bool, notify_test: bool, out: &mut String) -> Outcome {
     report!(out, "{}: ok, {} rule(s)", path.display(), config.rules.len());
     for r in &config.rules {
         report!(
@@ -166,13 +166,14 @@ fn report_on(config: &Config, path: &Path, online: bool, out: &mut String) -> Ou
             r.logs.join(", ")
         );
     }
-    let failures = match online {
+    let mut failures = match online {
         true => online::contact(config, out),
         false => {
             offline_lines(config, out);
             Vec::new()
         }
     };
+    failures.extend(online::notify(config, notify_test, out));
     if !config.proxies.is_empty() {
         let nets: Vec<String> = config.proxies.iter().map(|n| n.to_string()).collect();
         report!(

@@ -11,6 +11,7 @@ pub mod manpage;
 pub mod run;
 pub mod status;
 pub mod test;
+pub mod top;
 
 use std::path::Path;
 

@@ -163,7 +163,44 @@ fn render(s: &Status, now: i64) -> String {
         out += &indent(&t.render());
     }
     out += &blocklists(s, now);
+    out += &notify(s, now);
     out
+}
+
+/// The `notify:` targets, when any is configured.
+fn notify(s: &Status, now: i64) -> String {
+    if s.notify.is_empty() {
+        return String::new();
+    }
+    let mut t = Table::new(&[
+        "TARGET",
+        "FORMAT",
+        "SENT",
+        "FAILED",
+        "DROPPED",
+        "FOLDED",
+        "QUEUED",
+        "LAST ERROR",
+    ])
+    .right_range(2..=6);
+    for n in &s.notify {
+        let last = match (&n.last_error, n.last_error_at.as_deref().and_then(parse_time)) {
+            (Some(e), Some(at)) => format!("{e}, {}", relative(at, now)),
+            (Some(e), None) => e.clone(),
+            _ => "-".to_owned(),
+        };
+        t.row(vec![
+            n.target.clone(),
+            n.format.clone(),
+            n.sent.to_string(),
+            n.failed.to_string(),
+            n.dropped.to_string(),
+            n.folded.to_string(),
+            n.queued.to_string(),
+            last,
+        ]);
+    }
+    format!("\nnotify:\n{}", indent(&t.render()))
 }
 
 /// The `blocklists:` files, when any is configured.

@@ -13,6 +13,7 @@ mod bytes;
 mod error;
 mod firewall;
 mod http;
+mod notify;
 mod redis;
 mod rules;
 mod schema;
@@ -31,6 +32,7 @@ pub use bytes::ByteSize;
 pub use error::{ConfigError, ConfigErrors};
 pub use firewall::FirewallConfig;
 pub use http::{HttpConfig, Listen, DEFAULT_GROUP as DEFAULT_HTTP_GROUP};
+pub use notify::{read_secret, Endpoint, NotifyConfig, NotifyFormat};
 pub use redis::{RedisConfig, Sentinel, Servers, TlsFiles};
 pub use rules::{algorithm_name, BanPolicy, Limit, NetworkEscalation, Rule};
 pub use schema::{ActionSpec, Algorithm, Backend, Clock, Distinct, LimitSpec, MatchSpec, OnDown, Scope};
@@ -76,6 +78,8 @@ pub struct Config {
     pub rules: Vec<Rule>,
     /// `blocklists:`, validated (files are read by the daemon).
     pub blocklists: Vec<crate::blocklist::Spec>,
+    /// `notify:`, the webhook targets (read at start).
+    pub notify: Vec<NotifyConfig>,
 }
 
 impl Config {
@@ -105,6 +109,7 @@ impl Config {
             .and_then(|r| redis::redis_config(path, &base, r, &mut errors));
         let firewall = firewall::firewall_config(path, &main.firewall, &mut errors);
         let blocklists = blocklists::blocklists(path, &base, &main.blocklists, &mut errors);
+        let notify = notify::notify(path, &base, &main.notify, &mut errors);
         let ipv6_prefix = match &main.ipv6_prefix {
             None => 64,
             Some(p) if (1..=128).contains(&p.value) => p.value,
@@ -173,6 +178,11 @@ impl Config {
                 rules::load_rule_file(&file, &proxies, ipv6_prefix, &mut rules, &mut seen, &mut errors);
             }
         }
+        let names: Vec<String> = rules.iter().map(|r: &Rule| r.name.clone()).collect();
+        // Against the rules that loaded, once every rule file did.
+        if !errors.iter().any(|e| e.file != path) {
+            notify::check_rules(path, &notify, &names, &mut errors);
+        }
         if rules.is_empty() && errors.is_empty() {
             errors.push(ConfigError::at(
                 path,
@@ -206,6 +216,7 @@ impl Config {
             metrics,
             rules,
             blocklists,
+            notify,
         };
         Ok((config, errors))
     }

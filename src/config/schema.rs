@@ -35,6 +35,9 @@ pub struct MainFile {
     /// Local files of networks to drop (`blocklists.rs`).
     #[serde(default)]
     pub blocklists: Vec<super::blocklists::BlocklistSection>,
+    /// Webhooks told of bans and outages (`notify.rs`).
+    #[serde(default)]
+    pub notify: Vec<super::notify::NotifySection>,
     pub rules: Spanned<List<String>>,
 }
 

@@ -16,8 +16,8 @@ mod status;
 pub use client::{Client, ControlError};
 pub use server::{bind, serve, Handler};
 pub use status::{
-    BlocklistStatus, ClientStateStatus, FirewallStatus, HttpStatus, RedisStatus, RuleStatus, SafetyStatus,
-    SourceStatus, Status,
+    BlocklistStatus, ClientStateStatus, FirewallStatus, HttpStatus, NearStatus, NotifyStatus, RedisStatus, RuleStatus,
+    SafetyStatus, SourceStatus, Status,
 };
 
 use ipnet::IpNet;

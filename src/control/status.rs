@@ -37,6 +37,14 @@ pub struct Status {
     /// One per `blocklists:` file (absent from an older daemon's).
     #[serde(default)]
     pub blocklists: Vec<BlocklistStatus>,
+    /// One per `notify:` target, in the configuration's order.
+    #[serde(default)]
+    pub notify: Vec<NotifyStatus>,
+    /// The clients nearest a limit (at half of it or more, by the counts
+    /// this host's verdicts reported within the rule's window), nearest
+    /// first, ten at most (`fleetban top`).
+    #[serde(default)]
+    pub nearest: Vec<NearStatus>,
     /// The per-client windows in the daemon's memory (absent from an older
     /// daemon's).
     #[serde(default)]
@@ -58,6 +66,42 @@ pub struct ClientStateStatus {
     /// zero), and in how many sheds.
     pub shed_keys: u64,
     pub sheds: u64,
+}
+
+/// A client near a rule's limit.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NearStatus {
+    pub rule: String,
+    /// The client key (an address, or a network for IPv6 or `key: network`).
+    pub addr: String,
+    /// Its window's count when last reported, and the rule's limit.
+    pub count: u32,
+    pub limit: u32,
+    /// When that count was reported (RFC 3339).
+    pub at: String,
+}
+
+/// A `notify:` target: what it was sent and what failed. Named by its
+/// origin only: a webhook's path may be its secret.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NotifyStatus {
+    /// `scheme://host[:port]`.
+    pub target: String,
+    /// `json`, `slack` or `ntfy`.
+    pub format: String,
+    /// Messages the target answered 2xx.
+    pub sent: u64,
+    /// Messages given up on: a 4xx, or every attempt failed.
+    pub failed: u64,
+    /// Messages the full queue dropped, oldest first.
+    pub dropped: u64,
+    /// Bans and unbans told in a summary rather than one by one.
+    pub folded: u64,
+    /// Messages waiting now.
+    pub queued: u64,
+    /// The last failure (no URL path, no secret) and when (RFC 3339).
+    pub last_error: Option<String>,
+    pub last_error_at: Option<String>,
 }
 
 /// One blocklist file: what its last good read loaded, and its last error.

@@ -18,7 +18,15 @@
 //! `fleetban_http_check_seconds` (filled by the endpoint, lock-free); per
 //! rule, `fleetban_rule_lines_total{rule}` (lines it read) and
 //! `fleetban_rule_unparsed_total{rule}` (of those, the ones its format
-//! could not parse: `fleetban_unparsed_total` counts the lines no rule parsed).
+//! could not parse: `fleetban_unparsed_total` counts the lines no rule parsed);
+//! `fleetban_safety_tripped` (1 while the valve is tripped),
+//! `fleetban_banned_network_bans{network}` (bans this host created per /24
+//! or /48, the ten largest; `bans::TopNetworks`);
+//! per `notify:` target (labelled by its origin, never its path),
+//! `fleetban_notify_sent_total{target}`, `fleetban_notify_failed_total{target}`,
+//! `fleetban_notify_dropped_total{target}`, `fleetban_notify_folded_total{target}`,
+//! `fleetban_notify_queued{target}` and
+//! `fleetban_notify_last_error_seconds{target}` (unix time, 0: none yet).
 
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
@@ -191,6 +199,79 @@ impl prometheus_client::collector::Collector for StatsCollector {
                 MetricType::Histogram,
             )?
             .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
+        }
+        gauge(
+            &mut e,
+            "fleetban_safety_tripped",
+            "1 while the safety valve is tripped (it refused a ban within the last minute).",
+            if s.valve_state() == "tripped" { 1.0 } else { 0.0 },
+        )?;
+        {
+            let top = s.bans.networks.lock().unwrap_or_else(|e| e.into_inner()).top();
+            let mut family = e.encode_descriptor(
+                "fleetban_banned_network_bans",
+                "Bans this host created per network (IPv4 /24, IPv6 /48), the ten with the most.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (net, n) in top {
+                let net = crate::addr::AddrText(&net).to_string();
+                ConstGauge::new(n as f64).encode(family.encode_family(&[("network", net.as_str())])?)?;
+            }
+        }
+        if !s.notify.is_empty() {
+            type Of = fn(&crate::notify::TargetCounters) -> f64;
+            let per_target: [(&str, &str, MetricType, Of); 6] = [
+                (
+                    "fleetban_notify_sent",
+                    "Notifications a target took (2xx).",
+                    MetricType::Counter,
+                    |c| c.sent.load(Relaxed) as f64,
+                ),
+                (
+                    "fleetban_notify_failed",
+                    "Notifications given up on (4xx, or every attempt failed).",
+                    MetricType::Counter,
+                    |c| c.failed.load(Relaxed) as f64,
+                ),
+                (
+                    "fleetban_notify_dropped",
+                    "Notifications a full queue dropped.",
+                    MetricType::Counter,
+                    |c| c.dropped.load(Relaxed) as f64,
+                ),
+                (
+                    "fleetban_notify_folded",
+                    "Bans and unbans told in a summary rather than one by one.",
+                    MetricType::Counter,
+                    |c| c.folded.load(Relaxed) as f64,
+                ),
+                (
+                    "fleetban_notify_queued",
+                    "Notifications waiting.",
+                    MetricType::Gauge,
+                    |c| c.queued.load(Relaxed) as f64,
+                ),
+                (
+                    "fleetban_notify_last_error_seconds",
+                    "When a notification last failed, unix seconds (0: never).",
+                    MetricType::Gauge,
+                    |c| c.last_error_ms.load(Relaxed) as f64 / 1000.0,
+                ),
+            ];
+            for (name, help, kind, of) in per_target {
+                let mut family = e.encode_descriptor(name, help, None, kind)?;
+                for (i, t) in s.notify.iter().enumerate() {
+                    // Two targets may share an origin: the index tells them apart.
+                    let target = format!("{i}:{}", t.origin);
+                    let labels = [("target", target.as_str())];
+                    let v = of(&t.counters);
+                    match kind {
+                        MetricType::Counter => ConstCounter::new(v as u64).encode(family.encode_family(&labels)?)?,
+                        _ => ConstGauge::new(v).encode(family.encode_family(&labels)?)?,
+                    }
+                }
+            }
         }
         let rules = s.rule_counters();
         type Count = fn(&RuleCounters) -> &AtomicU64;

@@ -14,11 +14,13 @@
 //! The pipeline commits what it has read and saves offsets; the nft table
 //! stays (the kernel keeps expiring bans while we are down).
 
+mod alerts;
 mod blocklist;
 mod control;
 mod enforcer;
 mod logging;
 mod metrics;
+mod nearest;
 mod notify;
 mod order;
 mod pipeline;
@@ -173,13 +175,17 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     };
     let start::Store {
         limiter,
-        mut bans,
+        bans,
         health,
         fleet,
         hot,
         initial,
     } = store;
     tracing::debug!(seconds = read_started.elapsed().as_secs_f64(), "Ban list read.");
+    // `notify:`: each target's sender runs on its own task; the ban owner
+    // only queues (never waits on a target).
+    let notifier = crate::notify::Notifier::start(&config.notify, config.ipv6_prefix, &tracker, token.clone());
+    let mut bans = bans.with_notify(notifier.clone());
     let (mut enforcer, init) = match init.await {
         Ok(done) => done,
         // Only a panic in init (a bug) gets here: keep it a panic.
@@ -218,6 +224,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     if let Some(http) = &config.http {
         stats = stats.with_http(http.listen.to_string(), http_counters.clone());
     }
+    stats = stats.with_notify(notifier.targets());
     if let Some(r) = &config.redis {
         stats = stats.with_on_down(r.on_down);
         // `status` says `down` within about a second, traffic or not.
@@ -227,6 +234,14 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         }
     }
     let stats = Arc::new(stats);
+    if notifier.is_on() {
+        tracker.spawn(alerts::run(
+            stats.clone(),
+            notifier,
+            config.host_id.clone(),
+            token.clone(),
+        ));
+    }
     let enforced = Arc::new(enforcer::Enforced::default());
     // Blocklists: read and loaded before anything else is enforced after
     // the bans, in one transaction; then refreshed by their own task.

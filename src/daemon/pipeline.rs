@@ -114,6 +114,8 @@ pub struct Pipeline {
     /// Round trips decided in log order: the hits held back for the next
     /// one, the bans made with their place in the log.
     order: Order,
+    /// The clients nearest their limits, from the verdicts (`fleetban top`).
+    nearest: super::nearest::Nearest,
     /// Verdicts over the limit into bans; this host's view of the list.
     bans: Bans,
     inputs: Inputs,
@@ -211,6 +213,7 @@ impl Pipeline {
         }
         Pipeline {
             order,
+            nearest: Default::default(),
             rules,
             scanner,
             limiter,
@@ -374,6 +377,7 @@ impl Pipeline {
         }
         self.save_offsets();
         self.rules = r.rules;
+        self.nearest.clear();
         self.order.set_rules(&self.rules);
         self.scanner.set_plan(r.plan);
         self.limiter.set_rules(r.limits);
@@ -393,6 +397,9 @@ impl Pipeline {
         self.save_offsets();
         self.bans.flush_log();
         self.order.prune(self.limiter.mono_ms());
+        let names: Vec<(String, i64)> = self.rules.iter().map(|r| (r.name.clone(), r.window_ms)).collect();
+        let near = self.nearest.report(&names, crate::now_ms());
+        *self.stats.nearest.lock().unwrap_or_else(|e| e.into_inner()) = near;
         if let Some((own, rx)) = self.own.as_mut() {
             own.refresh();
             if rx.has_changed().unwrap_or(false) {
@@ -500,6 +507,14 @@ impl Pipeline {
             }
         }
         self.order.learn(batches, &verdicts, self.limiter.mono_ms());
+        let now = crate::now_ms();
+        for (b, v) in batches.iter().zip(&verdicts) {
+            let limit = self.rules.get(b.rule).map_or(0, |r| r.order.limit);
+            match *v {
+                Verdict::Under { count } => self.nearest.under(b.rule, b.key, count, limit, now),
+                Verdict::Over { .. } => self.nearest.banned(b.rule, &b.key),
+            }
+        }
         // In log order: a ban decides what the next ones count (escalation).
         for (i, index, count) in self.order.sort(batches, &verdicts) {
             let b = &batches[i];

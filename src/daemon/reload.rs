@@ -101,7 +101,8 @@ impl Following {
 /// running config stays. Valid: the pipeline swaps rules (windows and bans
 /// stay: they are keyed by rule name and address), and the follower is
 /// restarted on the new list of logs if it changed. Settings that need a
-/// restart (store, firewall, sockets, allow list) are reported and kept.
+/// restart (store, firewall, sockets, allow list, notify targets) are
+/// reported and kept.
 #[allow(clippy::too_many_arguments)]
 pub async fn reload(
     old: &Config,
@@ -149,6 +150,7 @@ pub async fn reload(
         ("state_dir", old.state_dir != new.state_dir),
         ("host_id", old.host_id != new.host_id),
         ("safety", old.max_bans_per_minute != new.max_bans_per_minute),
+        ("notify", old.notify != new.notify),
     ] {
         if changed {
             tracing::warn!(

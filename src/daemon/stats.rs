@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 
 use crate::bans::BanCounters;
-use crate::control::{ClientStateStatus, HttpStatus, RedisStatus, RuleStatus, SafetyStatus, SourceStatus, Status};
+use crate::control::{
+    ClientStateStatus, HttpStatus, NotifyStatus, RedisStatus, RuleStatus, SafetyStatus, SourceStatus, Status,
+};
 use crate::http::HttpCounters;
 use crate::limit::LimitCounters;
 use crate::store::Health;
@@ -93,6 +95,11 @@ pub struct Stats {
     pub nft_apply: Histogram,
     /// With `http:`: the decision endpoint's counters, counted by it.
     pub http: Option<HttpStats>,
+    /// The `notify:` targets, counted by their senders.
+    pub notify: Vec<crate::notify::TargetInfo>,
+    /// The clients nearest their limits, published by the pipeline once a
+    /// second (`nearest.rs`).
+    pub nearest: Mutex<Vec<crate::control::NearStatus>>,
 }
 
 /// The decision endpoint as `Stats` knows it.
@@ -133,6 +140,8 @@ impl Stats {
             on_down: crate::config::OnDown::default(),
             nft_apply: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             http: None,
+            notify: Vec::new(),
+            nearest: Mutex::default(),
         };
         stats.set_rules(rule_names);
         stats
@@ -144,6 +153,11 @@ impl Stats {
             http: Some(HttpStats { listen, counters }),
             ..self
         }
+    }
+
+    /// With the `notify:` targets (`status`, metrics).
+    pub fn with_notify(self, notify: Vec<crate::notify::TargetInfo>) -> Stats {
+        Stats { notify, ..self }
     }
 
     /// With Redis: what the limiter does while it is down (`status`).
@@ -380,6 +394,26 @@ impl Stats {
                 evicted: h.counters.evicted.load(Relaxed),
                 head_timeouts: h.counters.head_timeouts.load(Relaxed),
             }),
+            notify: self
+                .notify
+                .iter()
+                .map(|t| {
+                    let c = &t.counters;
+                    let at = c.last_error_ms.load(Relaxed);
+                    NotifyStatus {
+                        target: t.origin.clone(),
+                        format: t.format.name().to_owned(),
+                        sent: c.sent.load(Relaxed),
+                        failed: c.failed.load(Relaxed),
+                        dropped: c.dropped.load(Relaxed),
+                        folded: c.folded.load(Relaxed),
+                        queued: c.queued.load(Relaxed),
+                        last_error: c.last_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+                        last_error_at: (at != 0).then(|| crate::rfc3339(at)),
+                    }
+                })
+                .collect(),
+            nearest: self.nearest.lock().unwrap_or_else(|e| e.into_inner()).clone(),
             // Filled by the control socket from the enforcer's report.
             firewall: Default::default(),
             blocklists: Vec::new(),

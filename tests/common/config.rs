@@ -110,7 +110,7 @@ pub fn rules_yaml(rules: &[Rule]) -> String {
 
 /// The main configuration file. Its keys come out in one fixed order
 /// (host_id, state_dir, control, allow, proxies, firewall, metrics, safety,
-/// http, redis, rules), one line each unless a verbatim `redis` section spans more, so a
+/// http, notify, redis, rules), one line each unless a verbatim `redis` section spans more, so a
 /// test can name the line an error is reported at.
 #[derive(Clone, Debug)]
 pub struct MainConfig {
@@ -137,6 +137,7 @@ impl MainConfig {
                 "metrics",
                 "safety",
                 "http",
+                "notify",
             ]),
             redis: None,
             rule_files: vec!["rules.yaml".to_owned()],
@@ -194,6 +195,11 @@ impl MainConfig {
     /// `"{ listen: '127.0.0.1:8080', deny_status: 429 }"`.
     pub fn http(self, section: &str) -> MainConfig {
         self.set("http", section.to_owned())
+    }
+
+    /// `notify:`, the webhook targets, e.g. `"[{ url: 'http://127.0.0.1:9/x' }]"`.
+    pub fn notify(self, targets: &str) -> MainConfig {
+        self.set("notify", targets.to_owned())
     }
 
     /// `redis: { url: '<url>', <options> }`; `options` (`"timeout: 2s,

@@ -40,6 +40,7 @@ mod nft;
 mod nginx;
 pub mod operator;
 pub mod probe;
+pub mod receiver;
 mod redis;
 pub mod replay;
 pub use access_log::{append, combined_line, combined_lines, now_ms};

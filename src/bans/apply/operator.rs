@@ -122,6 +122,13 @@ impl Bans {
         self.cache.remove(net);
         self.publish_active();
         self.changes.send(Change::Remove(vec![*net]));
+        if unbanned.removed {
+            self.notifier.send(crate::notify::Event::Unban {
+                addr: *net,
+                host: self.host.clone(),
+                at_ms: now,
+            });
+        }
         Ok(unbanned)
     }
 

@@ -16,6 +16,43 @@ use super::super::runtime;
 /// How long `--online` waits for Redis (connection and probe) and nft.
 const WAIT: Duration = Duration::from_secs(5);
 
+/// A line per `notify:` target (its origin only: the path may be a
+/// secret); with `send`, one test event POSTed to each and its answer.
+/// Returns what failed.
+pub fn notify(config: &Config, send: bool, out: &mut String) -> Vec<String> {
+    let mut failures = Vec::new();
+    for t in &config.notify {
+        let origin = t.endpoint.origin();
+        let mut what = vec![t.format.name().to_owned()];
+        if t.secret_file.is_some() {
+            what.push("signed".to_owned());
+        }
+        what.push(format!("events {}", t.events.join(", ")));
+        if !t.rules.is_empty() {
+            what.push(format!("rules {}", t.rules.join(", ")));
+        }
+        if t.min_duration_ms > 0 {
+            what.push(format!("bans of {} or longer", super::duration(t.min_duration_ms)));
+        }
+        let what = what.join("; ");
+        if !send {
+            report!(
+                out,
+                "  notify: {origin} ({what}): nothing sent (--online --notify-test sends a test event)"
+            );
+            continue;
+        }
+        match runtime().block_on(fleetban::notify::send_test(t, &config.host_id)) {
+            Ok(status) => report!(out, "  notify: {origin} ({what}): test event sent, HTTP {status}"),
+            Err(e) => {
+                report!(out, "  notify: {origin} ({what}): FAILED: {e}");
+                failures.push(format!("notify {origin}: {e}"));
+            }
+        }
+    }
+    failures
+}
+
 /// Prints a line for Redis and one for the firewall; returns what failed.
 pub fn contact(config: &Config, out: &mut String) -> Vec<String> {
     let rt = runtime();
