@@ -149,19 +149,29 @@ fn report_on(config: &Config, path: &Path, online: bool, out: &mut String) -> Ou
     for r in &config.rules {
         report!(
             out,
-            "  {}: {}, ban {}{}; format {}; logs {}",
+            "  {}: {}, scope {}, ban {}{}{}; format {}; logs {}",
             r.name,
             describe_limit(&r.limit) + &describe_keying(r.limit.keying),
+            scope_name(r.limit.scope),
             duration(r.ban.duration_ms),
             if r.ban.factor > 1.0 {
                 format!(
-                    " (x{} for repeat offenders, at most {})",
+                    " (x{} for repeat offenders, at most {}, offences forgotten after {})",
                     r.ban.factor,
-                    duration(r.ban.max_ms)
+                    duration(r.ban.max_ms),
+                    duration(r.ban.forget_after_ms)
                 )
             } else {
                 String::new()
             },
+            r.ban.network.map_or(String::new(), |n| format!(
+                "; escalate_network: {} addresses of one /{} (IPv6 /{}) banned within {} ban the network for {}",
+                n.bans,
+                n.ipv4_prefix,
+                n.ipv6_prefix,
+                duration(n.within_ms),
+                duration(n.duration_ms)
+            )),
             format_name(&r.format),
             r.logs.join(", ")
         );
@@ -247,9 +257,10 @@ fn offline_lines(config: &Config, out: &mut String) {
     match &config.redis {
         Some(r) => report!(
             out,
-            "  redis: {} (prefix {}): not contacted (--online checks it)",
+            "  redis: {} (prefix {}; {}): not contacted (--online checks it)",
             online::masked(&r.url),
-            r.prefix
+            r.prefix,
+            redis_durations(r)
         ),
         None => report!(out, "  redis: none (single host, embedded store)"),
     }
@@ -399,6 +410,26 @@ pub fn duration(ms: i64) -> String {
         .iter()
         .find(|(u, _)| ms != 0 && ms % u == 0)
         .map_or(format!("{ms}ms"), |(u, name)| format!("{}{name}", ms / u))
+}
+
+/// The durations of `redis:` as derived, defaults included: `timeout
+/// 250ms, hold 1s, reconcile every 1m`.
+pub fn redis_durations(r: &fleetban::config::RedisConfig) -> String {
+    let ms = |d: Duration| duration(i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    format!(
+        "timeout {}, hold {}, reconcile every {}",
+        ms(r.timeout),
+        ms(r.hold),
+        ms(r.reconcile_every)
+    )
+}
+
+/// `fleet` or `host`: where a rule's window is counted.
+fn scope_name(s: fleetban::config::Scope) -> &'static str {
+    match s {
+        fleetban::config::Scope::Fleet => "fleet",
+        fleetban::config::Scope::Host => "host",
+    }
 }
 
 /// `, per network (/24, /48)` for a rule counting networks.
