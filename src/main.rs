@@ -103,7 +103,8 @@ enum Command {
         json: bool,
     },
     /// Active bans, fleet-wide: address, rule, since, until, time left,
-    /// offence count, host, reason.
+    /// offence count, host, reason. On a single host whose daemon is
+    /// stopped: the list it saved (state_dir/bans.json), said on stderr.
     Bans {
         #[command(flatten)]
         on: OperatorConfig,
@@ -145,7 +146,9 @@ enum Command {
         json: bool,
     },
     /// Why an address is or is not banned: its ban, wider bans, its count
-    /// in each rule's window, and what keeps it from ever being banned.
+    /// in each rule's window, and what keeps it from ever being banned. On
+    /// a single host whose daemon is stopped: from the list it saved,
+    /// without windows.
     Explain {
         #[command(flatten)]
         on: Target,

@@ -320,3 +320,79 @@ fn a_ban_too_long_or_not_positive_is_refused_by_the_cli_and_the_control_socket()
         "{bans}"
     );
 }
+
+/// Issue 26, item 7: with the daemon stopped, an error is said once, with
+/// the hint, whether the socket is absent or refuses; `bans` and `explain`
+/// read the list the daemon saved (`state_dir/bans.json`) and say so.
+#[test]
+fn with_the_daemon_stopped_errors_are_said_once_and_bans_and_explain_read_the_saved_list() {
+    let r = rig();
+    let once = |out: &common::CliOutput, io: &str| {
+        assert_eq!(out.code, 1, "{}", out.text());
+        assert_eq!(out.stderr.matches(io).count(), 1, "said once: {}", out.stderr);
+        assert!(
+            out.stderr.contains("is fleetban running? (systemctl status fleetban)"),
+            "{}",
+            out.stderr
+        );
+    };
+    once(&cli(&r.cfg, &["status"]), "No such file or directory");
+
+    let mut d = Daemon::start(None, &r.cfg, &r.control);
+    let out = cli(&r.cfg, &["ban", "198.51.100.7", "--for", "2h", "--reason", "probing"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    d.stop(Duration::from_secs(10));
+    // A socket file nobody listens on: refused.
+    let _ = std::fs::remove_file(&r.control);
+    drop(std::os::unix::net::UnixListener::bind(&r.control).unwrap());
+    once(&cli(&r.cfg, &["status"]), "Connection refused");
+
+    let out = cli(&r.cfg, &["bans"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    assert!(out.stderr.contains("reading the list it saved"), "{}", out.stderr);
+    assert!(out.stderr.contains("bans.json"), "{}", out.stderr);
+    assert!(
+        out.stdout.contains("198.51.100.7") && out.stdout.contains("probing") && out.stdout.contains("1 active ban(s)"),
+        "{}",
+        out.stdout
+    );
+    let out = cli(&r.cfg, &["explain", "198.51.100.7"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    assert!(out.stderr.contains("reading the list it saved"), "{}", out.stderr);
+    assert!(
+        out.stdout.contains("banned") && out.stdout.contains("probing"),
+        "{}",
+        out.stdout
+    );
+    let out = cli(&r.cfg, &["explain", "198.51.100.8", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    assert!(out.stdout.contains("\"verdict\":\"not_banned\""), "{}", out.stdout);
+}
+
+/// Issue 26, item 7: `test` on a log it may not read (run as `nobody`)
+/// says the permission error once.
+#[test]
+fn test_on_an_unreadable_log_says_the_error_once() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let r = rig();
+    let mode = |p: &std::path::Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    mode(r.path(), 0o755);
+    mode(&r.cfg, 0o644);
+    mode(&r.rules, 0o644);
+    append(&r.log, &combined_lines("203.0.113.9", 3, "/", 200));
+    mode(&r.log, 0o000);
+    let out = std::process::Command::new(fleetban_bin())
+        .args(["test", "-c"])
+        .arg(&r.cfg)
+        .arg(&r.log)
+        .uid(65534)
+        .gid(65534)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.matches("Permission denied").count(), 1, "{stderr}");
+    assert!(stderr.contains(&r.log.display().to_string()), "{stderr}");
+}

@@ -45,7 +45,7 @@ pub fn check(path: &Path, online: bool, json: bool) -> Outcome {
     let result = report_on(&config, path, online, &mut report);
     if json {
         let failures = match &result {
-            Err(Failure::Runtime(e)) => vec![format!("{e:#}")],
+            Err(Failure::Runtime(e)) => vec![super::once(e)],
             _ => Vec::new(),
         };
         let line = CheckJson::of(path, &config, &report, failures);
