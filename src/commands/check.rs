@@ -220,20 +220,70 @@ fn report_on(config: &Config, path: &Path, online: bool, out: &mut String) -> Ou
     }
 }
 
-/// Each blocklist file read as the daemon reads it: a `warning:` naming
-/// `FILE:LINE` for each network refused as too wide and each line that is
-/// no network, and one for a file that cannot be read.
+/// Each blocklist file read as the daemon reads it (never-banned networks
+/// taken out): a line with what it yields, and a `warning:` for a file
+/// missing or unreadable, one that yields nothing, each network refused
+/// as too wide and each line that is no network (`FILE:LINE`).
 fn warn_blocklists(config: &Config, out: &mut String) {
+    let never = config.never_banned();
     for spec in &config.blocklists {
-        let l = match fleetban::blocklist::load(spec, &[]) {
+        let file = spec.file.display();
+        let format = match spec.format {
+            fleetban::blocklist::Format::Netset => "netset",
+            fleetban::blocklist::Format::Drop => "drop",
+        };
+        let refresh = duration(i64::try_from(spec.refresh.as_millis()).unwrap_or(i64::MAX));
+        let l = match fleetban::blocklist::load(spec, never.nets()) {
             Ok(l) => l,
             Err(e) => {
-                report!(out, "warning: {e}; the daemon drops nothing from it until it can");
+                let what = match e.source.kind() {
+                    std::io::ErrorKind::NotFound => "missing (no such file)".to_owned(),
+                    _ => format!("unreadable ({})", e.source),
+                };
+                report!(
+                    out,
+                    "warning: blocklist {file}: {what}; the daemon drops nothing from it until it can read it"
+                );
                 continue;
             }
         };
-        let file = spec.file.display();
-        report!(out, "  blocklist {file}: {} networks", l.listed);
+        let mut refused = Vec::new();
+        for (n, what) in [
+            (l.too_wide, "too wide"),
+            (l.garbage, "not a network"),
+            (l.over_cap, "over max_entries"),
+        ] {
+            if n > 0 {
+                refused.push(format!("{n} {what}"));
+            }
+        }
+        let mut spared = Vec::new();
+        if l.split > 0 {
+            spared.push(format!("{} split around never-banned networks", l.split));
+        }
+        if l.dropped > 0 {
+            spared.push(format!("{} wholly never banned", l.dropped));
+        }
+        report!(
+            out,
+            "  blocklist {file} ({format}, refresh {refresh}): {} networks listed{}{}, yields {} network(s) to drop",
+            l.listed,
+            match refused.is_empty() {
+                true => String::new(),
+                false => format!(", refused {}", refused.join(", ")),
+            },
+            match spared.is_empty() {
+                true => String::new(),
+                false => format!(" ({})", spared.join(", ")),
+            },
+            l.nets.len()
+        );
+        if l.nets.is_empty() {
+            report!(
+                out,
+                "warning: blocklist {file}: yields no network: the daemon drops nothing from it"
+            );
+        }
         for (line, net) in &l.too_wide_lines {
             report!(
                 out,
