@@ -51,7 +51,10 @@ pub struct RuleStats {
     /// Of those, the lines its format could not parse.
     pub unparsed: u64,
     pub matched: u64,
+    /// Its bans of the clients it counts (as `status` counts a rule's).
     pub bans: u64,
+    /// The networks its bans escalated to (`escalate_network:`), apart.
+    pub network_bans: u64,
     /// The clients never banned by this rule whose window came closest to
     /// its limit, fullest first (at most [`Options::closest`]): what
     /// learning mode looks at to choose a limit (the banned ones are the
@@ -363,7 +366,7 @@ impl Replay<'_> {
             });
             // `escalate_network:`: the network, at the same line.
             if let Some(net) = network {
-                self.report.rules[rule].bans += 1;
+                self.report.rules[rule].network_bans += 1;
                 self.pending
                     .push((hit.offset, Pending::Ban(self.report.decisions.len())));
                 self.report.decisions.push(Decision {

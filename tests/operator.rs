@@ -396,3 +396,53 @@ fn test_on_an_unreadable_log_says_the_error_once() {
     assert_eq!(stderr.matches("Permission denied").count(), 1, "{stderr}");
     assert!(stderr.contains(&r.log.display().to_string()), "{stderr}");
 }
+
+/// Issue 26, item 10: a ban's reason says what the rule counted: `hits: 0`
+/// the first matching request, `distinct:` the distinct values; the
+/// daemon's log writes a ban's length as `check` does (`duration=1d`,
+/// never `1day`) and no float seconds.
+#[test]
+fn reasons_say_what_was_counted_and_logs_write_durations_one_way() {
+    let r = ConfigDir::new();
+    r.write(
+        &r.main_config().host_id("ops-host").log_firewall(),
+        &[
+            Rule::new("env", &r.log, "{ hits: 0, window: 1m }")
+                .matching("{ path: '^/\\.env$' }")
+                .ban("1d"),
+            Rule::new("probe", &r.log, "{ distinct: path, hits: 5, window: 5m }")
+                .matching("{ status: [404] }")
+                .ban("1h"),
+        ],
+    );
+    let d = Daemon::start_with_env(None, &r.cfg, &r.control, &[("RUST_LOG", "fleetban=debug")]);
+    let mut lines = combined_lines("203.0.113.5", 1, "/.env", 404);
+    for k in 0..6 {
+        lines += &combined_lines("203.0.113.6", 1, &format!("/backup-{k}.zip"), 404);
+    }
+    append(&r.log, &lines);
+    let mut bans: Vec<serde_json::Value> = Vec::new();
+    wait_until(Duration::from_secs(20), "both bans", || {
+        bans = cli(&r.cfg, &["bans", "--json"])
+            .stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        bans.len() == 2
+    });
+    let reason = |addr: &str| bans.iter().find(|b| b["addr"] == addr).map(|b| b["reason"].clone());
+    assert_eq!(
+        reason("203.0.113.5"),
+        Some("the first matching request (hits: 0)".into()),
+        "{bans:?}"
+    );
+    assert_eq!(
+        reason("203.0.113.6"),
+        Some("6 distinct paths within 5m".into()),
+        "{bans:?}"
+    );
+    let log = d.log_text();
+    assert!(log.contains("duration=1d"), "{log}");
+    assert!(log.contains("took="), "{log}");
+    assert!(!log.contains("1day") && !log.contains("seconds="), "{log}");
+}

@@ -314,7 +314,7 @@ impl Bans {
     /// have it (yet).
     fn log_banned(&self, rec: &BanRecord, at_ms: i64, now_ms: i64, local: Option<&str>) {
         let duration = rec.until.map_or("permanent".into(), |u| {
-            humantime::format_duration(Duration::from_secs(((u - now_ms).max(0) / 1000) as u64)).to_string()
+            crate::duration_text((u - now_ms).max(0) / 1000 * 1000)
         });
         let until = rec.until.map_or("forever".into(), crate::rfc3339);
         match local {

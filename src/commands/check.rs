@@ -455,11 +455,7 @@ fn proxies_in_the_list(config: &Config, out: &mut String) {
 /// A duration exactly as the configuration holds it, in the largest unit
 /// that divides it (`90s`, `1500ms`, `7d`): never rounded.
 pub fn duration(ms: i64) -> String {
-    const UNITS: [(i64, &str); 4] = [(86_400_000, "d"), (3_600_000, "h"), (60_000, "m"), (1_000, "s")];
-    UNITS
-        .iter()
-        .find(|(u, _)| ms != 0 && ms % u == 0)
-        .map_or(format!("{ms}ms"), |(u, name)| format!("{}{name}", ms / u))
+    fleetban::duration_text(ms)
 }
 
 /// The durations of `redis:` as derived, defaults included: `timeout

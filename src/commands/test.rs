@@ -94,6 +94,8 @@ struct RuleLine {
     closest: Vec<ClosestLine>,
     lines: u64,
     matched: u64,
+    /// The networks its bans escalated to, not in `bans`.
+    network_bans: u64,
     unparsed: u64,
 }
 
@@ -324,6 +326,7 @@ fn summary_json(
                 closest,
                 lines: r.lines,
                 matched: r.matched,
+                network_bans: r.network_bans,
                 unparsed: r.unparsed,
             };
             (r.name.clone(), line)
@@ -375,11 +378,13 @@ fn summary_human(
                 format!("{}:{}", report.files[d.file].path.display(), d.line),
             ]);
         }
-        writeln!(out, "{}", bans.render())?;
-        // The networks banned for their banned addresses (`escalate_network:`).
+        write!(out, "{}", bans.render())?;
+        // The networks banned for their banned addresses (`escalate_network:`),
+        // under the table they belong to, a blank line before the next.
         for d in report.decisions.iter().filter(|d| !d.reason.is_empty()) {
             writeln!(out, "{}: {}", AddrText(&d.addr), d.reason)?;
         }
+        writeln!(out)?;
     }
     let mut files = Table::new(&["FILE", "LINES", "READ BY"]).right(1);
     for f in &report.files {
@@ -412,7 +417,10 @@ fn summary_human(
             r.lines.to_string(),
             r.unparsed.to_string(),
             r.matched.to_string(),
-            r.bans.to_string(),
+            match r.network_bans {
+                0 => r.bans.to_string(),
+                n => format!("{} + {n} network", r.bans),
+            },
         ]);
     }
     writeln!(out, "{}", rules.render())?;
@@ -438,12 +446,17 @@ fn summary_human(
     for w in &warnings {
         writeln!(out, "warning: {w}")?;
     }
+    let networks: u64 = report.rules.iter().map(|r| r.network_bans).sum();
     write!(
         out,
-        "lines: {}  unparsed: {}  bans: {}",
+        "lines: {}  unparsed: {}  bans: {}{}",
         report.lines,
         report.unparsed,
-        report.decisions.len()
+        report.decisions.len() as u64 - networks,
+        match networks {
+            0 => String::new(),
+            n => format!(" + {n} network"),
+        }
     )?;
     if options.since_ms.is_some() || options.until_ms.is_some() {
         let now = fleetban::now_ms();

@@ -57,6 +57,29 @@ pub fn algorithm_name(algorithm: Algorithm, distinct: Option<Distinct>) -> Strin
 }
 
 impl Limit {
+    /// Why a client went over this limit with `hits` in its window, as the
+    /// ban's reason says it: `101 hits within 1m`, `6 distinct paths
+    /// within 5m`, `the first matching request (hits: 0)`.
+    pub fn reason(&self, hits: u32) -> String {
+        let window = crate::duration_text(self.window_ms);
+        match (self.hits, self.distinct) {
+            (0, _) => "the first matching request (hits: 0)".to_owned(),
+            (_, Some(d)) => {
+                let what = match d {
+                    Distinct::Path => "paths",
+                    Distinct::UserAgent => "user agents",
+                    Distinct::Host => "hosts",
+                    Distinct::Status => "statuses",
+                };
+                format!("{hits} distinct {what} within {window}")
+            }
+            _ if self.keying != crate::addr::Keying::Address => {
+                format!("{hits} hits of the network within {window}")
+            }
+            _ => format!("{hits} hits within {window}"),
+        }
+    }
+
     /// The algorithm as `check`, `explain` and `status` name it:
     /// `sliding_window`, or `distinct path` (a sliding window of values).
     pub fn algorithm_name(&self) -> String {

@@ -179,7 +179,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         hot,
         initial,
     } = store;
-    tracing::debug!(seconds = read_started.elapsed().as_secs_f64(), "Ban list read.");
+    tracing::debug!(took = %crate::took(read_started.elapsed()), "Ban list read.");
     let (mut enforcer, init) = match init.await {
         Ok(done) => done,
         // Only a panic in init (a bug) gets here: keep it a panic.

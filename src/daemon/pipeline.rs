@@ -65,8 +65,8 @@ pub struct RuleInfo {
     pub name: String,
     pub window_ms: i64,
     pub ban: BanPolicy,
-    /// Counts networks (`limit.key: network`), not addresses.
-    pub network: bool,
+    /// The limit, for the reason of its bans (`Limit::reason`).
+    pub limit: crate::config::Limit,
     /// This rule's counters in `Stats` (kept across reloads by name).
     pub counters: Arc<RuleCounters>,
     /// What keeps its batches in log order with the others' (`order.rs`).
@@ -527,11 +527,7 @@ impl Pipeline {
         let req = BanRequest {
             addr: key,
             rule: info.name.clone(),
-            reason: format!(
-                "{hits} hits{} within {}",
-                if info.network { " of the network" } else { "" },
-                humantime::format_duration(Duration::from_millis(info.window_ms as u64))
-            ),
+            reason: info.limit.reason(hits),
             host: self.bans.host().to_owned(),
             hits,
             mode: Mode::Auto(info.ban),
