@@ -66,6 +66,8 @@ enum Command {
         json: bool,
     },
     /// Replay log files through the rules with log time and the embedded store.
+    /// On a terminal, a progress line on stderr (files, lines, MB/s, time
+    /// left), erased before the report; never with --json or when piped.
     Test {
         /// The main configuration file.
         #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]

@@ -140,6 +140,16 @@ pub enum Event<'a> {
         decision: &'a Decision,
         file: &'a Path,
     },
+    /// After each chunk read: how far the replay is (`fleetban test`'s
+    /// progress line).
+    Progress {
+        /// The input being read (an index into the inputs).
+        file: usize,
+        /// Of that input, the bytes read as stored (compressed for gzip).
+        bytes: u64,
+        /// Lines read so far, every file.
+        lines: u64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -237,7 +247,7 @@ pub fn replay(
             .iter()
             .any(|&ri| rules[ri].format == crate::parse::Format::NginxError)
             .then_some(crate::parse::split_records as crate::source::Framer);
-        let gzip = crate::source::read_file(&input.path, framer, |chunk| {
+        let gzip = crate::source::read_file(&input.path, framer, |chunk, bytes| {
             let seen = scanner.scan(chunk, origin, wall, &mut r);
             r.report.lines += seen.lines;
             r.report.unparsed += seen.unparsed;
@@ -246,6 +256,11 @@ pub fn replay(
             r.report.files[i].lines += seen.lines;
             r.tell(chunk, before, &input.path, &mut events);
             before += chunk.lines + chunk.skipped_long;
+            events(Event::Progress {
+                file: i,
+                bytes,
+                lines: r.report.lines,
+            });
         })?;
         r.report.files[i].gzip = gzip;
     }

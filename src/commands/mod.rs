@@ -8,6 +8,7 @@ pub mod explain;
 pub mod human;
 pub mod list;
 pub mod manpage;
+pub mod progress;
 pub mod run;
 pub mod status;
 pub mod test;

@@ -12,6 +12,7 @@ use fleetban::replay::{Event, Inputs, Kind, Options, Print, Report};
 use serde::Serialize;
 
 use super::human::{local, relative, span, Table};
+use super::progress::Progress;
 use super::{load, Failure, Outcome};
 
 /// What `--print` shows.
@@ -144,6 +145,11 @@ pub fn test(path: &Path, args: &TestArgs) -> Outcome {
     // The first write error (a reader that went away) stops the writing,
     // not the replay: its errors still count.
     let mut written: std::io::Result<()> = Ok(());
+    // On a terminal: a progress line on stderr (not amid `--print` lines
+    // on the same terminal).
+    let paths: Vec<&Path> = inputs.files.iter().map(|i| i.path.as_path()).collect();
+    let printing = options.print.any() && std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let mut progress = Progress::on_terminal(&paths, args.json || printing);
     let report = fleetban::replay::replay(
         &config.rules,
         &inputs.files,
@@ -152,6 +158,12 @@ pub fn test(path: &Path, args: &TestArgs) -> Outcome {
         config.ipv6_prefix,
         &options,
         |event| {
+            if let Event::Progress { file, bytes, lines } = event {
+                if let Some(p) = &mut progress {
+                    p.update(file, bytes, lines);
+                }
+                return;
+            }
             if written.is_ok() {
                 written = if args.json {
                     event_json(&mut out, &event)
@@ -162,6 +174,9 @@ pub fn test(path: &Path, args: &TestArgs) -> Outcome {
         },
     )
     .map_err(|e| Failure::Runtime(e.into()))?;
+    if let Some(p) = &mut progress {
+        p.finish();
+    }
     let limit = |name: &str| config.rules.iter().find(|c| c.name == name).map_or(0, |c| c.limit.hits);
     let warnings = warnings(&report, &inputs);
     let written = written
@@ -264,7 +279,7 @@ fn event_human(out: &mut impl Write, event: &Event<'_>) -> std::io::Result<()> {
                 printable(text)
             )
         }
-        Event::Ban { .. } => Ok(()),
+        Event::Ban { .. } | Event::Progress { .. } => Ok(()),
     }
 }
 
@@ -295,6 +310,7 @@ fn event_json(out: &mut impl Write, event: &Event<'_>) -> std::io::Result<()> {
             rule: &d.rule,
             until: d.until_ms.map(fleetban::rfc3339),
         }),
+        Event::Progress { .. } => return Ok(()),
     }?;
     writeln!(out, "{text}")
 }
