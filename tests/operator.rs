@@ -312,6 +312,20 @@ fn a_ban_too_long_or_not_positive_is_refused_by_the_cli_and_the_control_socket()
             "for_ms {ms}: {line}"
         );
     }
+    // A length that is no `for_ms` (a bare `"for": "90"`, a string) is
+    // refused, not taken as the default hour (issue 26, item 2).
+    for (body, says) in [
+        (r#""for":"90""#, "unknown field `for`"),
+        (r#""for_ms":"90""#, "expected i64"),
+    ] {
+        let mut s = std::os::unix::net::UnixStream::connect(&r.control).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        writeln!(s, r#"{{"cmd":"ban","addr":"198.51.100.51",{body}}}"#).unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(&s).read_line(&mut line).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line}: {e}"));
+        assert!(v["error"].as_str().is_some_and(|e| e.contains(says)), "{body}: {line}");
+    }
     // The longest allowed still works, and nothing above was banned.
     assert_eq!(cli(&r.cfg, &["ban", "198.51.100.52", "--for", "3650d"]).code, 0);
     let bans = cli(&r.cfg, &["bans", "--json"]).stdout;
