@@ -22,6 +22,8 @@ use super::ConfigError;
 
 /// At most this many errors are reported per file (each costs a re-read).
 const MAX_ERRORS: usize = 200;
+/// At most this many re-reads per file, whatever they find.
+const MAX_ROUNDS: usize = 1000;
 
 /// A place in the text: 1-based line, 1-based column (as errors print
 /// them) and the character index.
@@ -145,7 +147,9 @@ pub(super) fn every_error<T: DeserializeOwned>(
     let mut chars: Vec<char> = text.chars().collect();
     let mut pruned = Pruned::default();
     let mut found: Vec<ConfigError> = Vec::new();
+    let mut rounds = 0;
     let result = loop {
+        rounds += 1;
         let current: String = chars.iter().collect();
         let e = match serde_saphyr::from_str::<T>(&current) {
             Ok(value) => break Some(value),
@@ -184,7 +188,7 @@ pub(super) fn every_error<T: DeserializeOwned>(
         if !blanked_key && !found.contains(&error) {
             found.push(error);
         }
-        if found.len() >= MAX_ERRORS {
+        if found.len() >= MAX_ERRORS || rounds >= MAX_ROUNDS {
             break None;
         }
         let before = chars.clone();
@@ -430,6 +434,14 @@ mod tests {
             (vec!["2:6".into(), "6:5".into(), "7:1".into(), "8:4".into()], true)
         );
         assert_eq!(run("a:\n  z: 1\nc: 1\n"), (vec!["2:3".into()], true));
+        // An emptied block sequence or mapping becomes `[]` or `{}`.
+        assert_eq!(run("b:\n  - x\nc: 1\n"), (vec!["2:5".into()], true));
+        assert_eq!(run("a:\n  x: 999\n"), (vec!["2:6".into()], true));
+        // A bad value inside a flow list inside a block mapping.
+        assert_eq!(
+            run("a: { x: 1 }\nb: [1, 2, 256]\nc: x\n"),
+            (vec!["2:11".into(), "3:4".into()], true)
+        );
     }
 
     #[test]
