@@ -412,7 +412,7 @@ fn test_on_an_unreadable_log_says_the_error_once() {
 }
 
 /// Issue 26, item 10: a ban's reason says what the rule counted: `hits: 0`
-/// the first matching request, `distinct:` the distinct values; the
+/// the path of the request that matched, `distinct:` the distinct values; the
 /// daemon's log writes a ban's length as `check` does (`duration=1d`,
 /// never `1day`) and no float seconds.
 #[test]
@@ -447,7 +447,7 @@ fn reasons_say_what_was_counted_and_logs_write_durations_one_way() {
     let reason = |addr: &str| bans.iter().find(|b| b["addr"] == addr).map(|b| b["reason"].clone());
     assert_eq!(
         reason("203.0.113.5"),
-        Some("the first matching request (hits: 0)".into()),
+        Some("first request for /.env".into()),
         "{bans:?}"
     );
     assert_eq!(
