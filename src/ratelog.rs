@@ -1,7 +1,7 @@
 //! Rate limiting for repeated warnings: a daemon reading millions of lines,
 //! or meeting the same Redis error on every call, must not write one log
 //! line each. [`Every`] lets one message through per period and counts what
-//! it held back.
+//! it held back; [`Burst`] lets a few through per period and sums the rest.
 
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,70 @@ impl Every {
         }
         self.last = Some(now);
         Some(std::mem::take(&mut self.held))
+    }
+}
+
+/// A line per event up to `max` a period, then one summary: [`Burst::admit`]
+/// says whether to log this one, [`Burst::summary`] (called at least once a
+/// period) how many were held back since, once their period is over.
+#[derive(Debug)]
+pub struct Burst {
+    /// Lines let through per period.
+    max: u32,
+    period: Duration,
+    /// The start of the current period (None before the first event).
+    since: Option<Instant>,
+    /// Lines let through in the current period.
+    logged: u32,
+    /// Events held back since the last summary, with a label each (what
+    /// the summary counts them by).
+    held: std::collections::BTreeMap<String, u64>,
+}
+
+impl Burst {
+    pub fn new(max: u32, period: Duration) -> Burst {
+        Burst {
+            max,
+            period,
+            since: None,
+            logged: 0,
+            held: Default::default(),
+        }
+    }
+
+    /// True if this event gets its own line; otherwise it is counted under
+    /// `label` for the summary.
+    pub fn admit(&mut self, label: &str) -> bool {
+        self.admit_at(label, Instant::now())
+    }
+
+    fn admit_at(&mut self, label: &str, now: Instant) -> bool {
+        if self.since.is_none_or(|t| now.duration_since(t) >= self.period) {
+            self.since = Some(now);
+            self.logged = 0;
+        }
+        if self.logged < self.max {
+            self.logged += 1;
+            return true;
+        }
+        *self.held.entry(label.to_owned()).or_default() += 1;
+        false
+    }
+
+    /// Once the period of the events held back is over: how many, and
+    /// their labels with counts (`label:N,...`).
+    pub fn summary(&mut self) -> Option<(u64, String)> {
+        self.summary_at(Instant::now())
+    }
+
+    fn summary_at(&mut self, now: Instant) -> Option<(u64, String)> {
+        if self.held.is_empty() || self.since.is_some_and(|t| now.duration_since(t) < self.period) {
+            return None;
+        }
+        let held = std::mem::take(&mut self.held);
+        let total = held.values().sum();
+        let labels: Vec<String> = held.iter().map(|(l, n)| format!("{l}:{n}")).collect();
+        Some((total, labels.join(",")))
     }
 }
 
@@ -123,6 +187,18 @@ mod tests {
         assert_eq!(e.note(5, Duration::from_secs(60)), None);
         assert_eq!(e.note(1, Duration::from_secs(60)), None);
         assert_eq!(e.note(2, Duration::ZERO), Some(8));
+    }
+
+    #[test]
+    fn a_few_lines_a_period_then_one_summary_by_label() {
+        let (t0, period) = (Instant::now(), Duration::from_secs(1));
+        let mut b = Burst::new(2, period);
+        let admitted: Vec<bool> = ["a", "a", "b", "a", "b"].iter().map(|l| b.admit_at(l, t0)).collect();
+        assert_eq!(admitted, [true, true, false, false, false]);
+        assert_eq!(b.summary_at(t0), None, "not before the period is over");
+        assert_eq!(b.summary_at(t0 + period), Some((3, "a:1,b:2".to_owned())));
+        assert_eq!(b.summary_at(t0 + period), None, "summed once");
+        assert!(b.admit_at("a", t0 + period), "a new period");
     }
 
     #[test]

@@ -70,6 +70,8 @@ const BAD: &[Case] = &[
     ("target without a logged target", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    format: { log_format: '$remote_addr [$time_local] \"$uri\" $status' }\n    ignore: { target: '\\?' }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:", &["ignore: { target: ... }", "$request_uri"]),
     ("bad target regex", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    match: { target: '[z-a]' }\n    limit: { hits: 1, window: 1s }\n", "r.yaml", "4:22", &["regular expression", "[z-a]"]),
     ("bad cidr", "rules: [r.yaml]\nallow: [10.0.0.0/33]\n", GOOD_RULE, "fleetban.yaml", "2:", &["10.0.0.0/33", "CIDR"]),
+    ("memory bound without its unit", "rules: [r.yaml]\nsafety: { max_client_state: 128 }\n", GOOD_RULE, "fleetban.yaml", "2:", &["128", "add a unit, e.g. 128MiB"]),
+    ("memory bound too small", "rules: [r.yaml]\nsafety: { max_client_state: 512KiB }\n", GOOD_RULE, "fleetban.yaml", "2:", &["max_client_state", "at least 1MiB"]),
     ("hits out of range", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 100000000000, window: 1s }\n", "r.yaml", "4:", &["100000000000", "from 0 to 4294967295"]),
     ("zero burst", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { algorithm: token_bucket, burst: 0, rate: 5/s }\n", "r.yaml", "4:", &["burst", "at least 1", "hits: 0"]),
     ("prefilter with hits 0", "rules: [r.yaml]\n", "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 0, window: 1s, prefilter: 0.5 }\n", "r.yaml", "4:", &["hits: 0", "prefilter"]),

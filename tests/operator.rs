@@ -11,7 +11,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::operator::{ban_of, explain_cases, rebanning_never_shortens, rig, unban_names_the_wider_ban};
+use common::operator::{
+    ban_of, explain_cases, rebanning_never_shortens, rig, unban_names_the_narrower_bans, unban_names_the_wider_ban,
+};
 use common::{append, cli, combined_lines, fleetban_bin, wait_until, ConfigDir, Daemon, NetNs, Rule};
 
 #[test]
@@ -191,6 +193,13 @@ fn unban_names_the_wider_ban_that_still_covers_the_address() {
     let r = rig();
     let _d = Daemon::start(None, &r.cfg, &r.control);
     unban_names_the_wider_ban(&r);
+}
+
+#[test]
+fn unban_of_a_network_names_the_narrower_bans_it_leaves() {
+    let r = rig();
+    let _d = Daemon::start(None, &r.cfg, &r.control);
+    unban_names_the_narrower_bans(&r);
 }
 
 #[test]

@@ -10,7 +10,10 @@ use common::metrics::{http_get, sample};
 
 use std::time::Duration;
 
-use common::operator::{ban_of, explain_cases, rebanning_never_shortens, redis_rig, unban_names_the_wider_ban};
+use common::operator::{
+    ban_of, explain_cases, rebanning_never_shortens, redis_rig, unban_names_the_narrower_bans,
+    unban_names_the_wider_ban,
+};
 use common::{append, cli, combined_lines, now_ms, wait_until, ConfigDir, Daemon, Redis, Rule};
 
 #[test]
@@ -32,6 +35,13 @@ fn unban_names_the_wider_ban_that_still_covers_the_address_over_redis() {
     let redis = Redis::start();
     let r = redis_rig(&redis, "");
     unban_names_the_wider_ban(&r);
+}
+
+#[test]
+fn unban_of_a_network_names_the_narrower_bans_it_leaves_over_redis() {
+    let redis = Redis::start();
+    let r = redis_rig(&redis, "");
+    unban_names_the_narrower_bans(&r);
 }
 
 #[test]
@@ -87,13 +97,19 @@ fn ban_and_unban_while_redis_is_down_go_through_the_daemon_and_reach_redis_in_or
     assert_eq!(st["redis"]["queued_bans"], 3, "{st}");
     assert_eq!(st["bans_active"], 1, "{st}");
     // `bans` with Redis down: the daemon's view of what this host enforces,
-    // said to be that; the records wait in Redis.
+    // said to be that; a queued ban with its record from the queue.
     let out = cli(&r.cfg, &["bans", "--json"]);
     assert_eq!(out.code, 0, "{}", out.text());
     let lines: Vec<serde_json::Value> = out.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(lines.len(), 1, "{}", out.stdout);
     assert_eq!(lines[0]["addr"], "198.51.100.32", "{}", out.stdout);
-    assert_eq!(lines[0]["since"], serde_json::Value::Null, "{}", out.stdout);
+    assert!(lines[0]["since"].is_string(), "{}", out.stdout);
+    assert_eq!(
+        (lines[0]["queued"].as_bool(), lines[0]["reason"].as_str()),
+        (Some(true), Some("while down")),
+        "{}",
+        out.stdout
+    );
     assert!(lines[0]["until"].is_string(), "{}", out.stdout);
     assert!(
         out.stderr

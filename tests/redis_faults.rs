@@ -249,6 +249,45 @@ fn a_ban_list_redis_lost_is_written_back_and_a_real_unban_still_works() {
     assert!(in_set(&nsa, "203.0.113.50") && in_set(&nsb, "203.0.113.50"));
 }
 
+/// A host down while Redis lost the list (a restart without persistence)
+/// finds the fleet's epoch changed since it last ran (`state_dir/epoch`):
+/// it writes back what its nft set kept instead of lifting it, and says so.
+#[test]
+fn a_host_started_after_redis_lost_the_list_writes_back_what_its_set_kept() {
+    let mut redis = Redis::start();
+    let (r, ns, mut d) = host(&redis, "late-host");
+    let banned = ["198.51.100.41", "198.51.100.42", "198.51.100.43"];
+    for a in banned {
+        let out = cli(&r.cfg, &["ban", a, "--for", "2h"]);
+        assert_eq!(out.code, 0, "{}", out.text());
+    }
+    wait_until(Duration::from_secs(10), "the bans in nft", || {
+        banned.iter().all(|a| in_set(&ns, a))
+    });
+    d.stop(Duration::from_secs(10));
+    redis.restart();
+
+    let d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    wait_until(Duration::from_secs(10), "the bans written back", || {
+        banned
+            .iter()
+            .all(|a| !redis.cli(&["ZSCORE", "{fleetban}:bans", a]).is_empty())
+    });
+    // Across reconciles, still enforced.
+    std::thread::sleep(Duration::from_millis(2500));
+    for a in banned {
+        assert!(in_set(&ns, a), "{a} lifted:\n{}", d.log_text());
+    }
+    let said: Vec<String> = d
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("lost while this host was down"))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(said.len(), 1, "{}", d.log_text());
+    assert!(said[0].contains("count=3"), "{}", said[0]);
+}
+
 /// An outage's messages: the fleet sync's failures once (not every 2 s), a
 /// ban decided here while Redis is down logged as "Banned." like any
 /// other, without an error of ban.lua; written to the list when Redis is back.

@@ -24,6 +24,9 @@ use crate::addr::AddrText;
 use crate::enforce::{Change, Changes, Element, Until};
 use crate::store::Health;
 
+/// "Banned." lines a second before the rest is summed up.
+const BANNED_LINES_PER_SECOND: u32 = 5;
+
 /// What the ban owner counts, read by `status` and the metrics endpoint.
 #[derive(Default)]
 pub struct BanCounters {
@@ -73,6 +76,8 @@ pub struct Bans {
     counters: Arc<BanCounters>,
     /// Rate limits the warnings of bans Redis refused.
     refusals: Refusals,
+    /// The "Banned." lines let through (a few a second), and the rest.
+    lines: crate::ratelog::Burst,
 }
 
 impl Bans {
@@ -92,6 +97,7 @@ impl Bans {
             changes,
             counters: Arc::default(),
             refusals: Refusals::default(),
+            lines: crate::ratelog::Burst::new(BANNED_LINES_PER_SECOND, Duration::from_secs(1)),
         }
     }
 
@@ -123,6 +129,18 @@ impl Bans {
 
     pub fn counters(&self) -> Arc<BanCounters> {
         self.counters.clone()
+    }
+
+    /// The embedded list had no file at start: the firewall's set may be
+    /// taken as the list ([`Bans::adopt`]).
+    pub fn absent_at_start(&self) -> bool {
+        self.list.absent_at_start()
+    }
+
+    /// The embedded list takes the firewall's set kept at start (`elems`)
+    /// as this host's bans; how many (`BanList::adopt`).
+    pub fn adopt(&mut self, elems: &[Element], now_ms: i64) -> usize {
+        self.list.adopt(elems, &self.host, now_ms)
     }
 
     /// Takes `view` as this host's view of the list (built at start).
@@ -310,9 +328,22 @@ impl Bans {
         Applied::New(rec)
     }
 
-    /// The "Banned." line of every new ban; `local`: why the list does not
-    /// have it (yet).
-    fn log_banned(&self, rec: &BanRecord, at_ms: i64, now_ms: i64, local: Option<&str>) {
+    /// The summary of the "Banned." lines a busy second held back, once
+    /// it is over (the pipeline calls it every second).
+    pub fn flush_log(&mut self) {
+        if let Some((count, by)) = self.lines.summary() {
+            tracing::info!(count, by = %by,
+                "More bans decided here than 5 a second; summed up (by RULE: count).");
+        }
+    }
+
+    /// The "Banned." line of every new ban (a few a second, then a
+    /// summary); `local`: why the list does not have it (yet).
+    fn log_banned(&mut self, rec: &BanRecord, at_ms: i64, now_ms: i64, local: Option<&str>) {
+        if !self.lines.admit(&rec.rule) {
+            return;
+        }
+        let by = if rec.rule == "manual" { "operator" } else { "rule" };
         let duration = rec.until.map_or("permanent".into(), |u| {
             crate::duration_text((u - now_ms).max(0) / 1000 * 1000)
         });
@@ -320,12 +351,13 @@ impl Bans {
         match local {
             None => {
                 tracing::info!(rule = %rec.rule, addr = %AddrText(&rec.addr), hits = rec.hits, duration = %duration,
-                at = %crate::rfc3339(at_ms), until = %until, count = rec.count, reason = %rec.reason, "Banned.")
+                at = %crate::rfc3339(at_ms), until = %until, count = rec.count, reason = %rec.reason,
+                host = %self.host, decided_by = %by, "Banned.")
             }
             Some(list) => {
                 tracing::info!(rule = %rec.rule, addr = %AddrText(&rec.addr), hits = rec.hits, duration = %duration,
                 at = %crate::rfc3339(at_ms), until = %until, count = rec.count, reason = %rec.reason,
-                decided = "locally", list = %list, "Banned.")
+                host = %self.host, decided_by = %by, decided = "locally", list = %list, "Banned.")
             }
         }
     }
@@ -361,11 +393,20 @@ impl Bans {
         self.publish_active();
     }
 
-    /// The bans this host enforces, as records with only the address and
-    /// the end known (`fleetban bans` while Redis, which keeps the records,
-    /// is down): no rule, host, reason; `since` 0.
-    pub fn enforced_here(&self, now_ms: i64) -> Vec<BanRecord> {
-        self.cache
+    /// The bans this host enforces (`fleetban bans` while Redis, which
+    /// keeps the records, is down), and which of them are queued: those
+    /// decided meanwhile, not in Redis yet, with their records from the
+    /// queue; the others with only the address and the end known (no rule,
+    /// host, reason; `since` 0).
+    pub fn enforced_here(&self, now_ms: i64) -> (Vec<BanRecord>, Vec<IpNet>) {
+        let mut queued: std::collections::HashMap<IpNet, BanRecord> = self
+            .queue
+            .as_ref()
+            .map(|q| q.records().into_iter().map(|r| (r.addr, r)).collect())
+            .unwrap_or_default();
+        let mut waiting = Vec::new();
+        let recs = self
+            .cache
             .entries()
             .into_iter()
             .filter_map(|(addr, until)| {
@@ -374,6 +415,10 @@ impl Bans {
                     Until::At(t) => Some(t),
                     Until::Permanent => None,
                 };
+                if let Some(rec) = queued.remove(&addr) {
+                    waiting.push(addr);
+                    return Some(BanRecord { until, ..rec });
+                }
                 Some(BanRecord {
                     addr,
                     rule: String::new(),
@@ -385,7 +430,8 @@ impl Bans {
                     hits: 0,
                 })
             })
-            .collect()
+            .collect();
+        (recs, waiting)
     }
 
     /// The active bans with their records (`fleetban bans`).
@@ -456,7 +502,8 @@ impl Bans {
                     let mut elems = vec![Element { net: req.addr, until }];
                     if let Some(n) = network {
                         tracing::info!(rule = %n.rule, addr = %AddrText(&n.addr), reason = %n.reason,
-                            until = %n.until.map_or("forever".into(), crate::rfc3339), "Banned.");
+                            until = %n.until.map_or("forever".into(), crate::rfc3339), host = %n.host,
+                            decided_by = %"rule", "Banned.");
                         elems.push(Element {
                             net: n.addr,
                             until: n.until(),

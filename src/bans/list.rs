@@ -72,6 +72,20 @@ impl BanList {
         matches!(self, BanList::Memory(m) if m.lost)
     }
 
+    /// The embedded list had no file at start (see [`MemoryBans`]).
+    pub fn absent_at_start(&self) -> bool {
+        matches!(self, BanList::Memory(m) if m.absent)
+    }
+
+    /// The embedded list takes `elems` (the firewall's set at start) as
+    /// bans of `host` where it has none; Redis takes nothing here.
+    pub fn adopt(&mut self, elems: &[crate::enforce::Element], host: &str, now_ms: i64) -> usize {
+        match self {
+            BanList::Memory(m) => m.adopt(elems, host, now_ms),
+            BanList::Redis { .. } => 0,
+        }
+    }
+
     /// Writes a ban (or finds the one already active) at `now_ms`.
     pub async fn ban(&mut self, req: &BanRequest, now_ms: i64) -> Result<Outcome, BanListError> {
         Ok(self.ban_escalating(req, now_ms).await?.0)
@@ -441,6 +455,14 @@ impl BanList {
             }
         }
     }
+}
+
+/// The active bans an embedded list saved in `file`, read as the embedded
+/// store reads it (records that do not parse skipped); None without the
+/// file. A host joining Redis writes them to the fleet's list.
+pub fn embedded_bans(file: &std::path::Path, now_ms: i64) -> Option<Vec<BanRecord>> {
+    let m = MemoryBans::load(Some(file.to_owned()));
+    (!m.absent).then(|| m.active(now_ms).cloned().collect())
 }
 
 /// The record as `ban.lua` writes it (the address is the hash field).

@@ -122,6 +122,18 @@ impl Queue {
         self.retry = FIRST_RETRY;
     }
 
+    /// The records of the bans waiting to be written, as the list will
+    /// have them (the time each was decided, its end here).
+    pub fn records(&self) -> Vec<super::BanRecord> {
+        self.items
+            .iter()
+            .filter_map(|q| match q {
+                Queued::Ban(req, at, until) => Some(req.record(*at, super::list::until_ms(*until), 1)),
+                Queued::Unban(..) => None,
+            })
+            .collect()
+    }
+
     fn lock_held(&self) -> std::sync::MutexGuard<'_, Vec<Element>> {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -90,6 +90,10 @@ struct BanLine<'a> {
     /// False: the daemon holds it but the kernel does not (yet); null
     /// when not known (read from Redis, not from the daemon).
     enforced: Option<bool>,
+    /// Decided while Redis is down, not written to it yet (from the
+    /// daemon's queue); absent otherwise.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    queued: bool,
     /// The never-banned networks it holds or lies in (loopback, `allow:`,
     /// `proxies:`, this host's addresses): not dropped, whatever the ban
     /// says (`verdict::cover`).
@@ -109,19 +113,21 @@ pub fn bans(path: &Path, json: bool) -> Outcome {
             bans,
             not_enforced,
             local,
-        } => Ok((bans, Some(not_enforced), local)),
+            queued,
+        } => Ok((bans, Some(not_enforced), local, queued)),
         other => Err(Failure::Runtime(anyhow::anyhow!(
             "bad answer from the daemon: {other:?}"
         ))),
     };
-    let (records, not_enforced, local_view): (Vec<BanRecord>, Option<Vec<String>>, bool) = match &config.redis {
+    type Listed = (Vec<BanRecord>, Option<Vec<String>>, bool, Vec<String>);
+    let (records, not_enforced, local_view, queued): Listed = match &config.redis {
         Some(r) => {
             let direct = runtime().block_on(async {
                 let list = BanList::connect(r).await.map_err(fleetban::bans::BanListError::from)?;
                 Bans::new(list, &config.host_id, Changes::default()).records(now).await
             });
             match direct {
-                Ok(records) => (records, None, false),
+                Ok(records) => (records, None, false, Vec::new()),
                 Err(e) if e.is_outage() => {
                     eprintln!(
                         "Redis {} is down ({e}); asking the daemon for the bans this host enforces.",
@@ -143,8 +149,19 @@ pub fn bans(path: &Path, json: bool) -> Outcome {
         }
         // A single host whose daemon is stopped: the list it saved.
         None => match Client::new(&config.control).call(&Request::Bans) {
-            Err(e) if e.not_running() => (super::saved_bans(&config, &e)?, None, false),
-            _ => from_daemon()?,
+            Err(e) if e.not_running() => (super::saved_bans(&config, &e)?, None, false, Vec::new()),
+            Err(e) => return Err(failed(e)),
+            Ok(fleetban::control::Response::Bans {
+                bans,
+                not_enforced,
+                local,
+                queued,
+            }) => (bans, Some(not_enforced), local, queued),
+            Ok(other) => {
+                return Err(Failure::Runtime(anyhow::anyhow!(
+                    "bad answer from the daemon: {other:?}"
+                )))
+            }
         },
     };
     let mut records = records;
@@ -160,6 +177,7 @@ pub fn bans(path: &Path, json: bool) -> Outcome {
         &config.proxies,
         &fleetban::verdict::never::local_addresses(),
     );
+    let is_queued = |r: &BanRecord| queued.contains(&AddrText(&r.addr).to_string());
     let spared = |r: &BanRecord| -> Vec<fleetban::verdict::Why> { never.overlapping(&r.addr).collect() };
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if json {
@@ -175,6 +193,7 @@ pub fn bans(path: &Path, json: bool) -> Outcome {
                 count: r.count,
                 hits: r.hits,
                 enforced: enforced(r),
+                queued: is_queued(r),
                 spared: spared(r).iter().map(|w| AddrText(&w.net).to_string()).collect(),
             };
             let _ = writeln!(out, "{}", serde_json::to_string(&line).map_err(failed)?);
@@ -185,6 +204,9 @@ pub fn bans(path: &Path, json: bool) -> Outcome {
             let mut addr = AddrText(&r.addr).to_string();
             if enforced(r) == Some(false) {
                 addr += " (not enforced)";
+            }
+            if is_queued(r) {
+                addr += " (queued)";
             }
             match (never.holding(&r.addr), spared(r).as_slice()) {
                 (_, []) => {}
@@ -219,11 +241,22 @@ pub fn bans(path: &Path, json: bool) -> Outcome {
         let _ = writeln!(out, "{} active ban(s)", records.len());
     }
     if local_view {
-        // stderr: the JSON lines stay JSON.
-        eprintln!(
-            "Redis is down: these are the bans this host enforces, from its daemon; their rule, reason, \
-             start and offence count are in Redis"
-        );
+        // stderr: the JSON lines stay JSON. Queued bans are not in Redis.
+        let others = records.len() - records.iter().filter(|r| is_queued(r)).count();
+        let mut said = "Redis is down: these are the bans this host enforces, from its daemon".to_owned();
+        if !queued.is_empty() {
+            said += &format!(
+                "; {} decided while it is down, queued: written to Redis when it answers",
+                queued.len()
+            );
+        }
+        if others > 0 {
+            said += &format!(
+                "; {} from before, whose rule, reason, start and offence count are in Redis",
+                others
+            );
+        }
+        eprintln!("{said}");
     }
     let _ = out.flush();
     Ok(())
@@ -336,6 +369,17 @@ fn print_ban(net: &IpNet, a: &BanAnswer) {
     }
 }
 
+/// The bans inside `net` that the daemon still holds after lifting `net`
+/// (its view of the list: the embedded one, or what it enforces while
+/// Redis is down), so both stores answer an unban alike. Empty if the
+/// daemon does not answer this second question: the unban itself is done.
+fn narrower_by_daemon(config: &fleetban::config::Config, net: &IpNet) -> Vec<IpNet> {
+    let records = Client::new(&config.control).bans().unwrap_or_default();
+    let mut narrower: Vec<IpNet> = overlapping(&records, net).1.iter().map(|r| r.addr).collect();
+    narrower.sort();
+    narrower
+}
+
 pub fn unban(path: &Path, t: &str, json: bool) -> Outcome {
     let config = load_for_cli(path)?;
     let net = target(t)?;
@@ -365,7 +409,8 @@ pub fn unban(path: &Path, t: &str, json: bool) -> Outcome {
                             until: r.until,
                         })
                         .collect();
-                    let narrower = narrower.iter().map(|r| r.addr).collect();
+                    let mut narrower: Vec<IpNet> = narrower.iter().map(|r| r.addr).collect();
+                    narrower.sort();
                     (u.removed, false, wider, narrower)
                 }
                 Err(e) if e.is_outage() => {
@@ -378,14 +423,14 @@ pub fn unban(path: &Path, t: &str, json: bool) -> Outcome {
                             "not unbanned: Redis is down ({e}) and the daemon could not take it ({d})"
                         ))
                     })?;
-                    (removed, queued, wider, Vec::new())
+                    (removed, queued, wider, narrower_by_daemon(&config, &net))
                 }
                 Err(e) => return Err(failed(e)),
             }
         }
         None => {
             let (removed, queued, wider) = via_daemon().map_err(failed)?;
-            (removed, queued, wider, Vec::new())
+            (removed, queued, wider, narrower_by_daemon(&config, &net))
         }
     };
     let addr = AddrText(&net);

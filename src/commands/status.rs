@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use fleetban::config::ByteSize;
 use fleetban::control::{Client, RedisStatus, Status};
 
 use super::human::{local, relative, Table};
@@ -87,14 +88,28 @@ fn render(s: &Status, now: i64) -> String {
     }
     out.push('\n');
     out += &format!(
-        "bans:      {} active, {} applied by this host; safety valve: {} ({} refused, limit {}/min)\n",
+        "bans:      {} active, {} decided here; safety valve: {} ({} refused, limit {}/min)\n",
         s.bans_active, s.bans, s.safety.state, s.safety.refused, s.safety.max_bans_per_minute
     );
     out += &format!(
         "lines:     {} read, {} unparsed, {} stale, {} future, {} longer than 64 KiB; lag {} ms\n",
         s.lines, s.unparsed, s.stale, s.future, s.skipped_long, s.lag_ms
     );
-    out += &format!("reloads:   {} ({} refused)\n", s.reloads, s.reload_errors);
+    let c = &s.client_state;
+    out += &format!(
+        "memory:    client state {} of {}, {} window(s); {} shed in {} shed(s)\n",
+        ByteSize(c.bytes),
+        ByteSize(c.max),
+        c.keys,
+        c.shed_keys,
+        c.sheds
+    );
+    // Every SIGHUP, the refused ones among them.
+    out += &format!(
+        "reloads:   {} ({} refused)\n",
+        s.reloads + s.reload_errors,
+        s.reload_errors
+    );
     if let Some(h) = &s.http {
         out += &format!(
             "http:      {}; {} checks, {} denials, {} malformed; answered within p50 {}, p99 {}\n",

@@ -9,6 +9,7 @@
 //! that all of them are reported together.
 
 mod blocklists;
+mod bytes;
 mod error;
 mod firewall;
 mod http;
@@ -26,6 +27,7 @@ use ipnet::IpNet;
 use serde_saphyr::Location;
 
 pub use crate::limit::algorithm::distinct::MAX_DISTINCT_HITS;
+pub use bytes::ByteSize;
 pub use error::{ConfigError, ConfigErrors};
 pub use firewall::FirewallConfig;
 pub use http::{HttpConfig, Listen, DEFAULT_GROUP as DEFAULT_HTTP_GROUP};
@@ -36,6 +38,10 @@ pub use values::{Dur, Level, Method, Net, Rate, Re, StatusPat};
 
 /// Where `fleetban` looks when `-c` is not given.
 pub const DEFAULT_PATH: &str = "/etc/fleetban/fleetban.yaml";
+
+/// `safety.max_client_state` when unset, and its least.
+pub const DEFAULT_MAX_CLIENT_STATE: u64 = 128 << 20;
+const MIN_CLIENT_STATE: u64 = 1 << 20;
 
 /// The whole validated configuration of one host.
 #[derive(Debug)]
@@ -60,6 +66,9 @@ pub struct Config {
     pub ipv6_prefix: u8,
     /// Safety valve: new bans this host may apply per minute.
     pub max_bans_per_minute: u32,
+    /// Bytes the embedded windows may hold (the store's, or the fallback's
+    /// while Redis is down): past it the least full are shed.
+    pub max_client_state: u64,
     /// Unix socket of the running daemon (`fleetban status`).
     pub control: PathBuf,
     /// Prometheus endpoint, off when `None`.
@@ -111,6 +120,22 @@ impl Config {
                     "ipv6_prefix must be between 1 and 128",
                 ));
                 64
+            }
+        };
+        let max_client_state = match &main.safety.max_client_state {
+            None => DEFAULT_MAX_CLIENT_STATE,
+            Some(m) if m.value.0 >= MIN_CLIENT_STATE => m.value.0,
+            Some(m) => {
+                errors.push(ConfigError::at(
+                    path,
+                    m.referenced,
+                    format!(
+                        "safety.max_client_state must be at least {} (the default is {})",
+                        ByteSize(MIN_CLIENT_STATE),
+                        ByteSize(DEFAULT_MAX_CLIENT_STATE)
+                    ),
+                ));
+                DEFAULT_MAX_CLIENT_STATE
             }
         };
         let metrics = main.metrics.as_ref().and_then(|m| match m.value.parse::<SocketAddr>() {
@@ -183,6 +208,7 @@ impl Config {
             http,
             ipv6_prefix,
             max_bans_per_minute: main.safety.max_bans_per_minute.0,
+            max_client_state,
             control: main
                 .control
                 .clone()

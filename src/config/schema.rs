@@ -157,12 +157,15 @@ pub enum ActionSpec {
 pub struct SafetySection {
     #[serde(default = "default_max_bans")]
     pub max_bans_per_minute: Count,
+    /// Bytes of per-client windows in the daemon's memory (`128MiB`).
+    pub max_client_state: Option<Spanned<super::ByteSize>>,
 }
 
 impl Default for SafetySection {
     fn default() -> Self {
         SafetySection {
             max_bans_per_minute: default_max_bans(),
+            max_client_state: None,
         }
     }
 }

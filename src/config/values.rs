@@ -48,13 +48,13 @@ impl<'de> Deserialize<'de> for Dur {
 
 /// Visitor for any value written as a scalar and parsed with `FromStr`
 /// (numbers are turned back into their text first).
-struct FromStrVisitor<T> {
+pub(super) struct FromStrVisitor<T> {
     expected: &'static str,
     _t: PhantomData<T>,
 }
 
 impl<T> FromStrVisitor<T> {
-    fn new(expected: &'static str) -> Self {
+    pub(super) fn new(expected: &'static str) -> Self {
         FromStrVisitor {
             expected,
             _t: PhantomData,

@@ -16,7 +16,8 @@ mod status;
 pub use client::{Client, ControlError};
 pub use server::{bind, serve, Handler};
 pub use status::{
-    BlocklistStatus, FirewallStatus, HttpStatus, RedisStatus, RuleStatus, SafetyStatus, SourceStatus, Status,
+    BlocklistStatus, ClientStateStatus, FirewallStatus, HttpStatus, RedisStatus, RuleStatus, SafetyStatus,
+    SourceStatus, Status,
 };
 
 use ipnet::IpNet;
@@ -143,6 +144,10 @@ pub enum Response {
         /// (address and end only: the records are in Redis).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         local: bool,
+        /// Redis is down: the bans among them decided meanwhile, queued
+        /// for Redis (their records are the queue's, not Redis's).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        queued: Vec<String>,
     },
     Ban(BanAnswer),
     Unban {

@@ -16,6 +16,8 @@ pub struct Status {
     /// the wall clock. Absent from an older daemon's status.
     #[serde(default)]
     pub future: u64,
+    /// New bans this daemon decided (its rules; operators through its
+    /// control socket), not those it applied from the fleet.
     pub bans: u64,
     pub safety_refused: u64,
     pub safety: SafetyStatus,
@@ -23,6 +25,7 @@ pub struct Status {
     pub bans_active: u64,
     /// Wall clock minus the log time of the last hit read.
     pub lag_ms: i64,
+    /// Reloads applied, and those refused (`status` shows their sum).
     pub reloads: u64,
     pub reload_errors: u64,
     /// The decision endpoint, when `http:` is configured.
@@ -34,6 +37,27 @@ pub struct Status {
     /// One per `blocklists:` file (absent from an older daemon's).
     #[serde(default)]
     pub blocklists: Vec<BlocklistStatus>,
+    /// The per-client windows in the daemon's memory (absent from an older
+    /// daemon's).
+    #[serde(default)]
+    pub client_state: ClientStateStatus,
+}
+
+/// The embedded windows (the store's, or the fallback's while Redis is
+/// down) against `safety.max_client_state` (docs/design.md §2, "Memory").
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClientStateStatus {
+    /// Bytes they hold now (their tables' slots and their heap), as last
+    /// measured (each batch decided in memory).
+    pub bytes: u64,
+    /// (rule, client) windows and counters held.
+    pub keys: u64,
+    /// `safety.max_client_state` in bytes.
+    pub max: u64,
+    /// Keys shed to stay within `max` (those clients count again from
+    /// zero), and in how many sheds.
+    pub shed_keys: u64,
+    pub sheds: u64,
 }
 
 /// One blocklist file: what its last good read loaded, and its last error.

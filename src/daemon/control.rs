@@ -53,10 +53,13 @@ impl Handler for Answers {
             .await
             .unwrap_or_else(|_| Response::error("the daemon is stopping"));
         match response {
-            Response::Bans { bans, local, .. } => {
+            Response::Bans {
+                bans, local, queued, ..
+            } => {
                 let not_enforced = self.enforced.not_enforced(bans.iter().map(|b| &b.addr));
                 Response::Bans {
                     local,
+                    queued,
                     not_enforced: not_enforced
                         .iter()
                         .map(|n| crate::addr::AddrText(n).to_string())
@@ -101,13 +104,18 @@ pub(super) async fn command(
                 bans,
                 not_enforced: Vec::new(),
                 local: false,
+                queued: Vec::new(),
             },
             // `fleetban bans` with Redis down: what this host enforces.
-            Err(e) if e.is_outage() => Response::Bans {
-                bans: bans.enforced_here(now),
-                not_enforced: Vec::new(),
-                local: true,
-            },
+            Err(e) if e.is_outage() => {
+                let (records, queued) = bans.enforced_here(now);
+                Response::Bans {
+                    bans: records,
+                    not_enforced: Vec::new(),
+                    local: true,
+                    queued: queued.iter().map(|n| crate::addr::AddrText(n).to_string()).collect(),
+                }
+            }
             Err(e) => Response::error(e),
         },
         Request::Ban {

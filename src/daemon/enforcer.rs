@@ -319,15 +319,6 @@ async fn apply(
     stats: &super::stats::Stats,
 ) -> Result<(), EnforceError> {
     let now = crate::now_ms();
-    // One line per unban of a ban this host held, whoever asked (manual,
-    // another host, the fleet's list); none for an address never banned.
-    for net in f
-        .removes
-        .iter()
-        .filter(|n| enforcer.wants(n) || asked.0.get(&n.trunc()).is_some_and(|(_, p)| !p.is_empty()))
-    {
-        tracing::info!(addr = %crate::addr::AddrText(net), "Unbanned.");
-    }
     let removes = asked.expand(f.removes);
     let started = std::time::Instant::now();
     let result = match f.replace {

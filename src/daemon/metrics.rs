@@ -123,6 +123,24 @@ impl prometheus_client::collector::Collector for StatsCollector {
         }
         gauge(
             &mut e,
+            "fleetban_client_state_bytes",
+            "Bytes the per-client windows in memory hold (embedded store, or the fallback while Redis is down).",
+            (s.limit.state_bytes.load(Relaxed) + s.limit.order_bytes.load(Relaxed)) as f64,
+        )?;
+        gauge(
+            &mut e,
+            "fleetban_client_state_max_bytes",
+            "safety.max_client_state: past it the windows farthest below their limits are shed.",
+            s.limit.state_max.load(Relaxed) as f64,
+        )?;
+        counter(
+            &mut e,
+            "fleetban_client_state_shed",
+            "Per-client windows shed to stay within safety.max_client_state (those clients count again from zero).",
+            s.limit.shed_keys.load(Relaxed),
+        )?;
+        gauge(
+            &mut e,
             "fleetban_sync_lag_seconds",
             "Wall clock minus the log time of the last hit read.",
             s.lag_ms.load(Relaxed) as f64 / 1000.0,

@@ -187,6 +187,17 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     };
     init?;
 
+    // A host new to the embedded store keeps what its firewall enforces.
+    let initial = match bans.absent_at_start() {
+        true => start::adopt_kernel(&enforcer, &mut bans, initial),
+        false => initial,
+    };
+    // With Redis: a list lost while this host was down gets its set back.
+    let mut fleet = fleet;
+    let initial = match fleet.as_mut() {
+        Some((f, _)) => start::after_a_loss(&enforcer, f, initial).await,
+        None => initial,
+    };
     // First sync: the kernel set equals the list before anything else runs.
     let (applied, view, asked) = start::first_sync(&mut enforcer, initial, &own.current()).await;
     let decisions = http_rx.map(|rx| (Arc::new(crate::http::Decisions::new(view.clone(), own.current())), rx));

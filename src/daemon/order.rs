@@ -26,6 +26,7 @@
 //! they were cut from.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering::Relaxed;
 
 use ipnet::IpNet;
 
@@ -124,7 +125,13 @@ pub struct Order {
     addrs: Map<(usize, IpNet), VecDeque<IpNet>>,
     tails: Vec<Tail>,
     made: Vec<Made>,
+    /// Bytes `counts` may hold (its share of `safety.max_client_state`),
+    /// and where what it holds and sheds is reported.
+    bound: Option<(usize, std::sync::Arc<crate::limit::LimitCounters>)>,
 }
+
+/// One entry of [`Order::counts`] in its table.
+type CountEntry = ((usize, IpNet), (u32, i64));
 
 impl Order {
     pub fn new(rules: &[RuleInfo]) -> Order {
@@ -353,6 +360,7 @@ impl Order {
                 }
             }
         }
+        self.keep_within(now_ms);
     }
 
     /// A ban made for the hit of `rule` at `hit`, covering `cover` until `until`.
@@ -384,6 +392,48 @@ impl Order {
                 .is_some_and(|r| now_ms - at < 2 * r.window_ms.max(1_000))
         });
         self.made.retain(|m| now_ms - m.made_ms < 60_000);
+        self.keep_within(now_ms);
+    }
+
+    /// Bounds the counts to `max` bytes, reporting into `counters`.
+    pub fn bound(&mut self, max: usize, counters: std::sync::Arc<crate::limit::LimitCounters>) {
+        self.bound = Some((max, counters));
+    }
+
+    /// Past its bound, the counts reported longest ago are forgotten (half
+    /// the age at a time) until they pack into half of it; a count
+    /// forgotten only makes that client's next hits wait a round trip.
+    fn keep_within(&mut self, now_ms: i64) {
+        let Some((max, counters)) = &self.bound else {
+            return;
+        };
+        let size = |c: &Map<(usize, IpNet), (u32, i64)>| {
+            let bucket = std::mem::size_of::<CountEntry>() + 1;
+            (
+                (c.capacity() * 8).div_ceil(7) * bucket,
+                (c.len() * 8).div_ceil(7) * bucket,
+            )
+        };
+        let (held, _) = size(&self.counts);
+        if held > *max {
+            let before = self.counts.len();
+            let mut age = self.counts.values().map(|&(_, at)| now_ms - at).max().unwrap_or(0);
+            while size(&self.counts).1 > max / 4 && age > 0 {
+                age /= 2;
+                self.counts.retain(|_, &mut (_, at)| now_ms - at < age);
+            }
+            if size(&self.counts).1 > max / 4 {
+                self.counts.clear();
+            }
+            self.counts.shrink_to_fit();
+            counters
+                .shed_keys
+                .fetch_add((before - self.counts.len()) as u64, Relaxed);
+            counters.sheds.fetch_add(1, Relaxed);
+        }
+        let (held, _) = size(&self.counts);
+        counters.order_bytes.store(held as u64, Relaxed);
+        counters.order_keys.store(self.counts.len() as u64, Relaxed);
     }
 }
 

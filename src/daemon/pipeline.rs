@@ -225,8 +225,12 @@ impl Pipeline {
         offsets: Arc<OffsetStore>,
         stats: Arc<Stats>,
     ) -> Pipeline {
+        let mut order = Order::new(&rules);
+        if let Some(max) = limiter.counts_bound() {
+            order.bound(max, limiter.counters());
+        }
         Pipeline {
-            order: Order::new(&rules),
+            order,
             rules,
             scanner,
             limiter,
@@ -409,6 +413,7 @@ impl Pipeline {
     /// enforcer reads them too: whoever reads a change publishes it).
     fn every_second(&mut self) {
         self.save_offsets();
+        self.bans.flush_log();
         self.order.prune(self.limiter.mono_ms());
         if let Some((own, rx)) = self.own.as_mut() {
             own.refresh();

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::Options;
 use crate::bans::{BanCache, BanList, Bans};
 use crate::config::{Config, RedisConfig};
-use crate::enforce::{Changes, Element, Enforcer};
+use crate::enforce::{Changes, Element, Enforcer, Until};
 use crate::fleet::{hot::Publisher, FleetSync};
 use crate::limit::{FleetNews, HotKey, Limiter, RedisLimiter, RuleLimit};
 use crate::store::{self, Health, Keys};
@@ -75,6 +75,7 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
     // The safety valve keeps a reserve for each of them.
     let rule_names: Vec<String> = config.rules.iter().map(|r| r.name.clone()).collect();
     let rules = RuleLimit::of(&config.rules);
+    let client_state = usize::try_from(config.max_client_state).unwrap_or(usize::MAX);
     let Some(r) = &config.redis else {
         let mut list = BanList::memory(Some(config.state_dir.join("bans.json")));
         // A file that is no list lifts nothing: the kernel keeps its set.
@@ -87,7 +88,7 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
                 .collect(),
         );
         return Store {
-            limiter: Limiter::memory(rules),
+            limiter: Limiter::memory(rules).with_memory_bound(client_state),
             bans: Bans::new(list, &config.host_id, to_enforcer).with_valve(
                 config.max_bans_per_minute,
                 config.ipv6_prefix,
@@ -112,6 +113,7 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
         keys: keys.clone(),
         host: config.host_id.clone(),
         marks: marks_rx,
+        health: health.clone(),
     };
     let mut fleet = FleetSync {
         events,
@@ -125,7 +127,15 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
         news: Some(news_tx),
         marks_id: "0-0".to_owned(),
         remembered: Default::default(),
+        story: Default::default(),
+        health: health.clone(),
     };
+    fleet.remembered.keep_epoch_in(config.state_dir.join("epoch"));
+    // A host that ran on the embedded store joins with its bans.
+    let file = config.state_dir.join("bans.json");
+    if let Some(bans) = crate::bans::list::embedded_bans(&file, crate::now_ms()) {
+        fleet.remembered.joining(file, bans);
+    }
     let (last_id, initial) = match fleet.snapshot().await {
         Ok((id, list)) => {
             health.succeeded();
@@ -146,7 +156,8 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
         false => i64::try_from(r.hold.as_millis()).unwrap_or(i64::MAX),
     };
     Store {
-        limiter: Limiter::redis(redis, health.clone(), r.on_down, r.fleet_size, hold_ms),
+        limiter: Limiter::redis(redis, health.clone(), r.on_down, r.fleet_size, hold_ms)
+            .with_memory_bound(client_state),
         bans,
         health: Some(health),
         fleet: Some((fleet, last_id)),
@@ -185,6 +196,73 @@ pub async fn first_sync(
         // Only a panic in the view (a bug) gets here: keep it a panic.
         Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
+}
+
+/// With Redis, after [`Enforcer::init`]: if the list read at start is one
+/// Redis lost while this host was down, what the nft set kept is written
+/// back; if it could not be read, the fleet sync takes what the set kept
+/// as the list to write back should the first snapshot that works find it
+/// lost. `initial` as the first sync is to apply it.
+pub async fn after_a_loss(
+    enforcer: &Enforcer,
+    fleet: &mut FleetSync,
+    initial: Option<Vec<Element>>,
+) -> Option<Vec<Element>> {
+    let kept = kernel_kept(enforcer);
+    match initial {
+        None => {
+            fleet.remembered.resume(kept);
+            None
+        }
+        Some(list) if fleet.remembered.take_lost_while_down() && !kept.is_empty() => {
+            let fallback = list.clone();
+            match fleet
+                .remembered
+                .write_back_kept(&mut fleet.list, &fleet.host, kept, list)
+                .await
+            {
+                Ok(list) => Some(list),
+                Err(e) => {
+                    tracing::warn!(error = %e, "Writing back the bans the nft set kept failed; the list is taken as Redis has it.");
+                    Some(fallback)
+                }
+            }
+        }
+        other => other,
+    }
+}
+
+/// What the nft set held at start, as bans (right after `Enforcer::init`
+/// the bans wanted are what the kernel held), the ended ones left out.
+fn kernel_kept(enforcer: &Enforcer) -> Vec<Element> {
+    let now = crate::now_ms();
+    enforcer
+        .wanted_until()
+        .filter(|(_, u)| **u > Until::At(now))
+        .map(|(net, until)| Element {
+            net: *net,
+            until: *until,
+        })
+        .collect()
+}
+
+/// A host on the embedded store that starts without `bans.json` (it ran
+/// on Redis, or the file was removed) takes what its firewall kept as its
+/// list, rather than lifting it; said once with the count. `initial` (the
+/// empty list read) or the bans taken.
+pub fn adopt_kernel(enforcer: &Enforcer, bans: &mut Bans, initial: Option<Vec<Element>>) -> Option<Vec<Element>> {
+    let now = crate::now_ms();
+    let kept = kernel_kept(enforcer);
+    let n = bans.adopt(&kept, now);
+    if n == 0 {
+        return initial;
+    }
+    tracing::warn!(count = n,
+        "No bans.json in state_dir: kept the bans the firewall's set holds as this host's list (it left Redis, or the file was removed); `fleetban unban` lifts them.");
+    let mut list = initial.unwrap_or_default();
+    let known: std::collections::HashSet<_> = list.iter().map(|e| e.net).collect();
+    list.extend(kept.into_iter().filter(|e| !known.contains(&e.net)));
+    Some(list)
 }
 
 /// Logs the server's ZSET listpack threshold and warns for each sliding

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 
 use crate::bans::BanCounters;
-use crate::control::{HttpStatus, RedisStatus, RuleStatus, SafetyStatus, SourceStatus, Status};
+use crate::control::{ClientStateStatus, HttpStatus, RedisStatus, RuleStatus, SafetyStatus, SourceStatus, Status};
 use crate::http::HttpCounters;
 use crate::limit::LimitCounters;
 use crate::store::Health;
@@ -383,6 +383,13 @@ impl Stats {
             // Filled by the control socket from the enforcer's report.
             firewall: Default::default(),
             blocklists: Vec::new(),
+            client_state: ClientStateStatus {
+                bytes: self.limit.state_bytes.load(Relaxed) + self.limit.order_bytes.load(Relaxed),
+                keys: self.limit.state_keys.load(Relaxed) + self.limit.order_keys.load(Relaxed),
+                max: self.limit.state_max.load(Relaxed),
+                shed_keys: self.limit.shed_keys.load(Relaxed),
+                sheds: self.limit.sheds.load(Relaxed),
+            },
         }
     }
 }

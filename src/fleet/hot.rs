@@ -94,13 +94,15 @@ pub struct Publisher {
     pub keys: Keys,
     pub host: String,
     pub marks: UnboundedReceiver<Vec<HotKey>>,
+    /// Counts each failed write among the host's Redis errors (`status`).
+    pub health: crate::store::Health,
 }
 
 impl Publisher {
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut todo: Vec<HotKey> = Vec::new();
         let mut backoff = Duration::from_millis(50);
-        let mut errors = 0u64;
+        let mut failures = 0u64;
         loop {
             if todo.is_empty() {
                 tokio::select! {
@@ -118,12 +120,13 @@ impl Publisher {
                 Ok(()) => {
                     todo.clear();
                     backoff = Duration::from_millis(50);
-                    errors = 0;
+                    failures = 0;
                 }
                 Err(e) => {
-                    errors += 1;
-                    if errors < 5 || errors.is_power_of_two() {
-                        tracing::warn!(error = %e, marks = todo.len(), errors,
+                    failures += 1;
+                    let errors = self.health.count_error() + 1;
+                    if failures < 5 || failures.is_power_of_two() {
+                        tracing::warn!(error = %e, marks = todo.len(), failures, errors,
                             "Publishing hot clients failed; retrying.");
                     }
                     tokio::select! {

@@ -7,14 +7,21 @@
 //! back the bans it still enforces, with their ends and records
 //! (`BanList::restore`, the later end winning), and keeps them in its set.
 //!
+//! The epoch is also kept in `state_dir/epoch`: a host started after the
+//! loss finds it changed at its first snapshot and writes back what its nft
+//! set kept while it was down (records naming it).
+//!
 //! [`Remembered`] is what this host knows to write back: the list as it
-//! last applied it (snapshots and events), with each entry's record.
+//! last applied it (snapshots and events), with each entry's record; and,
+//! for a host joining Redis from the embedded store, the bans its
+//! `bans.json` holds, written the same way at its first snapshot.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 
 use ipnet::IpNet;
 
-use crate::bans::{BanList, BanListError};
+use crate::bans::{BanList, BanListError, BanRecord};
 use crate::enforce::{Change, Element, Until};
 
 #[derive(Default)]
@@ -26,9 +33,69 @@ pub struct Remembered {
     bans: HashMap<IpNet, (Until, Option<Box<str>>)>,
     /// Reading the epoch was refused once (warned once).
     refused: bool,
+    /// The embedded store's file this host joins Redis with and its active
+    /// bans: written to the list at the next snapshot, then set aside.
+    joining: Option<(PathBuf, Vec<BanRecord>)>,
+    /// Where the epoch is kept across restarts (`state_dir/epoch`), and
+    /// the one it holds.
+    file: Option<PathBuf>,
+    saved: Option<String>,
+    /// The first snapshot found the epoch changed since the saved one:
+    /// Redis lost the list while this host was down.
+    lost_while_down: bool,
 }
 
 impl Remembered {
+    /// Keeps the fleet's epoch in `file` across restarts; reads the one
+    /// a previous run left.
+    pub fn keep_epoch_in(&mut self, file: PathBuf) {
+        self.saved = std::fs::read_to_string(&file)
+            .ok()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty());
+        self.file = Some(file);
+    }
+
+    /// The first snapshot found that Redis lost the list while this host
+    /// was down (asked once).
+    pub fn take_lost_while_down(&mut self) -> bool {
+        std::mem::take(&mut self.lost_while_down)
+    }
+
+    /// The first snapshot failed (Redis down at start): the list as this
+    /// host knows it is what its nft set `kept`, under the saved epoch, so
+    /// the first snapshot that works writes it back if the list was lost.
+    pub fn resume(&mut self, kept: Vec<Element>) {
+        self.epoch = self.saved.clone();
+        self.observe(&Change::Replace(kept));
+    }
+
+    /// Redis lost the list while this host was down: writes back what its
+    /// nft set `kept` (records naming this host), said once with the
+    /// count; `entries` (the list read at start) with them.
+    pub async fn write_back_kept(
+        &mut self,
+        list: &mut BanList,
+        host: &str,
+        kept: Vec<Element>,
+        mut entries: Vec<Element>,
+    ) -> Result<Vec<Element>, BanListError> {
+        let back: Vec<(IpNet, Until, Option<String>)> = kept.iter().map(|e| (e.net, e.until, None)).collect();
+        let written = list.restore(&back, host, crate::now_ms()).await?;
+        tracing::warn!(count = back.len(), written, in_list = entries.len(),
+            "The ban list was lost while this host was down (the fleet's epoch changed since it last ran); wrote back the bans its nft set kept.");
+        merge(&mut entries, back.iter().map(|(n, u, _)| (*n, *u)));
+        self.observe(&Change::Replace(entries.clone()));
+        Ok(entries)
+    }
+
+    /// This host joins Redis with the embedded store's `file` holding
+    /// `bans`: they go to the fleet's list at the next snapshot rather
+    /// than being lifted by it.
+    pub fn joining(&mut self, file: PathBuf, bans: Vec<BanRecord>) {
+        self.joining = Some((file, bans));
+    }
+
     /// An event or a change applied: the list as this host knows it follows.
     pub fn observe(&mut self, change: &Change) {
         match change {
@@ -58,6 +125,17 @@ impl Remembered {
                 self.bans = next;
             }
         }
+    }
+
+    /// Whether the list as this host knows it holds `e` already (the same
+    /// end or a later one): an event of it is nothing new here.
+    pub fn holds(&self, e: &Element) -> bool {
+        self.bans.get(&e.net).is_some_and(|(u, _)| *u >= e.until)
+    }
+
+    /// Whether the list as this host knows it has a ban of `net`.
+    pub fn has(&self, net: &IpNet) -> bool {
+        self.bans.contains_key(net)
     }
 
     /// After a snapshot read `entries` from `list` (before the epoch: a
@@ -97,16 +175,40 @@ impl Remembered {
             let written = list.restore(&back, host, now).await?;
             tracing::warn!(count = back.len(), written, in_list = entries.len(),
                 "The ban list was lost (the fleet's epoch changed: Redis restarted without persistence, or FLUSHALL); wrote back the bans this host enforces, with their ends and records.");
-            let mut at: HashMap<IpNet, usize> = entries.iter().enumerate().map(|(i, e)| (e.net, i)).collect();
-            for (net, until, _) in back {
-                match at.get(&net) {
-                    Some(&i) => entries[i].until = entries[i].until.max(until),
-                    None => {
-                        at.insert(net, entries.len());
-                        entries.push(Element { net, until });
+            merge(&mut entries, back.iter().map(|(n, u, _)| (*n, *u)));
+        }
+        if let Some((file, bans)) = self.joining.take() {
+            let back: Vec<(IpNet, Until, Option<String>)> = bans
+                .iter()
+                .filter(|r| r.until() > Until::At(now))
+                .map(|r| (r.addr, r.until(), serde_json::to_string(r).ok()))
+                .collect();
+            match list.restore(&back, host, now).await {
+                Ok(written) => {
+                    let aside = file.with_extension("json.imported");
+                    if !back.is_empty() {
+                        tracing::warn!(count = back.len(), written, in_list = entries.len(), file = %file.display(), aside = %aside.display(),
+                        "Joined Redis with bans of this host's embedded store: wrote them to the fleet's list (the later end wins, records kept); the file is set aside.");
                     }
+                    if let Err(e) = std::fs::rename(&file, &aside) {
+                        tracing::warn!(error = %e, file = %file.display(), "Setting the embedded ban list aside failed; its bans are written again at the next start.");
+                    }
+                    merge(&mut entries, back.iter().map(|(n, u, _)| (*n, *u)));
                 }
+                Err(e) if e.is_outage() => {
+                    self.joining = Some((file, bans));
+                    return Err(e);
+                }
+                Err(e) => tracing::warn!(error = %crate::ratelog::cap_error(&e.to_string()), file = %file.display(),
+                    "Writing this host's embedded bans to the fleet's list refused; the file is kept for the next start."),
             }
+        }
+        if self.epoch.is_none() && self.saved.is_some() && epoch.is_some() && epoch != self.saved {
+            self.lost_while_down = true;
+        }
+        if epoch.is_some() && epoch != self.saved {
+            self.save_epoch(epoch.as_deref().unwrap_or_default());
+            self.saved = epoch.clone();
         }
         self.epoch = epoch;
         self.observe(&Change::Replace(entries.clone()));
@@ -130,6 +232,36 @@ impl Remembered {
             }
         }
         Ok(entries)
+    }
+}
+
+impl Remembered {
+    /// Writes `epoch` to the file it is kept in (atomically); a failure
+    /// is a warning: a restart then cannot tell a list lost meanwhile.
+    fn save_epoch(&self, epoch: &str) {
+        let Some(file) = &self.file else { return };
+        let tmp = file.with_extension("tmp");
+        let written = std::fs::write(&tmp, epoch).and_then(|()| std::fs::rename(&tmp, file));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            tracing::warn!(error = %e, file = %file.display(),
+                "Saving the fleet's epoch failed; a list Redis loses while this host is down will not be written back by it.");
+        }
+    }
+}
+
+/// `entries` (the list read) with `back` (bans written back) in it, the
+/// later end winning.
+fn merge(entries: &mut Vec<Element>, back: impl Iterator<Item = (IpNet, Until)>) {
+    let mut at: HashMap<IpNet, usize> = entries.iter().enumerate().map(|(i, e)| (e.net, i)).collect();
+    for (net, until) in back {
+        match at.get(&net) {
+            Some(&i) => entries[i].until = entries[i].until.max(until),
+            None => {
+                at.insert(net, entries.len());
+                entries.push(Element { net, until });
+            }
+        }
     }
 }
 

@@ -16,8 +16,10 @@
 
 pub mod hot;
 mod lost;
+mod story;
 
 pub use lost::Remembered;
+pub use story::Story;
 
 use std::time::Duration;
 
@@ -73,6 +75,10 @@ pub struct FleetSync {
     /// The list as this host knows it, with records, and the fleet's epoch:
     /// what it writes back when Redis lost the list (`lost.rs`).
     pub remembered: Remembered,
+    /// This host's log of the bans and unbans it applies from the fleet.
+    pub story: Story,
+    /// Counts each failed step among the host's Redis errors (`status`).
+    pub health: crate::store::Health,
 }
 
 impl FleetSync {
@@ -183,8 +189,9 @@ impl FleetSync {
                     }
                     Err(e) => {
                         let (wait, warn) = snapshot.failed(FAILING_PERIOD);
+                        let errors = self.health.count_error() + 1;
                         if let Some(n) = warn {
-                            tracing::warn!(error = %crate::ratelog::cap_error(&e.to_string()), failures = n,
+                            tracing::warn!(error = %crate::ratelog::cap_error(&e.to_string()), failures = n, errors,
                                 "Reconcile with the ban list failed; retrying with backoff (one warning a minute meanwhile).");
                         }
                         if sleep_or_stop(wait, &shutdown).await {
@@ -235,12 +242,14 @@ impl FleetSync {
                 got += key.ids.len();
                 for entry in key.ids {
                     if let Some(c) = change_of(&entry) {
+                        self.story.event(&entry, &c, &self.host, &self.remembered);
                         self.remembered.observe(&c);
                         self.changes.send(c);
                     }
                     last_id = entry.id;
                 }
             }
+            self.story.flush();
             // Marks trimmed unread: some may be missed until the
             // next snapshot reads them all.
             if !matches!(self.gap_after(&marks, &marks_before).await, Ok(false)) {
@@ -280,8 +289,9 @@ impl FleetSync {
     /// the failures since the last one).
     fn lost(&self, warn: Option<u64>, e: &redis::RedisError, what: &str) {
         self.tell(FleetNews::Lost);
+        let errors = self.health.count_error() + 1;
         if let Some(n) = warn {
-            tracing::warn!(error = %crate::ratelog::cap_error(&e.to_string()), failures = n, "{what}");
+            tracing::warn!(error = %crate::ratelog::cap_error(&e.to_string()), failures = n, errors, "{what}");
         }
     }
 

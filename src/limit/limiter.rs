@@ -42,6 +42,18 @@ pub struct LimitCounters {
     pub fleet_hosts: AtomicU64,
     /// (rule, client) marked hot.
     pub hot_clients: AtomicU64,
+    /// The embedded windows (the store's, or the fallback's while Redis is
+    /// down): bytes held, keys, the bound (`safety.max_client_state`), and
+    /// the keys shed to stay within it in how many sheds.
+    pub state_bytes: AtomicU64,
+    pub state_keys: AtomicU64,
+    pub state_max: AtomicU64,
+    pub shed_keys: AtomicU64,
+    pub sheds: AtomicU64,
+    /// The last counts the pipeline keeps per (rule, client) to order its
+    /// round trips (`daemon/order.rs`), within their share of the bound.
+    pub order_bytes: AtomicU64,
+    pub order_keys: AtomicU64,
 }
 
 impl Default for LimitCounters {
@@ -53,6 +65,13 @@ impl Default for LimitCounters {
             roundtrip: Histogram::new(exponential_buckets(0.000_1, 2.0, 16)),
             fleet_hosts: AtomicU64::new(0),
             hot_clients: AtomicU64::new(0),
+            state_bytes: AtomicU64::new(0),
+            state_keys: AtomicU64::new(0),
+            state_max: AtomicU64::new(0),
+            shed_keys: AtomicU64::new(0),
+            sheds: AtomicU64::new(0),
+            order_bytes: AtomicU64::new(0),
+            order_keys: AtomicU64::new(0),
         }
     }
 }
@@ -105,6 +124,8 @@ pub struct Limiter {
     counters: Arc<LimitCounters>,
     /// Rate limits the warning of calls Redis answered with an error.
     refused: crate::ratelog::Every,
+    /// A quarter of `safety.max_client_state`, for the pipeline's counts.
+    counts_bound: Option<usize>,
 }
 
 /// At most one warning per minute of calls Redis answered with an error.
@@ -175,12 +196,34 @@ impl Limiter {
             started: Instant::now(),
             counters: Arc::default(),
             refused: crate::ratelog::Every::default(),
+            counts_bound: None,
         };
         l.pending.set_policy(l.hold_policy(rules), None);
         if let Backend::Redis { .. } = l.backend {
             l.counters.fleet_hosts.store(u64::from(l.hosts), Relaxed);
         }
         l
+    }
+
+    /// Bounds the per-client state to `max` bytes (`safety.max_client_state`):
+    /// the embedded windows (the store's, or the fallback's) to 3/4 of it;
+    /// the rest is the pipeline's ([`Limiter::counts_bound`]).
+    pub fn with_memory_bound(mut self, max: usize) -> Limiter {
+        let counters = self.counters.clone();
+        counters.state_max.store(max as u64, Relaxed);
+        let windows = max - max / 4;
+        match &mut self.backend {
+            Backend::Memory(m) => m.bound(windows, counters),
+            Backend::Redis { fallback, .. } => fallback.local.bound(windows, counters),
+        }
+        self.counts_bound = Some(max / 4);
+        self
+    }
+
+    /// The share of the bound left for the counts the pipeline keeps
+    /// (`daemon/order.rs`), if bounded.
+    pub fn counts_bound(&self) -> Option<usize> {
+        self.counts_bound
     }
 
     /// When each rule's batches may wait (`pending.rs`): with Redis, within
@@ -443,7 +486,7 @@ impl Limiter {
             let started = outage && health.failed();
             if fallback.mode == OnDown::Local {
                 if started {
-                    tracing::warn!(error = %e, "Redis unreachable; limiting locally (limits / fleet_size) until it answers.");
+                    tracing::warn!(error = %e, errors = n + 1, "Redis unreachable; limiting locally (limits / fleet_size) until it answers.");
                 }
                 decide_locally(fallback, &batches[verdicts.len()..], verdicts, &self.counters);
                 return true;

@@ -13,6 +13,11 @@
 //! credentials). Redis answering a call with an error (a script error, OOM
 //! under `maxmemory`, a command refused) is that call's failure, never an
 //! outage: the host keeps deciding with Redis for every call that works.
+//!
+//! Every user counts each failed call here (the limiter, the ban list and
+//! its queue, the fleet sync, the hot marks, the heartbeat): that total is
+//! `status`'s `N error(s)`, and the warnings of failures carry it as
+//! `errors=`, so the log and `status` count the same thing.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -48,7 +53,8 @@ pub struct Health(Arc<Shared>);
 
 struct Shared {
     state: Mutex<State>,
-    /// Failed Redis operations (every attempt of every user).
+    /// Failed Redis operations (every attempt of every user, the
+    /// heartbeat's pings included).
     errors: AtomicU64,
 }
 
@@ -195,13 +201,16 @@ pub async fn heartbeat(
                 health.succeeded();
             }
             Ok(Err(e)) => {
+                let errors = health.count_error() + 1;
                 if health.failed() {
-                    tracing::warn!(error = %e, "Redis does not answer (heartbeat); deciding as redis.on_down says.");
+                    tracing::warn!(error = %e, errors, "Redis does not answer (heartbeat); deciding as redis.on_down says.");
                 }
             }
             Err(_) => {
+                let errors = health.count_error() + 1;
                 if health.failed() {
                     tracing::warn!(
+                        errors,
                         "Redis did not answer a PING within 500 ms (heartbeat); deciding as redis.on_down says."
                     );
                 }

@@ -117,6 +117,33 @@ pub fn unban_names_the_wider_ban(r: &ConfigDir) {
     assert!(ban_of(r, "198.51.100.0/24").is_some());
 }
 
+/// Unbanning a network names the narrower bans it leaves, in text and in
+/// JSON, whatever the store.
+pub fn unban_names_the_narrower_bans(r: &ConfigDir) {
+    for a in ["198.51.100.0/24", "198.51.100.9", "198.51.100.91"] {
+        assert_eq!(cli(&r.cfg, &["ban", a]).code, 0);
+    }
+    let out = cli(&r.cfg, &["unban", "198.51.100.0/24"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    assert!(out.stdout.contains("unbanned 198.51.100.0/24"), "{}", out.stdout);
+    assert!(
+        out.stdout
+            .contains("note: 2 narrower ban(s) inside 198.51.100.0/24 remain: 198.51.100.9, 198.51.100.91"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(cli(&r.cfg, &["ban", "198.51.100.0/24"]).code, 0);
+    let out = cli(&r.cfg, &["unban", "198.51.100.0/24", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("one JSON line");
+    assert_eq!(
+        v["narrower"],
+        serde_json::json!(["198.51.100.9", "198.51.100.91"]),
+        "{v}"
+    );
+    assert!(ban_of(r, "198.51.100.9").is_some() && ban_of(r, "198.51.100.0/24").is_none());
+}
+
 /// An unbanned address with a partial count, a covered one, an allowed one.
 pub fn explain_cases(r: &ConfigDir) {
     let explain = |addr: &str| {

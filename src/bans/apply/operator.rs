@@ -98,7 +98,13 @@ impl Bans {
             },
         };
         let unbanned = match written {
-            Ok(removed) => Unbanned { removed, queued: false },
+            Ok(removed) => {
+                // With Redis, every host tells it from the unban's event.
+                if removed && !self.uses_redis() {
+                    tracing::info!(addr = %AddrText(net), host = %self.host, decided_by = %"operator", "Unbanned.");
+                }
+                Unbanned { removed, queued: false }
+            }
             Err(e) if e.is_outage() && self.queue.is_some() => {
                 self.outage(&e);
                 let removed = self.cache.get(net).is_some();

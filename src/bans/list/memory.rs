@@ -20,6 +20,9 @@ pub struct MemoryBans {
     file: Option<PathBuf>,
     /// The file could not be read as a list at start.
     pub(super) lost: bool,
+    /// There was no file at start: this host kept no list of its own (new,
+    /// or coming from Redis), and may take its kernel's set as its list.
+    pub(super) absent: bool,
     /// The last save failed: retried (`BanList::retry_save`).
     pub(super) unsaved: bool,
     save_warn: crate::ratelog::Every,
@@ -39,7 +42,10 @@ impl MemoryBans {
         let Some(path) = m.file.clone() else { return m };
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                m.absent = true;
+                return m;
+            }
             Err(e) => {
                 tracing::warn!(file = %path.display(), error = %e,
                     "Ban list file unreadable; starting with none, the kernel's set kept as it is.");
@@ -115,6 +121,35 @@ impl MemoryBans {
                 }
             }
         }
+    }
+
+    /// Takes `elems` (what the firewall kept) as bans of `host`, for those
+    /// addresses it has no ban of; saved. How many it took.
+    pub(super) fn adopt(&mut self, elems: &[crate::enforce::Element], host: &str, now_ms: i64) -> usize {
+        let mut n = 0;
+        for e in elems.iter().filter(|e| e.until > Until::At(now_ms)) {
+            if self.bans.contains_key(&e.net) {
+                continue;
+            }
+            self.bans.insert(
+                e.net,
+                BanRecord {
+                    addr: e.net,
+                    rule: String::new(),
+                    reason: "kept from the firewall's set at start (no bans.json)".into(),
+                    host: host.to_owned(),
+                    since: now_ms,
+                    until: until_ms(e.until),
+                    count: 1,
+                    hits: 0,
+                },
+            );
+            n += 1;
+        }
+        if n > 0 {
+            self.persist();
+        }
+        n
     }
 
     pub(super) fn active(&self, now_ms: i64) -> impl Iterator<Item = &BanRecord> {

@@ -165,14 +165,25 @@ pub trait Mirror: Expiring + Send + Sync {
     fn peek(&self, rule: &RuleLimit, key: &IpNet, now: i64) -> u64;
 }
 
-/// Keys in memory that expire as their Redis keys would.
+/// Keys in memory that expire as their Redis keys would, and that the
+/// memory bound can weigh and shed (`limit::memory`, docs/design.md §2,
+/// "Memory").
 pub trait Expiring {
     /// Forgets every key of `key` (an unbanned address starts afresh).
     fn forget(&mut self, key: &IpNet);
     /// Keys held, live or not yet swept.
     fn tracked_keys(&self) -> usize;
-    /// Drops the keys expired at `wall_now`.
+    /// Drops the keys expired at `wall_now` (and measures what the others
+    /// hold on the heap).
     fn sweep(&mut self, wall_now: i64);
+    /// What the keys cost in memory.
+    fn size(&self) -> Size;
+    /// Drops up to `max` keys whose count at `now` fills less than `below`
+    /// of `rule`'s limit (0.0 empty, 1.0 at the limit), and how many it
+    /// dropped. Expired keys go first, uncounted.
+    fn shed(&mut self, rule: &RuleLimit, below: f64, max: usize, now: i64) -> usize;
+    /// Gives the spare slots of the tables back after a shed.
+    fn shrink(&mut self);
 }
 
 /// Two kinds of key of one rule (a sliding window and its prefilter's counters).
@@ -190,6 +201,98 @@ impl<A: Expiring, B: Expiring> Expiring for (A, B) {
         self.0.sweep(wall_now);
         self.1.sweep(wall_now);
     }
+
+    fn size(&self) -> Size {
+        self.0.size() + self.1.size()
+    }
+
+    /// Up to `max` from each: a client's window and its counters go
+    /// together, at about the same fill.
+    fn shed(&mut self, rule: &RuleLimit, below: f64, max: usize, now: i64) -> usize {
+        self.0
+            .shed(rule, below, max, now)
+            .max(self.1.shed(rule, below, max, now))
+    }
+
+    fn shrink(&mut self) {
+        self.0.shrink();
+        self.1.shrink();
+    }
+}
+
+/// What keys in memory cost: `held` now (every bucket of their tables,
+/// empty ones included, and what their states hold on the heap), and
+/// `packed`, the same keys at the tables' average load (7/8 full, as
+/// hashbrown fills them before it doubles, down to 7/16 after): a table
+/// shrunk to fit holds less than twice its `packed` share.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Size {
+    pub keys: usize,
+    pub held: usize,
+    pub packed: usize,
+}
+
+impl std::ops::Add for Size {
+    type Output = Size;
+    fn add(self, o: Size) -> Size {
+        Size {
+            keys: self.keys + o.keys,
+            held: self.held + o.held,
+            packed: self.packed + o.packed,
+        }
+    }
+}
+
+impl std::iter::Sum for Size {
+    fn sum<I: Iterator<Item = Size>>(it: I) -> Size {
+        it.fold(Size::default(), |a, b| a + b)
+    }
+}
+
+/// Bytes the allocator adds to each block it hands out (glibc's malloc: a
+/// 16-byte header, rounded to 16).
+const BLOCK_OVERHEAD: usize = 16;
+
+/// The size of a table of `T` entries: `keys` of them in a table of
+/// `capacity` (hashbrown's: 7/8 of its buckets, each bucket a slot and a
+/// control byte), plus `heap` held by its states.
+pub(super) fn table_size<T>(keys: usize, capacity: usize, heap: usize) -> Size {
+    let bucket = std::mem::size_of::<T>() + 1;
+    let held = match capacity {
+        0 => 0,
+        c => (c * 8).div_ceil(7) * bucket + BLOCK_OVERHEAD,
+    };
+    Size {
+        keys,
+        held: held + heap,
+        packed: (keys * 8).div_ceil(7) * bucket + heap,
+    }
+}
+
+/// The heap block of a `Vec` of `capacity` `T`s.
+pub(super) fn vec_bytes<T>(capacity: usize) -> usize {
+    match capacity {
+        0 => 0,
+        n => n * std::mem::size_of::<T>() + BLOCK_OVERHEAD,
+    }
+}
+
+/// One key's state, weighed for the memory bound: what it holds on the
+/// heap, and how near its rule's limit its count is (the bound sheds the
+/// least full first).
+pub trait Weigh {
+    /// Heap bytes beyond its slot, allocator overhead included.
+    fn heap(&self) -> usize {
+        0
+    }
+    /// Its count at `now` as a fraction of `rule`'s limit (0.0 empty, 1.0
+    /// at the limit).
+    fn fill(&self, rule: &RuleLimit, now: i64) -> f64;
+}
+
+/// `n` of a limit of `of`, as [`Weigh::fill`] gives it.
+pub(super) fn fraction(n: u64, of: u32) -> f64 {
+    n as f64 / f64::from(of.max(1))
 }
 
 /// One batch to decide in memory: its rule, its client key, and the wall
@@ -222,11 +325,20 @@ struct Entry<S> {
 /// The keys of one kind of one rule in memory, by client key.
 pub struct Keyed<S> {
     map: Map<IpNet, Entry<S>>,
+    /// What the states held on the heap at the last sweep or shed, and
+    /// the keys there were then: keys added since are weighed at their
+    /// average.
+    heap: usize,
+    heap_keys: usize,
 }
 
 impl<S> Default for Keyed<S> {
     fn default() -> Self {
-        Keyed { map: Map::default() }
+        Keyed {
+            map: Map::default(),
+            heap: 0,
+            heap_keys: 0,
+        }
     }
 }
 
@@ -258,7 +370,7 @@ impl<S> Keyed<S> {
     }
 }
 
-impl<S> Expiring for Keyed<S> {
+impl<S: Weigh> Expiring for Keyed<S> {
     fn forget(&mut self, key: &IpNet) {
         self.map.remove(key);
     }
@@ -268,7 +380,43 @@ impl<S> Expiring for Keyed<S> {
     }
 
     fn sweep(&mut self, wall_now: i64) {
-        self.map.retain(|_, e| e.expires_at > wall_now);
+        let mut heap = 0;
+        self.map.retain(|_, e| {
+            let live = e.expires_at > wall_now;
+            if live {
+                heap += e.state.heap();
+            }
+            live
+        });
+        (self.heap, self.heap_keys) = (heap, self.map.len());
+    }
+
+    fn size(&self) -> Size {
+        let keys = self.map.len();
+        let added = keys.saturating_sub(self.heap_keys);
+        let heap = self.heap + added * self.heap.checked_div(self.heap_keys).unwrap_or(0);
+        table_size::<(IpNet, Entry<S>)>(keys, self.map.capacity(), heap)
+    }
+
+    fn shed(&mut self, rule: &RuleLimit, below: f64, max: usize, now: i64) -> usize {
+        let (mut shed, mut heap) = (0, 0);
+        self.map.retain(|_, e| {
+            if e.expires_at <= now {
+                return false;
+            }
+            if shed < max && e.state.fill(rule, now) < below {
+                shed += 1;
+                return false;
+            }
+            heap += e.state.heap();
+            true
+        });
+        (self.heap, self.heap_keys) = (heap, self.map.len());
+        shed
+    }
+
+    fn shrink(&mut self) {
+        self.map.shrink_to_fit();
     }
 }
 

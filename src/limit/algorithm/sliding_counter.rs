@@ -105,6 +105,12 @@ struct State {
     mark: u64,
 }
 
+impl super::Weigh for State {
+    fn fill(&self, rule: &RuleLimit, now: i64) -> f64 {
+        super::fraction(estimate(self.cur, self.c, self.p, now, rule.window_ms), rule.hits)
+    }
+}
+
 /// One rule's counters in memory.
 impl Mirror for Keyed<State> {
     fn check(&mut self, call: &Call<'_>, hits: &[Hit]) -> Verdict {

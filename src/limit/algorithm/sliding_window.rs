@@ -119,6 +119,22 @@ pub(super) async fn members(con: &mut Conn, at: &At<'_>, now: i64) -> redis::Red
 /// insertion order.
 pub(super) type Members = Vec<(i64, i32)>;
 
+/// A window weighs its members against the rule's `hits` (`distinct`'s
+/// too: its members are values); with a prefilter, a window that holds any
+/// comes after the prefilter's full count.
+impl super::Weigh for Members {
+    fn heap(&self) -> usize {
+        super::vec_bytes::<(i64, i32)>(self.capacity())
+    }
+
+    fn fill(&self, rule: &RuleLimit, _now: i64) -> f64 {
+        match self.len() as u64 {
+            0 => 0.0,
+            n => super::fraction(n + u64::from(rule.prefilter), rule.hits),
+        }
+    }
+}
+
 /// The members of a live window within (now - window, now].
 pub(super) fn within(members: Option<&Members>, now: i64, window_ms: i64) -> u64 {
     members.map_or(0, |m| m.iter().filter(|(t, _)| *t > now - window_ms && *t <= now).count() as u64)

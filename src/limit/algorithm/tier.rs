@@ -53,6 +53,15 @@ pub enum Offer {
 #[derive(Default)]
 pub struct Counters {
     map: Map<(IpNet, i64), Fixed>,
+    /// The marks' heap blocks at the last sweep or shed (a counter has one
+    /// mark per origin that wrote to it, usually one).
+    heap: usize,
+}
+
+impl Fixed {
+    fn heap(&self) -> usize {
+        super::vec_bytes::<(u64, u64)>(self.marks.capacity())
+    }
 }
 
 impl Counters {
@@ -106,6 +115,45 @@ impl super::Expiring for Counters {
     }
 
     fn sweep(&mut self, wall_now: i64) {
-        self.map.retain(|_, f| f.expires_at > wall_now);
+        let mut heap = 0;
+        self.map.retain(|_, f| {
+            let live = f.expires_at > wall_now;
+            if live {
+                heap += f.heap();
+            }
+            live
+        });
+        self.heap = heap;
+    }
+
+    fn size(&self) -> super::Size {
+        super::table_size::<((IpNet, i64), Fixed)>(self.map.len(), self.map.capacity(), self.heap)
+    }
+
+    /// A counter's fill is its count against its cap: the prefilter's
+    /// share of a sliding window, or `fixed_window`'s `hits`.
+    fn shed(&mut self, rule: &crate::limit::RuleLimit, below: f64, max: usize, now: i64) -> usize {
+        let cap = match rule.prefilter {
+            0 => rule.hits,
+            pre => pre,
+        };
+        let (mut shed, mut heap) = (0, 0);
+        self.map.retain(|_, f| {
+            if f.expires_at <= now {
+                return false;
+            }
+            if shed < max && super::fraction(u64::from(f.count), cap) < below {
+                shed += 1;
+                return false;
+            }
+            heap += f.heap();
+            true
+        });
+        self.heap = heap;
+        shed
+    }
+
+    fn shrink(&mut self) {
+        self.map.shrink_to_fit();
     }
 }

@@ -128,6 +128,12 @@ struct State {
     mark: u64,
 }
 
+impl super::Weigh for State {
+    fn fill(&self, rule: &RuleLimit, now: i64) -> f64 {
+        super::fraction(in_use(rule, self.tat, now), rule.hits)
+    }
+}
+
 /// One rule's buckets in memory.
 impl Mirror for Keyed<State> {
     fn check(&mut self, call: &Call<'_>, hits: &[Hit]) -> Verdict {
