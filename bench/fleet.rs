@@ -286,7 +286,7 @@ fn start_with_100k_bans() {
     let field = |l: &str, name: &str| -> Option<f64> {
         l.split_whitespace()
             .find_map(|w| w.strip_prefix(name))
-            .and_then(|v| v.parse().ok())
+            .and_then(seconds)
     };
     let after = d.log_text();
     let lines: Vec<String> = after
@@ -298,12 +298,12 @@ fn start_with_100k_bans() {
     let mut plan: Vec<f64> = lines
         .iter()
         .filter(|l| l.contains("plan ready"))
-        .filter_map(|l| field(l, "seconds="))
+        .filter_map(|l| field(l, "took="))
         .collect();
     let mut nft: Vec<f64> = lines
         .iter()
         .filter(|l| l.contains("transaction applied"))
-        .filter_map(|l| field(l, "seconds="))
+        .filter_map(|l| field(l, "took="))
         .collect();
     for v in [&mut plan, &mut nft] {
         v.sort_by(f64::total_cmp);
@@ -367,18 +367,18 @@ fn start_once(
     let field = |l: &str, name: &str| -> Option<f64> {
         l.split_whitespace()
             .find_map(|w| w.strip_prefix(name))
-            .and_then(|v| v.parse().ok())
+            .and_then(seconds)
     };
     let plain: Vec<String> = text.lines().map(strip_ansi).collect();
     let read = plain
         .iter()
         .find(|l| l.contains("Ban list read."))
-        .and_then(|l| field(l, "seconds="))
+        .and_then(|l| field(l, "took="))
         .unwrap_or(f64::NAN);
     let nft = plain
         .iter()
         .find(|l| l.contains("nft transaction applied") && l.contains(&format!("added={n} ")))
-        .and_then(|l| field(l, "seconds="))
+        .and_then(|l| field(l, "took="))
         .unwrap_or(f64::NAN);
     let rss = rss_mb(d.pid());
     (
@@ -437,4 +437,12 @@ fn strip_ansi(s: &str) -> String {
         }
     }
     out
+}
+
+/// Seconds of a logged duration (`took=0.42ms`, `took=2.5s`).
+fn seconds(v: &str) -> Option<f64> {
+    match v.strip_suffix("ms") {
+        Some(ms) => ms.parse::<f64>().ok().map(|ms| ms / 1000.0),
+        None => v.strip_suffix('s')?.parse().ok(),
+    }
 }

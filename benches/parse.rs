@@ -163,7 +163,7 @@ fn read(c: &mut Criterion) {
         group.bench_function(name, |b| {
             b.iter(|| {
                 let mut n = 0u64;
-                fleetban::source::read_file(&path, framed, |chunk| n += chunk.lines).expect("read");
+                fleetban::source::read_file(&path, framed, |chunk, _| n += chunk.lines).expect("read");
                 n
             })
         });

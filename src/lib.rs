@@ -46,6 +46,28 @@ pub mod source;
 pub mod store;
 pub mod verdict;
 
+/// A duration as fleetban writes it everywhere (`check`, reasons, logs):
+/// in the largest unit that divides it (`90s`, `1500ms`, `1d`), never
+/// rounded.
+pub fn duration_text(ms: i64) -> String {
+    const UNITS: [(i64, &str); 4] = [(86_400_000, "d"), (3_600_000, "h"), (60_000, "m"), (1_000, "s")];
+    UNITS
+        .iter()
+        .find(|(u, _)| ms != 0 && ms % u == 0)
+        .map_or(format!("{ms}ms"), |(u, name)| format!("{}{name}", ms / u))
+}
+
+/// How long something took, for the logs: `took=0.42ms`, `took=310ms`,
+/// `took=2.5s` (never `3.034e-6`).
+pub fn took(d: std::time::Duration) -> String {
+    let ms = d.as_secs_f64() * 1000.0;
+    match ms {
+        ms if ms < 10.0 => format!("{ms:.2}ms"),
+        ms if ms < 1000.0 => format!("{ms:.0}ms"),
+        ms => format!("{:.1}s", ms / 1000.0),
+    }
+}
+
 /// Wall-clock time in unix milliseconds.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()

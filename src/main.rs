@@ -70,6 +70,8 @@ enum Command {
         json: bool,
     },
     /// Replay log files through the rules with log time and the embedded store.
+    /// On a terminal, a progress line on stderr (files, lines, MB/s, time
+    /// left), erased before the report; never with --json or when piped.
     Test {
         /// The main configuration file.
         #[arg(short, long, value_name = "FILE", default_value = fleetban::config::DEFAULT_PATH)]
@@ -120,7 +122,8 @@ enum Command {
         interval: std::time::Duration,
     },
     /// Active bans, fleet-wide: address, rule, since, until, time left,
-    /// offence count, host, reason.
+    /// offence count, host, reason. On a single host whose daemon is
+    /// stopped: the list it saved (state_dir/bans.json), said on stderr.
     Bans {
         #[command(flatten)]
         on: OperatorConfig,
@@ -162,7 +165,9 @@ enum Command {
         json: bool,
     },
     /// Why an address is or is not banned: its ban, wider bans, its count
-    /// in each rule's window, and what keeps it from ever being banned.
+    /// in each rule's window, and what keeps it from ever being banned. On
+    /// a single host whose daemon is stopped: from the list it saved,
+    /// without windows.
     Explain {
         #[command(flatten)]
         on: Target,

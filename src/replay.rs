@@ -51,7 +51,10 @@ pub struct RuleStats {
     /// Of those, the lines its format could not parse.
     pub unparsed: u64,
     pub matched: u64,
+    /// Its bans of the clients it counts (as `status` counts a rule's).
     pub bans: u64,
+    /// The networks its bans escalated to (`escalate_network:`), apart.
+    pub network_bans: u64,
     /// The clients never banned by this rule whose window came closest to
     /// its limit, fullest first (at most [`Options::closest`]): what
     /// learning mode looks at to choose a limit (the banned ones are the
@@ -136,6 +139,16 @@ pub enum Event<'a> {
     Ban {
         decision: &'a Decision,
         file: &'a Path,
+    },
+    /// After each chunk read: how far the replay is (`fleetban test`'s
+    /// progress line).
+    Progress {
+        /// The input being read (an index into the inputs).
+        file: usize,
+        /// Of that input, the bytes read as stored (compressed for gzip).
+        bytes: u64,
+        /// Lines read so far, every file.
+        lines: u64,
     },
 }
 
@@ -234,7 +247,7 @@ pub fn replay(
             .iter()
             .any(|&ri| rules[ri].format == crate::parse::Format::NginxError)
             .then_some(crate::parse::split_records as crate::source::Framer);
-        let gzip = crate::source::read_file(&input.path, framer, |chunk| {
+        let gzip = crate::source::read_file(&input.path, framer, |chunk, bytes| {
             let seen = scanner.scan(chunk, origin, wall, &mut r);
             r.report.lines += seen.lines;
             r.report.unparsed += seen.unparsed;
@@ -243,6 +256,11 @@ pub fn replay(
             r.report.files[i].lines += seen.lines;
             r.tell(chunk, before, &input.path, &mut events);
             before += chunk.lines + chunk.skipped_long;
+            events(Event::Progress {
+                file: i,
+                bytes,
+                lines: r.report.lines,
+            });
         })?;
         r.report.files[i].gzip = gzip;
     }
@@ -363,7 +381,7 @@ impl Replay<'_> {
             });
             // `escalate_network:`: the network, at the same line.
             if let Some(net) = network {
-                self.report.rules[rule].bans += 1;
+                self.report.rules[rule].network_bans += 1;
                 self.pending
                     .push((hit.offset, Pending::Ban(self.report.decisions.len())));
                 self.report.decisions.push(Decision {

@@ -409,3 +409,57 @@ fn blocklist_networks_wider_than_the_widest_are_refused_and_named() {
     );
     assert!(cli(&c.cfg, &["ban", "11.0.0.0/8"]).success());
 }
+
+/// Issue 26, item 4: `check` reads every blocklist as the daemon does: a
+/// line per file with the networks it yields (the allowed address cut
+/// out), its refusals by line, and a warning for a file missing, one it
+/// cannot read (a directory) and one that yields nothing; exit 0.
+#[test]
+fn check_says_what_each_blocklist_yields_and_warns_about_those_it_cannot_read() {
+    let c = ConfigDir::new();
+    std::fs::write(
+        c.path().join("good.netset"),
+        "# x\n198.51.100.0/24\n0.0.0.0/0\nnot-a-net\n192.0.2.0/24\n",
+    )
+    .unwrap();
+    std::fs::write(c.path().join("allowed.txt"), "198.51.100.7/32 ; SBL1\n").unwrap();
+    std::fs::create_dir(c.path().join("dir.netset")).unwrap();
+    with_blocklists(
+        &c,
+        "[{ file: good.netset, format: netset, refresh: 90s }, { file: gone.netset, format: netset }, \
+         { file: dir.netset, format: netset }, { file: allowed.txt, format: drop }]",
+    );
+    let out = cli(&c.cfg, &["check"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    let p = |f: &str| c.path().join(f).display().to_string();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    let has = |want: &str| assert!(lines.contains(&want), "no line `{want}`:\n{}", out.stdout);
+    // 198.51.100.0/24 around .7 is 8 networks, and 192.0.2.0/24.
+    has(&format!(
+        "  blocklist {} (netset, refresh 90s): 2 networks listed, refused 1 too wide, 1 not a network \
+         (1 split around never-banned networks), yields 9 network(s) to drop",
+        p("good.netset")
+    ));
+    has(&format!(
+        "warning: {}:3: 0.0.0.0/0 is wider than /8 (IPv4) or /16 (IPv6), the widest network fleetban drops: refused",
+        p("good.netset")
+    ));
+    has(&format!(
+        "warning: {}:4: \"not-a-net\" is not a network: skipped",
+        p("good.netset")
+    ));
+    has(&format!(
+        "warning: blocklist {}: missing (no such file); the daemon drops nothing from it until it can read it",
+        p("gone.netset")
+    ));
+    let dir = format!("warning: blocklist {}: unreadable (", p("dir.netset"));
+    assert!(lines.iter().any(|l| l.starts_with(&dir)), "{dir}\n{}", out.stdout);
+    has(&format!(
+        "  blocklist {} (drop, refresh 1h): 1 networks listed (1 wholly never banned), yields 0 network(s) to drop",
+        p("allowed.txt")
+    ));
+    has(&format!(
+        "warning: blocklist {}: yields no network: the daemon drops nothing from it",
+        p("allowed.txt")
+    ));
+}

@@ -168,7 +168,7 @@ fn check_shows_durations_as_configured_and_the_listpack_warning_only_with_redis(
     assert_eq!(out.code, 0, "{}", out.text());
     assert!(
         out.stdout
-            .contains("odd: 10 hits per 90s (sliding_window), ban 1500ms;"),
+            .contains("odd: 10 hits per 90s (sliding_window), scope fleet, ban 1500ms;"),
         "{}",
         out.stdout
     );
@@ -192,7 +192,7 @@ fn check_shows_durations_as_configured_and_the_listpack_warning_only_with_redis(
     assert_eq!(out.code, 0, "without --online Redis is not contacted: {}", out.text());
     assert!(
         out.stdout
-            .contains("redis: redis://127.0.0.1:1/0 (prefix fleetban): not contacted (--online checks it)"),
+            .contains("redis: redis://127.0.0.1:1/0 (prefix fleetban; timeout 250ms, hold 1s, reconcile every 1m): not contacted (--online checks it)"),
         "{}",
         out.stdout
     );

@@ -337,11 +337,11 @@ fn hits_zero_exact_durations_and_the_new_formats_pass() {
     let (code, out, err, _d) = check("rules: [r.yaml]\n", rule);
     assert_eq!(code, 0, "{err}");
     assert!(
-        out.contains("first: hits 0: the first matching request bans, ban 1500ms"),
+        out.contains("first: hits 0: the first matching request bans, scope fleet, ban 1500ms"),
         "{out}"
     );
     assert!(
-        out.contains("fixed: hits 0: the first matching request bans, ban 1h"),
+        out.contains("fixed: hits 0: the first matching request bans, scope fleet, ban 1h"),
         "{out}"
     );
     assert!(
@@ -359,6 +359,128 @@ fn a_json_template_in_log_format_is_warned_about() {
     assert_eq!(code, 0, "{err}");
     assert!(
         out.contains("warning:") && out.contains("rule j") && out.contains("format: { json:"),
+        "{out}"
+    );
+}
+
+/// One run finds every error of every file (issue 26): in one rule file a
+/// bad regex, a misspelled key, `hits: -1`, an unknown algorithm, a
+/// duplicate name (of a rule that has an error of its own), a ban below a
+/// second and both errors of one `escalate_network`; in the main file an
+/// unknown backend does not hide a bad network, a bare duration nor a
+/// count that is no number. Each at its line and column.
+#[test]
+fn one_run_reports_every_error_of_every_file_with_its_position() {
+    let rules = "rules:
+  - name: one
+    logs: [/x]
+    match: { path: '(unclosed' }
+    limit: { hits: 10, window: 60s }
+  - name: two
+    logs: [/x]
+    match: { stauts: 404 }
+    limit: { hits: 10, window: 60s }
+  - name: three
+    logs: [/x]
+    limit: { hits: -1, window: 60s }
+  - name: four
+    logs: [/x]
+    limit: { hits: 10, window: 60s, algorithm: sliding }
+  - name: one
+    logs: [/x]
+    limit: { hits: 10, window: 60s }
+  - name: six
+    logs: [/x]
+    limit:
+      hits: 10
+      window: 60s
+    ban:
+      duration: 500ms
+  - name: seven
+    logs: [/x]
+    limit: { hits: 10, window: 60s }
+    escalate_network: { ipv4_prefix: 32, bans: 1 }
+";
+    let main = "rules: [r.yaml]
+firewall:
+  backend: nftable
+allow: [192.0.2.1, 10.0.0.0/33]
+redis: { url: 'redis://127.0.0.1', timeout: 250 }
+safety: { max_bans_per_minute: lots }
+";
+    let (code, _out, err, dir) = check(main, rules);
+    assert_eq!(code, 2, "{err}");
+    let at = |file: &str, pos: &str, words: &[&str]| {
+        let prefix = format!("{}:{pos}: ", dir.path().join(file).display());
+        let found = err
+            .lines()
+            .any(|l| l.starts_with(&prefix) && words.iter().all(|w| l.contains(w)));
+        assert!(found, "no error at {file}:{pos} saying {words:?}:\n{err}");
+    };
+    at("fleetban.yaml", "3:12", &["nftable"]);
+    at("fleetban.yaml", "4:20", &["10.0.0.0/33"]);
+    at("fleetban.yaml", "5:45", &["250: add a unit, e.g. 250ms or 250s"]);
+    at("fleetban.yaml", "6:32", &["invalid number `lots`"]);
+    at("r.yaml", "4:20", &["regular expression"]);
+    at("r.yaml", "8:14", &["unknown field `stauts`"]);
+    at("r.yaml", "12:20", &["-1"]);
+    at("r.yaml", "15:48", &["sliding"]);
+    at("r.yaml", "16:11", &["duplicate rule name `one`"]);
+    at("r.yaml", "25:7", &["below a second"]);
+    at("r.yaml", "29:23", &["ipv4_prefix` is 32"]);
+    at("r.yaml", "29:23", &["bans` is 1"]);
+    at("r.yaml", "29:23", &["missing field `within`"]);
+    at("r.yaml", "29:23", &["missing field `duration`"]);
+    assert!(err.contains("14 error(s)"), "nothing else is reported:\n{err}");
+}
+
+/// A bare number where a duration is expected is an error with the hint,
+/// in the configuration and on the command line; `0` is zero in any unit.
+#[test]
+fn a_duration_without_a_unit_is_an_error_with_a_hint() {
+    let rule = "rules:\n  - name: a\n    logs: [/x]\n    limit: { hits: 1, window: 90 }\n";
+    let (code, _out, err, dir) = check("rules: [r.yaml]\nredis: { url: 'redis://127.0.0.1', hold: 0 }\n", rule);
+    assert_eq!(code, 2, "{err}");
+    let want = format!(
+        "{}:4:31: 90: add a unit, e.g. 90ms or 90s",
+        dir.path().join("r.yaml").display()
+    );
+    assert!(err.lines().any(|l| l == want), "{want}\n{err}");
+    assert_eq!(err.lines().filter(|l| l.contains("add a unit")).count(), 1, "{err}");
+
+    let cfg = write(dir.path(), "r.yaml", GOOD_RULE);
+    let cfg = cfg.with_file_name("fleetban.yaml");
+    let out = cli(&cfg, &["ban", "192.0.2.7", "--for", "90"]);
+    assert_eq!(out.code, 2, "{}", out.text());
+    assert!(
+        out.stderr.contains("--for: 90: add a unit, e.g. 90ms or 90s"),
+        "{}",
+        out.text()
+    );
+}
+
+/// `check` says every duration it derived: the Redis timeouts (defaults
+/// too), a rule's scope, its repeat offenders' bounds and its
+/// `escalate_network`.
+#[test]
+fn check_prints_every_duration_it_derived() {
+    let rule = "rules:
+  - name: a
+    logs: [/x]
+    limit: { hits: 5, window: 1m, scope: host }
+    ban: { duration: 1h, escalate: { factor: 2, max: 1d, forget_after: 30d } }
+    escalate_network: { bans: 3, within: 2h, duration: 12h }
+";
+    let (code, out, err, _d) = check(
+        "rules: [r.yaml]\nredis: { url: 'redis://127.0.0.1', timeout: 300ms }\n",
+        rule,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("timeout 300ms, hold 1s, reconcile every 1m"), "{out}");
+    assert!(out.contains("scope host"), "{out}");
+    assert!(out.contains("at most 1d, offences forgotten after 30d"), "{out}");
+    assert!(
+        out.contains("escalate_network: 3 addresses of one /24 (IPv6 /56) banned within 2h ban the network for 12h"),
         "{out}"
     );
 }

@@ -235,16 +235,28 @@ fn five_banned_addresses_ban_their_24_in_test_and_in_the_daemon() {
     assert_eq!(net["line"], bans[5]["line"], "at the line of the fifth address's ban");
     assert_eq!(net["until"], fleetban::rfc3339(t0 + 52_000 + 86_400_000));
     assert!(bans[..6].iter().all(|b| b.get("reason").is_none()));
-    // The human report names the network's trigger under its table.
+    // A rule's bans are counted as `status` counts them, the network apart.
+    let summary: serde_json::Value = serde_json::from_str(out.stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(summary["rules"]["burst"]["bans"], 6, "{summary}");
+    assert_eq!(summary["rules"]["burst"]["network_bans"], 1, "{summary}");
+    // The human report names the network's trigger under its table, a
+    // blank line before the files' table; the counts say the network.
     let human = cli(&r.cfg, &["test", replayed.to_str().unwrap()]);
+    let lines: Vec<&str> = human.stdout.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| *l == "203.0.113.0/24: 5 addresses of 203.0.113.0/24 banned within 1h (rule burst)")
+        .unwrap_or_else(|| panic!("{}", human.text()));
+    assert_eq!(lines[at + 1], "", "{}", human.stdout);
+    assert!(lines[at + 2].starts_with("FILE "), "{}", human.stdout);
     assert!(
-        human
-            .stdout
-            .lines()
-            .any(|l| l == "203.0.113.0/24: 5 addresses of 203.0.113.0/24 banned within 1h (rule burst)"),
+        lines
+            .iter()
+            .any(|l| l.starts_with("burst ") && l.ends_with(" 6 + 1 network")),
         "{}",
-        human.text()
+        human.stdout
     );
+    assert!(human.stdout.contains("  bans: 6 + 1 network"), "{}", human.stdout);
 
     // The daemon (with Redis, log firewall): the same, live, ban.lua
     // deciding.
@@ -271,6 +283,8 @@ fn five_banned_addresses_ban_their_24_in_test_and_in_the_daemon() {
         net["reason"],
         "5 addresses of 203.0.113.0/24 banned within 1h (rule burst)"
     );
+    // The daemon counts the rule's five bans, the network apart, as `test` does.
+    assert_eq!(d.status()["rules"][0]["bans"], 5, "{}", d.status());
     let explained = cli(&r.cfg, &["explain", "203.0.113.200"]);
     assert!(
         explained.stdout.contains("203.0.113.0/24") && explained.stdout.contains("5 addresses of 203.0.113.0/24"),

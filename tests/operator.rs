@@ -321,6 +321,20 @@ fn a_ban_too_long_or_not_positive_is_refused_by_the_cli_and_the_control_socket()
             "for_ms {ms}: {line}"
         );
     }
+    // A length that is no `for_ms` (a bare `"for": "90"`, a string) is
+    // refused, not taken as the default hour (issue 26, item 2).
+    for (body, says) in [
+        (r#""for":"90""#, "unknown field `for`"),
+        (r#""for_ms":"90""#, "expected i64"),
+    ] {
+        let mut s = std::os::unix::net::UnixStream::connect(&r.control).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        writeln!(s, r#"{{"cmd":"ban","addr":"198.51.100.51",{body}}}"#).unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(&s).read_line(&mut line).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line}: {e}"));
+        assert!(v["error"].as_str().is_some_and(|e| e.contains(says)), "{body}: {line}");
+    }
     // The longest allowed still works, and nothing above was banned.
     assert_eq!(cli(&r.cfg, &["ban", "198.51.100.52", "--for", "3650d"]).code, 0);
     let bans = cli(&r.cfg, &["bans", "--json"]).stdout;
@@ -328,4 +342,130 @@ fn a_ban_too_long_or_not_positive_is_refused_by_the_cli_and_the_control_socket()
         !bans.contains("198.51.100.51") && bans.contains("198.51.100.52"),
         "{bans}"
     );
+}
+
+/// Issue 26, item 7: with the daemon stopped, an error is said once, with
+/// the hint, whether the socket is absent or refuses; `bans` and `explain`
+/// read the list the daemon saved (`state_dir/bans.json`) and say so.
+#[test]
+fn with_the_daemon_stopped_errors_are_said_once_and_bans_and_explain_read_the_saved_list() {
+    let r = rig();
+    let once = |out: &common::CliOutput, io: &str| {
+        assert_eq!(out.code, 1, "{}", out.text());
+        assert_eq!(out.stderr.matches(io).count(), 1, "said once: {}", out.stderr);
+        assert!(
+            out.stderr.contains("is fleetban running? (systemctl status fleetban)"),
+            "{}",
+            out.stderr
+        );
+    };
+    once(&cli(&r.cfg, &["status"]), "No such file or directory");
+
+    let mut d = Daemon::start(None, &r.cfg, &r.control);
+    let out = cli(&r.cfg, &["ban", "198.51.100.7", "--for", "2h", "--reason", "probing"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    d.stop(Duration::from_secs(10));
+    // A socket file nobody listens on: refused.
+    let _ = std::fs::remove_file(&r.control);
+    drop(std::os::unix::net::UnixListener::bind(&r.control).unwrap());
+    once(&cli(&r.cfg, &["status"]), "Connection refused");
+
+    let out = cli(&r.cfg, &["bans"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    assert!(out.stderr.contains("reading the list it saved"), "{}", out.stderr);
+    assert!(out.stderr.contains("bans.json"), "{}", out.stderr);
+    assert!(
+        out.stdout.contains("198.51.100.7") && out.stdout.contains("probing") && out.stdout.contains("1 active ban(s)"),
+        "{}",
+        out.stdout
+    );
+    let out = cli(&r.cfg, &["explain", "198.51.100.7"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    assert!(out.stderr.contains("reading the list it saved"), "{}", out.stderr);
+    assert!(
+        out.stdout.contains("banned") && out.stdout.contains("probing"),
+        "{}",
+        out.stdout
+    );
+    let out = cli(&r.cfg, &["explain", "198.51.100.8", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    assert!(out.stdout.contains("\"verdict\":\"not_banned\""), "{}", out.stdout);
+}
+
+/// Issue 26, item 7: `test` on a log it may not read (run as `nobody`)
+/// says the permission error once.
+#[test]
+fn test_on_an_unreadable_log_says_the_error_once() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let r = rig();
+    let mode = |p: &std::path::Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    mode(r.path(), 0o755);
+    mode(&r.cfg, 0o644);
+    mode(&r.rules, 0o644);
+    append(&r.log, &combined_lines("203.0.113.9", 3, "/", 200));
+    mode(&r.log, 0o000);
+    let out = std::process::Command::new(fleetban_bin())
+        .args(["test", "-c"])
+        .arg(&r.cfg)
+        .arg(&r.log)
+        .uid(65534)
+        .gid(65534)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.matches("Permission denied").count(), 1, "{stderr}");
+    assert!(stderr.contains(&r.log.display().to_string()), "{stderr}");
+}
+
+/// Issue 26, item 10: a ban's reason says what the rule counted: `hits: 0`
+/// the path of the request that matched, `distinct:` the distinct values; the
+/// daemon's log writes a ban's length as `check` does (`duration=1d`,
+/// never `1day`) and no float seconds.
+#[test]
+fn reasons_say_what_was_counted_and_logs_write_durations_one_way() {
+    let r = ConfigDir::new();
+    r.write(
+        &r.main_config().host_id("ops-host").log_firewall(),
+        &[
+            Rule::new("env", &r.log, "{ hits: 0, window: 1m }")
+                .matching("{ path: '^/\\.env$' }")
+                .ban("1d"),
+            Rule::new("probe", &r.log, "{ distinct: path, hits: 5, window: 5m }")
+                .matching("{ status: [404] }")
+                .ban("1h"),
+        ],
+    );
+    let d = Daemon::start_with_env(None, &r.cfg, &r.control, &[("RUST_LOG", "fleetban=debug")]);
+    let mut lines = combined_lines("203.0.113.5", 1, "/.env", 404);
+    for k in 0..6 {
+        lines += &combined_lines("203.0.113.6", 1, &format!("/backup-{k}.zip"), 404);
+    }
+    append(&r.log, &lines);
+    let mut bans: Vec<serde_json::Value> = Vec::new();
+    wait_until(Duration::from_secs(20), "both bans", || {
+        bans = cli(&r.cfg, &["bans", "--json"])
+            .stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        bans.len() == 2
+    });
+    let reason = |addr: &str| bans.iter().find(|b| b["addr"] == addr).map(|b| b["reason"].clone());
+    assert_eq!(
+        reason("203.0.113.5"),
+        Some("first request for /.env".into()),
+        "{bans:?}"
+    );
+    assert_eq!(
+        reason("203.0.113.6"),
+        Some("6 distinct paths within 5m".into()),
+        "{bans:?}"
+    );
+    let log = d.log_text();
+    assert!(log.contains("duration=1d"), "{log}");
+    assert!(log.contains("took="), "{log}");
+    assert!(!log.contains("1day") && !log.contains("seconds="), "{log}");
 }

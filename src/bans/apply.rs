@@ -393,7 +393,7 @@ impl Bans {
         }
         let by = if rec.rule == "manual" { "operator" } else { "rule" };
         let duration = rec.until.map_or("permanent".into(), |u| {
-            humantime::format_duration(Duration::from_secs(((u - now_ms).max(0) / 1000) as u64)).to_string()
+            crate::duration_text((u - now_ms).max(0) / 1000 * 1000)
         });
         let until = rec.until.map_or("forever".into(), crate::rfc3339);
         match local {

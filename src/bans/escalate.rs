@@ -39,7 +39,7 @@ pub fn reason(e: &NetworkEscalation, net: &IpNet, rule: &str) -> String {
         "{} addresses of {} banned within {} (rule {rule})",
         e.bans,
         AddrText(net),
-        humantime::format_duration(std::time::Duration::from_millis(e.within_ms as u64))
+        crate::duration_text(e.within_ms)
     )
 }
 

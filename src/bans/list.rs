@@ -397,15 +397,15 @@ impl BanList {
                     .arg("WITHSCORES")
                     .query_async(con)
                     .await?;
-                let read = started.elapsed().as_secs_f64();
+                let read = crate::took(started.elapsed());
                 let (out, respelled) = validate(&raw);
                 if !respelled.is_empty() {
                     canonicalize(con, keys, &respelled).await?;
                 }
                 tracing::debug!(
                     entries = out.len(),
-                    read,
-                    seconds = started.elapsed().as_secs_f64(),
+                    read = %read,
+                    took = %crate::took(started.elapsed()),
                     "Ban list entries read."
                 );
                 Ok(out)

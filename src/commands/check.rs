@@ -45,7 +45,7 @@ pub fn check(path: &Path, online: bool, notify_test: bool, json: bool) -> Outcom
     let result = report_on(&config, path, online, notify_test, &mut report);
     if json {
         let failures = match &result {
-            Err(Failure::Runtime(e)) => vec![format!("{e:#}")],
+            Err(Failure::Runtime(e)) => vec![super::once(e)],
             _ => Vec::new(),
         };
         let line = CheckJson::of(path, &config, &report, failures);
@@ -149,19 +149,29 @@ fn report_on(config: &Config, path: &Path, online: bool, notify_test: bool, out:
     for r in &config.rules {
         report!(
             out,
-            "  {}: {}, ban {}{}; format {}; logs {}",
+            "  {}: {}, scope {}, ban {}{}{}; format {}; logs {}",
             r.name,
             describe_limit(&r.limit) + &describe_keying(r.limit.keying),
+            scope_name(r.limit.scope),
             duration(r.ban.duration_ms),
             if r.ban.factor > 1.0 {
                 format!(
-                    " (x{} for repeat offenders, at most {})",
+                    " (x{} for repeat offenders, at most {}, offences forgotten after {})",
                     r.ban.factor,
-                    duration(r.ban.max_ms)
+                    duration(r.ban.max_ms),
+                    duration(r.ban.forget_after_ms)
                 )
             } else {
                 String::new()
             },
+            r.ban.network.map_or(String::new(), |n| format!(
+                "; escalate_network: {} addresses of one /{} (IPv6 /{}) banned within {} ban the network for {}",
+                n.bans,
+                n.ipv4_prefix,
+                n.ipv6_prefix,
+                duration(n.within_ms),
+                duration(n.duration_ms)
+            )),
             format_name(&r.format),
             r.logs.join(", ")
         );
@@ -211,20 +221,70 @@ fn report_on(config: &Config, path: &Path, online: bool, notify_test: bool, out:
     }
 }
 
-/// Each blocklist file read as the daemon reads it: a `warning:` naming
-/// `FILE:LINE` for each network refused as too wide and each line that is
-/// no network, and one for a file that cannot be read.
+/// Each blocklist file read as the daemon reads it (never-banned networks
+/// taken out): a line with what it yields, and a `warning:` for a file
+/// missing or unreadable, one that yields nothing, each network refused
+/// as too wide and each line that is no network (`FILE:LINE`).
 fn warn_blocklists(config: &Config, out: &mut String) {
+    let never = config.never_banned();
     for spec in &config.blocklists {
-        let l = match fleetban::blocklist::load(spec, &[]) {
+        let file = spec.file.display();
+        let format = match spec.format {
+            fleetban::blocklist::Format::Netset => "netset",
+            fleetban::blocklist::Format::Drop => "drop",
+        };
+        let refresh = duration(i64::try_from(spec.refresh.as_millis()).unwrap_or(i64::MAX));
+        let l = match fleetban::blocklist::load(spec, never.nets()) {
             Ok(l) => l,
             Err(e) => {
-                report!(out, "warning: {e}; the daemon drops nothing from it until it can");
+                let what = match e.source.kind() {
+                    std::io::ErrorKind::NotFound => "missing (no such file)".to_owned(),
+                    _ => format!("unreadable ({})", e.source),
+                };
+                report!(
+                    out,
+                    "warning: blocklist {file}: {what}; the daemon drops nothing from it until it can read it"
+                );
                 continue;
             }
         };
-        let file = spec.file.display();
-        report!(out, "  blocklist {file}: {} networks", l.listed);
+        let mut refused = Vec::new();
+        for (n, what) in [
+            (l.too_wide, "too wide"),
+            (l.garbage, "not a network"),
+            (l.over_cap, "over max_entries"),
+        ] {
+            if n > 0 {
+                refused.push(format!("{n} {what}"));
+            }
+        }
+        let mut spared = Vec::new();
+        if l.split > 0 {
+            spared.push(format!("{} split around never-banned networks", l.split));
+        }
+        if l.dropped > 0 {
+            spared.push(format!("{} wholly never banned", l.dropped));
+        }
+        report!(
+            out,
+            "  blocklist {file} ({format}, refresh {refresh}): {} networks listed{}{}, yields {} network(s) to drop",
+            l.listed,
+            match refused.is_empty() {
+                true => String::new(),
+                false => format!(", refused {}", refused.join(", ")),
+            },
+            match spared.is_empty() {
+                true => String::new(),
+                false => format!(" ({})", spared.join(", ")),
+            },
+            l.nets.len()
+        );
+        if l.nets.is_empty() {
+            report!(
+                out,
+                "warning: blocklist {file}: yields no network: the daemon drops nothing from it"
+            );
+        }
         for (line, net) in &l.too_wide_lines {
             report!(
                 out,
@@ -248,9 +308,10 @@ fn offline_lines(config: &Config, out: &mut String) {
     match &config.redis {
         Some(r) => report!(
             out,
-            "  redis: {} (prefix {}): not contacted (--online checks it)",
+            "  redis: {} (prefix {}; {}): not contacted (--online checks it)",
             online::masked(&r.url),
-            r.prefix
+            r.prefix,
+            redis_durations(r)
         ),
         None => report!(out, "  redis: none (single host, embedded store)"),
     }
@@ -395,11 +456,27 @@ fn proxies_in_the_list(config: &Config, out: &mut String) {
 /// A duration exactly as the configuration holds it, in the largest unit
 /// that divides it (`90s`, `1500ms`, `7d`): never rounded.
 pub fn duration(ms: i64) -> String {
-    const UNITS: [(i64, &str); 4] = [(86_400_000, "d"), (3_600_000, "h"), (60_000, "m"), (1_000, "s")];
-    UNITS
-        .iter()
-        .find(|(u, _)| ms != 0 && ms % u == 0)
-        .map_or(format!("{ms}ms"), |(u, name)| format!("{}{name}", ms / u))
+    fleetban::duration_text(ms)
+}
+
+/// The durations of `redis:` as derived, defaults included: `timeout
+/// 250ms, hold 1s, reconcile every 1m`.
+pub fn redis_durations(r: &fleetban::config::RedisConfig) -> String {
+    let ms = |d: Duration| duration(i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    format!(
+        "timeout {}, hold {}, reconcile every {}",
+        ms(r.timeout),
+        ms(r.hold),
+        ms(r.reconcile_every)
+    )
+}
+
+/// `fleet` or `host`: where a rule's window is counted.
+fn scope_name(s: fleetban::config::Scope) -> &'static str {
+    match s {
+        fleetban::config::Scope::Fleet => "fleet",
+        fleetban::config::Scope::Host => "host",
+    }
 }
 
 /// `, per network (/24, /48)` for a rule counting networks.

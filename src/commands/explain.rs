@@ -119,12 +119,18 @@ pub fn explain(path: &Path, addr: &str, json: bool) -> Outcome {
         }
         None => {
             let client = Client::new(&config.control);
-            let records = client.bans().map_err(failed)?;
-            let by_key = distinct
-                .iter()
-                .map(|k| client.explain(*k).map_err(failed))
-                .collect::<Result<Vec<_>, _>>()?;
-            (records, by_key)
+            match client.bans() {
+                // Stopped: the list it saved; the windows lived in it.
+                Err(e) if e.not_running() => (super::saved_bans(&config, &e)?, Vec::new()),
+                records => {
+                    let records = records.map_err(failed)?;
+                    let by_key = distinct
+                        .iter()
+                        .map(|k| client.explain(*k).map_err(failed))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    (records, by_key)
+                }
+            }
         }
     };
     let windows = rule_window(&rule_keys, &distinct, by_key);

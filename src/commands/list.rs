@@ -137,7 +137,7 @@ pub fn bans(path: &Path, json: bool) -> Outcome {
                         Failure::Runtime(anyhow::anyhow!(
                             "Redis is down ({e}) and the daemon could not answer ({})",
                             match d {
-                                Failure::Runtime(e) => format!("{e:#}"),
+                                Failure::Runtime(e) => super::once(&e),
                                 Failure::Usage(m) => m,
                                 Failure::Config(c) => c.to_string(),
                             }
@@ -147,7 +147,22 @@ pub fn bans(path: &Path, json: bool) -> Outcome {
                 Err(e) => return Err(failed(e)),
             }
         }
-        None => from_daemon()?,
+        // A single host whose daemon is stopped: the list it saved.
+        None => match Client::new(&config.control).call(&Request::Bans) {
+            Err(e) if e.not_running() => (super::saved_bans(&config, &e)?, None, false, Vec::new()),
+            Err(e) => return Err(failed(e)),
+            Ok(fleetban::control::Response::Bans {
+                bans,
+                not_enforced,
+                local,
+                queued,
+            }) => (bans, Some(not_enforced), local, queued),
+            Ok(other) => {
+                return Err(Failure::Runtime(anyhow::anyhow!(
+                    "bad answer from the daemon: {other:?}"
+                )))
+            }
+        },
     };
     let mut records = records;
     records.sort_by(|a, b| a.since.cmp(&b.since).then_with(|| a.addr.cmp(&b.addr)));

@@ -8,6 +8,7 @@ pub mod explain;
 pub mod human;
 pub mod list;
 pub mod manpage;
+pub mod progress;
 pub mod run;
 pub mod status;
 pub mod test;
@@ -42,9 +43,47 @@ impl Failure {
                 eprintln!("{errs}");
                 eprintln!("{} error(s) in the configuration", errs.0.len());
             }
-            Failure::Runtime(e) => eprintln!("{e:#}"),
+            Failure::Runtime(e) => eprintln!("{}", once(e)),
         }
     }
+}
+
+/// An error and its causes on one line, each said once: a cause whose
+/// text the message already holds (`reading X: Permission denied` over
+/// `Permission denied`) is not repeated.
+pub fn once(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+    }
+    out
+}
+
+/// A single host's ban list when its daemon is not running: the list the
+/// daemon saved (`state_dir/bans.json`), said so on stderr (`why`: how the
+/// daemon could not be reached).
+pub fn saved_bans(
+    config: &Config,
+    why: &fleetban::control::ControlError,
+) -> Result<Vec<fleetban::bans::BanRecord>, Failure> {
+    let file = config.state_dir.join("bans.json");
+    let mut list = fleetban::bans::BanList::memory(Some(file.clone()));
+    if list.lost_at_start() {
+        return Err(Failure::Runtime(anyhow::anyhow!(
+            "{why}; and the list it saved, {}, cannot be read",
+            file.display()
+        )));
+    }
+    eprintln!(
+        "fleetban is not running ({} refuses or is absent): reading the list it saved, {}",
+        config.control.display(),
+        file.display()
+    );
+    runtime().block_on(list.records(fleetban::now_ms())).map_err(failed)
 }
 
 impl From<anyhow::Error> for Failure {

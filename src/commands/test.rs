@@ -12,6 +12,7 @@ use fleetban::replay::{Event, Inputs, Kind, Options, Print, Report};
 use serde::Serialize;
 
 use super::human::{local, relative, span, Table};
+use super::progress::Progress;
 use super::{load, Failure, Outcome};
 
 /// What `--print` shows.
@@ -94,6 +95,8 @@ struct RuleLine {
     closest: Vec<ClosestLine>,
     lines: u64,
     matched: u64,
+    /// The networks its bans escalated to, not in `bans`.
+    network_bans: u64,
     unparsed: u64,
 }
 
@@ -142,6 +145,11 @@ pub fn test(path: &Path, args: &TestArgs) -> Outcome {
     // The first write error (a reader that went away) stops the writing,
     // not the replay: its errors still count.
     let mut written: std::io::Result<()> = Ok(());
+    // On a terminal: a progress line on stderr (not amid `--print` lines
+    // on the same terminal).
+    let paths: Vec<&Path> = inputs.files.iter().map(|i| i.path.as_path()).collect();
+    let printing = options.print.any() && std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let mut progress = Progress::on_terminal(&paths, args.json || printing);
     let report = fleetban::replay::replay(
         &config.rules,
         &inputs.files,
@@ -150,6 +158,12 @@ pub fn test(path: &Path, args: &TestArgs) -> Outcome {
         config.ipv6_prefix,
         &options,
         |event| {
+            if let Event::Progress { file, bytes, lines } = event {
+                if let Some(p) = &mut progress {
+                    p.update(file, bytes, lines);
+                }
+                return;
+            }
             if written.is_ok() {
                 written = if args.json {
                     event_json(&mut out, &event)
@@ -160,6 +174,9 @@ pub fn test(path: &Path, args: &TestArgs) -> Outcome {
         },
     )
     .map_err(|e| Failure::Runtime(e.into()))?;
+    if let Some(p) = &mut progress {
+        p.finish();
+    }
     let limit = |name: &str| config.rules.iter().find(|c| c.name == name).map_or(0, |c| c.limit.hits);
     let warnings = warnings(&report, &inputs);
     let written = written
@@ -262,7 +279,7 @@ fn event_human(out: &mut impl Write, event: &Event<'_>) -> std::io::Result<()> {
                 printable(text)
             )
         }
-        Event::Ban { .. } => Ok(()),
+        Event::Ban { .. } | Event::Progress { .. } => Ok(()),
     }
 }
 
@@ -293,6 +310,7 @@ fn event_json(out: &mut impl Write, event: &Event<'_>) -> std::io::Result<()> {
             rule: &d.rule,
             until: d.until_ms.map(fleetban::rfc3339),
         }),
+        Event::Progress { .. } => return Ok(()),
     }?;
     writeln!(out, "{text}")
 }
@@ -324,6 +342,7 @@ fn summary_json(
                 closest,
                 lines: r.lines,
                 matched: r.matched,
+                network_bans: r.network_bans,
                 unparsed: r.unparsed,
             };
             (r.name.clone(), line)
@@ -375,11 +394,13 @@ fn summary_human(
                 format!("{}:{}", report.files[d.file].path.display(), d.line),
             ]);
         }
-        writeln!(out, "{}", bans.render())?;
-        // The networks banned for their banned addresses (`escalate_network:`).
+        write!(out, "{}", bans.render())?;
+        // The networks banned for their banned addresses (`escalate_network:`),
+        // under the table they belong to, a blank line before the next.
         for d in report.decisions.iter().filter(|d| !d.reason.is_empty()) {
             writeln!(out, "{}: {}", AddrText(&d.addr), d.reason)?;
         }
+        writeln!(out)?;
     }
     let mut files = Table::new(&["FILE", "LINES", "READ BY"]).right(1);
     for f in &report.files {
@@ -412,7 +433,10 @@ fn summary_human(
             r.lines.to_string(),
             r.unparsed.to_string(),
             r.matched.to_string(),
-            r.bans.to_string(),
+            match r.network_bans {
+                0 => r.bans.to_string(),
+                n => format!("{} + {n} network", r.bans),
+            },
         ]);
     }
     writeln!(out, "{}", rules.render())?;
@@ -438,12 +462,17 @@ fn summary_human(
     for w in &warnings {
         writeln!(out, "warning: {w}")?;
     }
+    let networks: u64 = report.rules.iter().map(|r| r.network_bans).sum();
     write!(
         out,
-        "lines: {}  unparsed: {}  bans: {}",
+        "lines: {}  unparsed: {}  bans: {}{}",
         report.lines,
         report.unparsed,
-        report.decisions.len()
+        report.decisions.len() as u64 - networks,
+        match networks {
+            0 => String::new(),
+            n => format!(" + {n} network"),
+        }
     )?;
     if options.since_ms.is_some() || options.until_ms.is_some() {
         let now = fleetban::now_ms();

@@ -14,10 +14,10 @@ mod error;
 mod firewall;
 mod http;
 mod notify;
+mod prune;
 mod redis;
 mod rules;
 mod schema;
-mod split;
 mod values;
 
 use std::collections::HashMap;
@@ -99,8 +99,13 @@ impl Config {
         let mut errors = Vec::new();
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigErrors(vec![ConfigError::whole_file(path, format!("cannot read: {e}"))]))?;
-        let main: schema::MainFile =
-            serde_saphyr::from_str(&text).map_err(|e| ConfigErrors(vec![ConfigError::from_yaml(path, &e)]))?;
+        // Every error of the main file too: its bad entries are blanked out
+        // and the rest validated (`prune.rs`).
+        let mut found = Vec::new();
+        let parsed = prune::every_error::<schema::MainFile>(path, &text, &mut found);
+        let Some((main, pruned)) = parsed else {
+            return Err(ConfigErrors(found));
+        };
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
 
         let redis = main
@@ -190,8 +195,13 @@ impl Config {
                 "no rules defined: expected at least one rule",
             ));
         }
-        if errors.iter().any(|e| e.file == path) {
-            return Err(ConfigErrors(errors));
+        errors.retain(|e| e.file != path || !pruned.hides(e));
+        if !found.is_empty() || errors.iter().any(|e| e.file == path) {
+            // The main file's errors in its order, then the rule files'.
+            found.extend(errors.iter().filter(|e| e.file == path).cloned());
+            found.sort_by_key(|e| (e.line, e.column));
+            found.extend(errors.into_iter().filter(|e| e.file != path));
+            return Err(ConfigErrors(found));
         }
 
         let config = Config {
@@ -207,7 +217,7 @@ impl Config {
             proxies,
             http,
             ipv6_prefix,
-            max_bans_per_minute: main.safety.max_bans_per_minute,
+            max_bans_per_minute: main.safety.max_bans_per_minute.0,
             max_client_state,
             control: main
                 .control

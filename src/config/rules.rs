@@ -57,6 +57,29 @@ pub fn algorithm_name(algorithm: Algorithm, distinct: Option<Distinct>) -> Strin
 }
 
 impl Limit {
+    /// Why a client went over this limit with `hits` in its window, as the
+    /// ban's reason says it: `101 hits within 1m`, `6 distinct paths
+    /// within 5m`, `the first matching request (hits: 0)`.
+    pub fn reason(&self, hits: u32) -> String {
+        let window = crate::duration_text(self.window_ms);
+        match (self.hits, self.distinct) {
+            (0, _) => "the first matching request (hits: 0)".to_owned(),
+            (_, Some(d)) => {
+                let what = match d {
+                    Distinct::Path => "paths",
+                    Distinct::UserAgent => "user agents",
+                    Distinct::Host => "hosts",
+                    Distinct::Status => "statuses",
+                };
+                format!("{hits} distinct {what} within {window}")
+            }
+            _ if self.keying != crate::addr::Keying::Address => {
+                format!("{hits} hits of the network within {window}")
+            }
+            _ => format!("{hits} hits within {window}"),
+        }
+    }
+
     /// The algorithm as `check`, `explain` and `status` name it:
     /// `sliding_window`, or `distinct path` (a sliding window of values).
     pub fn algorithm_name(&self) -> String {
@@ -101,15 +124,21 @@ pub(super) fn load_rule_file(
         Err(e) => return errors.push(ConfigError::whole_file(file, format!("cannot read: {e}"))),
     };
     let before = errors.len();
-    let specs: Vec<schema::RuleSpec> = match serde_saphyr::from_str::<schema::RuleFile>(&text) {
-        Ok(p) => p.rules,
-        // A bad rule must not hide the next: each rule is read again on
-        // its own, so that every one's errors are reported (`split.rs`).
-        Err(e) => super::split::each_rule(file, &text, &e, errors),
+    // A bad entry must not hide the next: each is blanked out and the file
+    // read again, so that every error is reported (`prune.rs`).
+    let Some((parsed, pruned)) = super::prune::every_error::<schema::RuleFile>(file, &text, errors) else {
+        return;
     };
     let base = file.parent().map(Path::to_path_buf).unwrap_or_default();
-    for spec in specs {
-        if let Some(rule) = rule_of(file, &base, spec, proxies, ipv6_prefix, seen, errors) {
+    for spec in parsed.rules {
+        // A rule that lost an entry is not the rule written: its name still
+        // counts for duplicates, its other checks still run, it is not used.
+        let touched = pruned.touches(spec.name.referenced);
+        let mut found = Vec::new();
+        let rule = rule_of(file, &base, spec, proxies, ipv6_prefix, seen, &mut found);
+        found.retain(|e| !pruned.hides(e));
+        errors.extend(found);
+        if let Some(rule) = rule.filter(|_| !touched) {
             rules.push(rule);
         }
     }
@@ -259,7 +288,7 @@ fn rule_of(
     }
     let network = spec.escalate_network.as_ref().and_then(|n| {
         network_of(&n.value, ipv6_prefix)
-            .map_err(|msg| error(n.referenced, msg))
+            .map_err(|all| all.into_iter().for_each(|msg| error(n.referenced, msg)))
             .ok()
     });
     if errors.len() > before {
@@ -326,42 +355,56 @@ fn keying_of(l: &schema::LimitSpec) -> Result<crate::addr::Keying, String> {
 
 /// `escalate_network:` validated. The network must be wider than the
 /// rule's clients (an IPv4 address, an IPv6 `/ipv6_prefix`): a network of
-/// one client is that client's own ban.
-fn network_of(n: &schema::EscalateNetworkSpec, ipv6_prefix: u8) -> Result<NetworkEscalation, String> {
+/// one client is that client's own ban. Every problem is said, not only
+/// the first.
+fn network_of(n: &schema::EscalateNetworkSpec, ipv6_prefix: u8) -> Result<NetworkEscalation, Vec<String>> {
     let what = "escalate_network";
+    let mut errors = Vec::new();
     if !(8..=31).contains(&n.ipv4_prefix) {
-        return Err(format!(
+        errors.push(format!(
             "`{what}.ipv4_prefix` is {}: expected 8 to 31 (wider than one address)",
             n.ipv4_prefix
         ));
     }
     if !(16..ipv6_prefix).contains(&n.ipv6_prefix) {
-        return Err(format!(
+        errors.push(format!(
             "`{what}.ipv6_prefix` is {}: expected 16 to {}, shorter than `ipv6_prefix` ({ipv6_prefix}, the length of an IPv6 client)",
             n.ipv6_prefix,
             ipv6_prefix.saturating_sub(1)
         ));
     }
     if n.bans < 2 {
-        return Err(format!(
+        errors.push(format!(
             "`{what}.bans` is {}: expected at least 2 distinct addresses",
             n.bans
         ));
     }
-    if n.within.as_ms() < 1000 {
-        return Err(format!(
+    match n.within {
+        None => errors.push(format!("missing field `within` in `{what}` (e.g. `within: 1h`)")),
+        Some(w) if w.as_ms() < 1000 => errors.push(format!(
             "`{what}.within` is {}, below a second (write e.g. `1h`)",
-            humantime::format_duration(n.within.0)
-        ));
+            humantime::format_duration(w.0)
+        )),
+        Some(_) => {}
     }
-    ban_length(n.duration).map_err(|why| format!("`{what}.duration` is {why}"))?;
-    Ok(NetworkEscalation {
-        ipv4_prefix: n.ipv4_prefix,
-        ipv6_prefix: n.ipv6_prefix,
-        bans: n.bans,
-        within_ms: n.within.as_ms(),
-        duration_ms: n.duration.as_ms(),
-    })
+    match n.duration {
+        None => errors.push(format!("missing field `duration` in `{what}` (e.g. `duration: 1d`)")),
+        Some(d) => {
+            if let Err(why) = ban_length(d) {
+                errors.push(format!("`{what}.duration` is {why}"));
+            }
+        }
+    }
+    match (n.within, n.duration) {
+        (Some(within), Some(duration)) if errors.is_empty() => Ok(NetworkEscalation {
+            ipv4_prefix: n.ipv4_prefix,
+            ipv6_prefix: n.ipv6_prefix,
+            bans: n.bans,
+            within_ms: within.as_ms(),
+            duration_ms: duration.as_ms(),
+        }),
+        _ => Err(errors),
+    }
 }
 
 /// The validated limit of one rule: each algorithm takes its own parameters

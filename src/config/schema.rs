@@ -10,7 +10,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
-use super::values::{Dur, Fraction, Hits, Level, List, Method, Net, Rate, Re, StatusPat};
+use super::values::{Count, Dur, Fraction, Hits, Level, List, Method, Net, Rate, Re, StatusPat};
 use crate::parse::{Format, Parser};
 
 #[derive(Debug, Deserialize)]
@@ -159,7 +159,7 @@ pub enum ActionSpec {
 #[serde(deny_unknown_fields)]
 pub struct SafetySection {
     #[serde(default = "default_max_bans")]
-    pub max_bans_per_minute: u32,
+    pub max_bans_per_minute: Count,
     /// Bytes of per-client windows in the daemon's memory (`128MiB`).
     pub max_client_state: Option<Spanned<super::ByteSize>>,
 }
@@ -173,8 +173,8 @@ impl Default for SafetySection {
     }
 }
 
-fn default_max_bans() -> u32 {
-    600
+fn default_max_bans() -> Count {
+    Count(600)
 }
 
 /// A rule file: `rules:` and nothing else.
@@ -195,32 +195,6 @@ pub struct RuleSpec {
     #[serde(default)]
     pub ignore: MatchSpec,
     pub limit: Spanned<LimitSpec>,
-    pub ban: Option<Spanned<BanSpec>>,
-    pub escalate_network: Option<Spanned<EscalateNetworkSpec>>,
-}
-
-/// A rule file read key by key (`split.rs`): every key optional, so that
-/// each key of a rule is checked alone and a rule's every error is found.
-/// Only deserialized for its errors: the values are never read.
-#[allow(dead_code)]
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RuleKeysFile {
-    pub rules: Vec<RuleKeys>,
-}
-
-/// [`RuleSpec`] with every key optional.
-#[allow(dead_code)]
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RuleKeys {
-    pub name: Option<Spanned<String>>,
-    pub logs: Option<Spanned<List<String>>>,
-    pub format: Option<Spanned<FormatSpec>>,
-    #[serde(rename = "match")]
-    pub match_: Option<MatchSpec>,
-    pub ignore: Option<MatchSpec>,
-    pub limit: Option<Spanned<LimitSpec>>,
     pub ban: Option<Spanned<BanSpec>>,
     pub escalate_network: Option<Spanned<EscalateNetworkSpec>>,
 }
@@ -382,8 +356,11 @@ pub struct EscalateNetworkSpec {
     #[serde(default = "default_escalate_v6")]
     pub ipv6_prefix: u8,
     pub bans: u32,
-    pub within: Dur,
-    pub duration: Dur,
+    /// Required; optional here so that its absence is said beside the
+    /// section's other errors (`rules::network_of`).
+    pub within: Option<Dur>,
+    /// Required, as `within`.
+    pub duration: Option<Dur>,
 }
 
 fn default_escalate_v4() -> u8 {

@@ -14,7 +14,7 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 
 /// A duration written the human way: `60s`, `1h 30m`, `7d`, `250ms`.
-/// A bare number is seconds.
+/// A bare number is refused (is `250` milliseconds or seconds?), but `0`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Dur(pub Duration);
 
@@ -28,8 +28,11 @@ impl FromStr for Dur {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         let t = s.trim();
-        if let Ok(secs) = t.parse::<u64>() {
-            return Ok(Dur(Duration::from_secs(secs)));
+        if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+            return match t.parse::<f64>() {
+                Ok(0.0) => Ok(Dur(Duration::ZERO)),
+                _ => Err(format!("{t}: add a unit, e.g. {t}ms or {t}s")),
+            };
         }
         humantime::parse_duration(t)
             .map(Dur)
@@ -255,6 +258,27 @@ impl<'de> Deserialize<'de> for Hits {
     }
 }
 
+/// A count written as a whole number (`max_bans_per_minute: 600`,
+/// `escalate_network.bans: 5`): anything else is said as what it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Count(pub u32);
+
+impl FromStr for Count {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        s.trim()
+            .parse::<u32>()
+            .map(Count)
+            .map_err(|_| format!("invalid number `{s}`: expected a whole number from 0 to {}", u32::MAX))
+    }
+}
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(FromStrVisitor::<Count>::new("a whole number"))
+    }
+}
+
 /// An nginx error-log level (`match: { level: [error, crit] }`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Level(pub String);
@@ -334,7 +358,8 @@ mod tests {
     fn durations() {
         assert_eq!("60s".parse::<Dur>().unwrap().as_ms(), 60_000);
         assert_eq!("1h 30m".parse::<Dur>().unwrap().as_ms(), 5_400_000);
-        assert_eq!("90".parse::<Dur>().unwrap().as_ms(), 90_000);
+        assert_eq!("90".parse::<Dur>().unwrap_err(), "90: add a unit, e.g. 90ms or 90s");
+        assert_eq!("0".parse::<Dur>().unwrap().as_ms(), 0);
         assert!("soon".parse::<Dur>().is_err());
     }
 

@@ -12,15 +12,40 @@ use crate::bans::BanRecord;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
-    /// The socket could not be reached or the exchange broke off.
-    #[error("cannot reach the daemon at {}: {source}", path.display())]
-    Unreachable { path: PathBuf, source: std::io::Error },
+    /// The socket could not be reached or the exchange broke off. The
+    /// text holds the io error's (no `#[source]`: it is said once).
+    #[error("cannot reach the daemon at {}: {error}{}", path.display(), hint(error))]
+    Unreachable { path: PathBuf, error: std::io::Error },
     /// The daemon answered an error.
     #[error("{0}")]
     Refused(String),
     /// The answer was not the one asked for.
     #[error("cannot reach the daemon at {}: bad answer: {detail}", path.display())]
     BadAnswer { path: PathBuf, detail: String },
+}
+
+impl ControlError {
+    /// No daemon listens: the socket is absent or refuses (not a daemon
+    /// that hangs or answers badly).
+    pub fn not_running(&self) -> bool {
+        matches!(self, ControlError::Unreachable { error, .. } if stopped(error))
+    }
+}
+
+/// Whether `e` says that nothing listens on the socket.
+fn stopped(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+    )
+}
+
+/// What to look at when nothing listens.
+fn hint(e: &std::io::Error) -> &'static str {
+    match stopped(e) {
+        true => "; is fleetban running? (systemctl status fleetban)",
+        false => "",
+    }
 }
 
 pub struct Client {
@@ -73,9 +98,9 @@ impl Client {
 
     /// One request, its answer as sent (an error answer as `Refused`).
     pub fn call(&self, req: &Request) -> Result<Response, ControlError> {
-        let io = |source| ControlError::Unreachable {
+        let io = |error| ControlError::Unreachable {
             path: self.path.clone(),
-            source,
+            error,
         };
         let mut s = UnixStream::connect(&self.path).map_err(io)?;
         s.set_read_timeout(Some(Duration::from_secs(5))).map_err(io)?;

@@ -25,9 +25,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::bans::BanRecord;
 
-/// What the CLI asks.
+/// What the CLI asks. A field it does not know is refused, not ignored: a
+/// ban's length is `for_ms`, in milliseconds, and a `"for": "90"` must not
+/// become the default hour.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "cmd", rename_all = "lowercase")]
+#[serde(tag = "cmd", rename_all = "lowercase", deny_unknown_fields)]
 pub enum Request {
     /// The daemon's counters.
     Status,
@@ -195,6 +197,9 @@ mod tests {
         );
         assert!(serde_json::from_str::<Request>(r#"{"cmd":"ban","addr":"192.0.2.1/24"}"#).is_err());
         assert!(serde_json::from_str::<Request>(r#"{"cmd":"reboot"}"#).is_err());
+        let e = serde_json::from_str::<Request>(r#"{"cmd":"ban","addr":"192.0.2.1","for":"90"}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown field `for`"), "{e}");
+        assert!(serde_json::from_str::<Request>(r#"{"cmd":"status"}"#).is_ok());
         let err = serde_json::to_string(&Response::error("no")).unwrap();
         assert_eq!(err, r#"{"error":"no"}"#);
         assert_eq!(

@@ -223,7 +223,7 @@ pub async fn apply(
                     added = a.added,
                     deleted = a.deleted,
                     total = a.total,
-                    seconds = started.elapsed().as_secs_f64(),
+                    took = %crate::took(started.elapsed()),
                     "Blocklist applied."
                 );
             }

@@ -181,7 +181,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         hot,
         initial,
     } = store;
-    tracing::debug!(seconds = read_started.elapsed().as_secs_f64(), "Ban list read.");
+    tracing::debug!(took = %crate::took(read_started.elapsed()), "Ban list read.");
     // `notify:`: each target's sender runs on its own task; the ban owner
     // only queues (never waits on a target).
     let notifier = crate::notify::Notifier::start(&config.notify, config.ipv6_prefix, &tracker, token.clone());

@@ -12,7 +12,7 @@
 //! log order, is `order.rs`'s.
 
 use std::cell::Cell;
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -65,8 +65,8 @@ pub struct RuleInfo {
     pub name: String,
     pub window_ms: i64,
     pub ban: BanPolicy,
-    /// Counts networks (`limit.key: network`), not addresses.
-    pub network: bool,
+    /// The limit, for the reason of its bans (`Limit::reason`).
+    pub limit: crate::config::Limit,
     /// This rule's counters in `Stats` (kept across reloads by name).
     pub counters: Arc<RuleCounters>,
     /// What keeps its batches in log order with the others' (`order.rs`).
@@ -107,6 +107,10 @@ pub struct Inputs {
 pub struct Pipeline {
     /// Names, windows, ban policies and counters of the running rules.
     rules: Vec<RuleInfo>,
+    /// The path of the first match of a `hits: 0` rule per (rule, key),
+    /// until its ban names it ("first request for /.env"); at most
+    /// [`FIRST_PATHS`], cleared on reload.
+    first_paths: HashMap<(usize, IpNet), String>,
     /// Lines into hits.
     scanner: Scanner,
     /// Hits into verdicts (and when to send them).
@@ -179,6 +183,7 @@ struct Ingest<'a> {
     asked: Cell<IpNet>,
     seq: u64,
     now: i64,
+    first_paths: &'a mut HashMap<(usize, IpNet), String>,
 }
 
 impl Sink for Ingest<'_> {
@@ -195,7 +200,22 @@ impl Sink for Ingest<'_> {
         }
         self.limiter.push(rule, key, hit, self.seq, self.now);
     }
+
+    /// Keeps the first path only: a `hits: 0` rule bans on it.
+    #[inline]
+    fn first(&mut self, rule: usize, key: IpNet, path: &[u8]) {
+        if self.first_paths.len() >= FIRST_PATHS {
+            // Bans not decided (refused, lost): their paths go.
+            self.first_paths.clear();
+        }
+        self.first_paths
+            .entry((rule, key))
+            .or_insert_with(|| crate::ratelog::cap(&String::from_utf8_lossy(path)).into_owned());
+    }
 }
+
+/// At most this many paths wait for their `hits: 0` ban.
+const FIRST_PATHS: usize = 4096;
 
 impl Pipeline {
     pub fn new(
@@ -232,6 +252,7 @@ impl Pipeline {
             own: None,
             idle: idle(),
             idle_at: None,
+            first_paths: HashMap::new(),
             drain: false,
         }
     }
@@ -378,6 +399,7 @@ impl Pipeline {
         self.save_offsets();
         self.rules = r.rules;
         self.nearest.clear();
+        self.first_paths.clear();
         self.order.set_rules(&self.rules);
         self.scanner.set_plan(r.plan);
         self.limiter.set_rules(r.limits);
@@ -449,6 +471,7 @@ impl Pipeline {
             order: &mut self.order,
             asked: Cell::new(IpNet::V4(Default::default())),
             seq: self.seq,
+            first_paths: &mut self.first_paths,
         };
         let seen = self.scanner.scan(chunk, origin, wall, &mut sink);
         // Hits per rule, published once per chunk: no atomic per hit.
@@ -547,11 +570,10 @@ impl Pipeline {
         let req = BanRequest {
             addr: key,
             rule: info.name.clone(),
-            reason: format!(
-                "{hits} hits{} within {}",
-                if info.network { " of the network" } else { "" },
-                humantime::format_duration(Duration::from_millis(info.window_ms as u64))
-            ),
+            reason: match self.first_paths.remove(&(rule, key)) {
+                Some(path) => format!("first request for {path}"),
+                None => info.limit.reason(hits),
+            },
             host: self.bans.host().to_owned(),
             hits,
             mode: Mode::Auto(info.ban),

@@ -27,7 +27,7 @@ pub fn rule_infos(config: &Config, stats: &Stats) -> Vec<RuleInfo> {
             name: r.name.clone(),
             window_ms: r.limit.window_ms,
             ban: r.ban,
-            network: r.limit.keying != crate::addr::Keying::Address,
+            limit: r.limit,
             counters,
             order: super::order::RuleOrder::of(r),
         })

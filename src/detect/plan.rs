@@ -30,6 +30,8 @@ pub struct Plan {
     pub keys: Vec<crate::addr::Keying>,
     /// Per rule: the field whose values are its hits' members (`distinct:`).
     pub distinct: Vec<Option<Distinct>>,
+    /// Per rule: whether it bans on the first match (`hits: 0`).
+    pub first: Vec<bool>,
     formats: Vec<Format>,
     /// Hops trusted to name the client in a forwarded list.
     proxies: NetSet,
@@ -56,6 +58,7 @@ impl Plan {
             times: rules.iter().map(|r| (r.limit.window_ms, r.limit.clock)).collect(),
             keys: rules.iter().map(|r| r.limit.keying).collect(),
             distinct: rules.iter().map(|r| r.limit.distinct).collect(),
+            first: rules.iter().map(|r| r.limit.hits == 0).collect(),
             formats: rules.iter().map(|r| r.format.clone()).collect(),
             proxies,
             globs: rules
@@ -72,6 +75,7 @@ impl Plan {
             times: Vec::new(),
             keys: Vec::new(),
             distinct: Vec::new(),
+            first: Vec::new(),
             formats: Vec::new(),
             proxies: NetSet::default(),
             globs: Vec::new(),

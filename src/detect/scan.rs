@@ -46,6 +46,11 @@ pub trait Sink {
     fn is_banned(&self, key: &IpNet, time_ms: i64) -> bool;
     /// One counted hit of rule `rule` (an index into the rules).
     fn hit(&mut self, rule: usize, key: IpNet, hit: Hit);
+    /// The path of the hit about to be given, for a rule that bans on the
+    /// first match (`hits: 0`): its ban's reason names it (the daemon keeps
+    /// it; the call compiles away elsewhere).
+    #[inline]
+    fn first(&mut self, _rule: usize, _key: IpNet, _path: &[u8]) {}
     /// The line at `offset` parsed for no group reading it (`fleetban test
     /// --print unparsed`; the daemon's sink ignores it, and the call
     /// compiles away).
@@ -264,6 +269,9 @@ impl Scanner {
                     if let Some(field) = plan.distinct[ri] {
                         // Counted by value: a line read again is its value again.
                         hit.member = super::value_member(field, &req);
+                    }
+                    if plan.first[ri] {
+                        sink.first(ri, key, req.path);
                     }
                     sink.hit(ri, key, hit);
                 }

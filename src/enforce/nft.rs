@@ -93,7 +93,7 @@ impl NftEnforcer {
                 full = applied.full,
                 added = applied.added,
                 deleted = applied.deleted,
-                seconds = started.elapsed().as_secs_f64(),
+                took = %crate::took(started.elapsed()),
                 "nft blocklist transaction applied"
             );
         }
@@ -253,7 +253,7 @@ impl NftEnforcer {
         let incremental = quick.is_some();
         let plan = quick.unwrap_or_else(|| self.book.plan(at));
         debug!(
-            seconds = t0.elapsed().as_secs_f64(),
+            took = %crate::took(t0.elapsed()),
             listed, incremental, "nft plan ready"
         );
         let first = match self.transact(&plan, at).await {
@@ -290,15 +290,15 @@ impl NftEnforcer {
         }
         let started = Instant::now();
         let text = script::render(&self.opts, self.preamble, plan, now);
-        let render = started.elapsed().as_secs_f64();
+        let render = crate::took(started.elapsed());
         self.run("transaction", &["-f", "-"], Some(text)).await?;
         self.preamble = None;
         debug!(
             table = %self.opts.table,
             added = plan.add.len(),
             deleted = plan.delete.len(),
-            seconds = started.elapsed().as_secs_f64(),
-            render,
+            took = %crate::took(started.elapsed()),
+            render = %render,
             "nft transaction applied"
         );
         Ok(())

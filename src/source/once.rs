@@ -57,7 +57,7 @@ pub enum ReadError {
 /// each chunk of lines to `each` in order. Returns whether it was gzip.
 /// With a `framer` (nginx's error log), lines reach `each` once the
 /// records around them are known, the split ones marked (`framing.rs`).
-pub fn read_file(path: &Path, framer: Option<Framer>, mut each: impl FnMut(&Chunk)) -> Result<bool, ReadError> {
+pub fn read_file(path: &Path, framer: Option<Framer>, mut each: impl FnMut(&Chunk, u64)) -> Result<bool, ReadError> {
     let open = |source| ReadError::Open {
         path: path.to_owned(),
         source,
@@ -108,6 +108,8 @@ pub fn read_file(path: &Path, framer: Option<Framer>, mut each: impl FnMut(&Chun
     let mut chunks = Vec::new();
     let mut framing = framer.map(|f| (Framing::new(f, 0), Vec::new()));
     let mut lines = 0u64;
+    // Bytes of the file read so far, as stored (compressed for gzip).
+    let mut plain = 0u64;
     loop {
         // Straight into the splitter's memory, after the line it carries.
         split.lend(&mut buf);
@@ -134,6 +136,8 @@ pub fn read_file(path: &Path, framer: Option<Framer>, mut each: impl FnMut(&Chun
         if n == 0 {
             split.finish();
         }
+        plain += n as u64;
+        let stored = compressed.as_ref().map_or(plain, |read| read.load(Relaxed));
         split.take(0, &path, id, &mut chunks);
         if let Some((framing, framed)) = &mut framing {
             for c in chunks.drain(..) {
@@ -146,7 +150,7 @@ pub fn read_file(path: &Path, framer: Option<Framer>, mut each: impl FnMut(&Chun
         }
         for c in chunks.drain(..) {
             lines += c.lines + c.skipped_long;
-            each(&c);
+            each(&c, stored);
             split.recycle(c);
         }
         if n == 0 {
@@ -163,7 +167,7 @@ mod tests {
 
     fn lines_of(p: &Path) -> Result<Vec<(u64, Vec<u8>)>, ReadError> {
         let mut lines = Vec::new();
-        read_file(p, None, |c| lines.extend(c.lines().map(|(o, l)| (o, l.to_vec()))))?;
+        read_file(p, None, |c, _| lines.extend(c.lines().map(|(o, l)| (o, l.to_vec()))))?;
         Ok(lines)
     }
 
