@@ -43,3 +43,76 @@ fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(20)..].join("\n")
 }
+
+/// Bans decided in bursts with one duration (here five bursts 20 s apart,
+/// 40 bans each, 1 h) end as each was decided: every element's time left
+/// in the kernel is its own end's, so the list leaves nft spread as it came
+/// (no bulk expiry early or late, cs-firewall-bouncer#509). Checked at
+/// start (the list read in pages) and after a reconcile.
+#[test]
+fn bans_of_one_duration_decided_apart_expire_by_their_own_ends() {
+    let redis = Redis::start();
+    let now = common::now_ms();
+    let mut ends = std::collections::BTreeMap::new();
+    for burst in 0..5i64 {
+        let until = now + 3_600_000 - burst * 20_000;
+        for i in 0..40 {
+            let addr = format!("198.51.{burst}.{}", i + 1);
+            redis.cli(&["ZADD", "{fleetban}:bans", &until.to_string(), &addr]);
+            ends.insert(addr, until);
+        }
+    }
+    let ns = common::NetNs::new("spreadend");
+    let r = ConfigDir::new();
+    let main = r
+        .main_config()
+        .host_id("spread")
+        .redis(&redis.url(), "reconcile_every: 1s");
+    r.write(
+        &main,
+        &[Rule::new("scraper", &r.log, "{ hits: 3, window: 60s }").ban("1h")],
+    );
+    let d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    wait_until(Duration::from_secs(30), "the list applied", || {
+        d.log_text().contains("Ban list applied")
+    });
+    for round in ["at start", "after a reconcile"] {
+        if round != "at start" {
+            // Each read of the list starts with one ZCOUNT (lua/bans_page.lua):
+            // two more reads, so the first one's replacement is applied.
+            let before = zcount_calls(&redis);
+            wait_until(Duration::from_secs(30), "two reconciles", || {
+                zcount_calls(&redis) >= before + 2
+            });
+        }
+        let (listed_from, elems, listed_to) = (
+            common::now_ms(),
+            common::nft_bans_detailed(&ns, "fleetban", "v4"),
+            common::now_ms(),
+        );
+        assert_eq!(elems.len(), ends.len(), "{round}: {elems:?}");
+        for e in &elems {
+            let until = ends[&e.elem];
+            let left = e
+                .expires_ms
+                .unwrap_or_else(|| panic!("{round}: {} has no expiry", e.elem)) as i64;
+            // nft -j reports whole seconds (rounded down): the end it holds
+            // lies within a second of the ban's own, the listing's time aside.
+            assert!(
+                left >= until - listed_to - 2_000 && left <= until - listed_from + 1_000,
+                "{round}: {} expires in {left} ms, its own end is {} ms away",
+                e.elem,
+                until - listed_from
+            );
+        }
+    }
+}
+
+fn zcount_calls(redis: &Redis) -> u64 {
+    redis
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_zcount:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap_or(0))
+}
