@@ -211,7 +211,28 @@ fn start(redis: &Redis, ns_tag: &str, id: &str, last: &str, n: u64) -> (NetNs, H
         std::thread::sleep(Duration::from_millis(2));
     }
     let answered = answered.expect("/check never answered 403 for the last entry");
+    // The kernel's sets: the first sync's transaction, or (if the first read
+    // failed) a reconcile's, logged with the count it added.
+    let mut in_nft = None;
+    for _ in 0..6_000 {
+        let text = d.log_text();
+        if let Some(l) = text.lines().map(strip_ansi).find(|l| {
+            l.contains("nft transaction applied")
+                && l.split_whitespace()
+                    .find_map(|w| w.strip_prefix("added="))
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .is_some_and(|a| a >= n)
+        }) {
+            in_nft = Some(parse_rfc3339_us(l.split_whitespace().next().unwrap_or_default()));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let in_nft = in_nft.expect("the list never reached nft");
     let text = d.log_text();
+    for l in text.lines().map(strip_ansi).filter(|l| l.contains("WARN")) {
+        println!("  {id} warned: {}", &l[..l.len().min(300)]);
+    }
     let applied = text
         .lines()
         .map(strip_ansi)
@@ -220,9 +241,10 @@ fn start(redis: &Redis, ns_tag: &str, id: &str, last: &str, n: u64) -> (NetNs, H
         .expect("Ban list applied");
     let count: usize = ["v4", "v6", "v4net", "v6net"].iter().map(|s| set_len(&ns, s)).sum();
     println!(
-        "start of {id} with {n} bans: spawn -> ban list applied {:.0} ms; spawn -> /check answers from it {:.0} ms; {count} elements in nft",
+        "start of {id} with {n} bans: spawn -> ban list applied {:.0} ms; spawn -> /check answers from it {:.0} ms; spawn -> all in nft {:.0} ms; {count} elements in nft",
         (applied - t0) as f64 / 1000.0,
-        answered.as_secs_f64() * 1000.0
+        answered.as_secs_f64() * 1000.0,
+        (in_nft - t0) as f64 / 1000.0
     );
     assert_eq!(count as u64, n, "every ban in nft");
     (ns, host, d)
