@@ -108,7 +108,7 @@ fn main() {
                 .expect("fleetban ban");
             assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
             cli_ms.push(t0.elapsed().as_secs_f64() * 1000.0);
-            let deadline = t0 + Duration::from_secs(10);
+            let deadline = t0 + Duration::from_secs(60);
             let mut at = None;
             let mut seen = Vec::new();
             while let Ok((t1, line)) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
@@ -118,7 +118,12 @@ fn main() {
                 }
                 seen.push(line);
             }
-            let at = at.unwrap_or_else(|| panic!("{t} not in B's set within 10 s; nft monitor said {seen:?}"));
+            let Some(at) = at else {
+                let log = d_b.log_text();
+                let lines: Vec<String> = log.lines().map(strip_ansi).collect();
+                let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+                panic!("{t} not in B's set within 60 s; nft monitor said {seen:?}; B's log ends:\n{tail}");
+            };
             e2e.push((at - t0).as_secs_f64() * 1000.0);
             std::thread::sleep(Duration::from_millis(50));
         }
