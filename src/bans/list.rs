@@ -13,6 +13,7 @@ use crate::enforce::Until;
 use crate::store::{Keys, BAN, RESTORE, STREAM_MAXLEN, UNBAN};
 
 mod memory;
+mod read;
 pub use memory::MemoryBans;
 
 #[derive(Debug, thiserror::Error)]
@@ -389,18 +390,10 @@ impl BanList {
             BanList::Memory(m) => Ok(m.active(now_ms).map(|r| (r.addr, r.until())).collect()),
             BanList::Redis { con, keys } => {
                 let started = std::time::Instant::now();
-                let raw: redis::Value = redis::cmd("ZRANGE")
-                    .arg(keys.bans())
-                    .arg(format!("({now_ms}"))
-                    .arg("+inf")
-                    .arg("BYSCORE")
-                    .arg("WITHSCORES")
-                    .query_async(con)
-                    .await?;
+                let (out, respelled) = read::active(con, keys, now_ms, read::PAGE).await?;
                 let read = crate::took(started.elapsed());
-                let (out, respelled) = validate(&raw);
                 if !respelled.is_empty() {
-                    canonicalize(con, keys, &respelled).await?;
+                    read::canonicalize(con, keys, &respelled).await?;
                 }
                 tracing::debug!(
                     entries = out.len(),
@@ -514,171 +507,5 @@ pub fn parse_until(s: &str) -> Option<Until> {
             .ok()
             .filter(|f| f.is_finite())
             .map(|f| Until::At(f as i64)),
-    }
-}
-
-/// The entries of a `ZRANGE ... WITHSCORES` reply, read where they lie (no
-/// String per member: 100k bans are 200k strings): flat member/score pairs
-/// (RESP2) or [member, score] arrays (RESP3). Members that are not an
-/// address or network, and scores that are not a time, are skipped.
-/// A member as found in the list and as fleetban writes it.
-type Respelled = (String, String);
-
-/// Members found in another spelling than [`AddrText`]'s (`::ffff:a.b.c.d`,
-/// upper case, zeros written out) are returned beside, as (found, written):
-/// enforced as the address they name, and rewritten (`canonicalize`).
-fn validate(reply: &redis::Value) -> (Vec<(IpNet, Until)>, Vec<Respelled>) {
-    use redis::Value;
-    let empty = Vec::new();
-    let items = match reply {
-        Value::Array(items) => items,
-        _ => &empty,
-    };
-    let nested = items.iter().all(|i| matches!(i, Value::Array(_)));
-    let mut out = Vec::with_capacity(if nested { items.len() } else { items.len() / 2 });
-    let mut bad = 0usize;
-    let mut respelled = Vec::new();
-    // Each member as fleetban writes it, in one buffer: a String is made
-    // only for a member found in another spelling.
-    let mut written = String::new();
-    let mut entry = |m: &Value, score: &Value| match (member_of(m), until_of(score)) {
-        (Some(n), Some(u)) => {
-            use std::fmt::Write;
-            written.clear();
-            let _ = write!(written, "{}", AddrText(&n));
-            let found = match m {
-                Value::BulkString(b) => std::str::from_utf8(b).unwrap_or_default(),
-                Value::SimpleString(s) => s.as_str(),
-                _ => "",
-            };
-            if found != written {
-                respelled.push((found.to_owned(), written.clone()));
-            }
-            out.push((n, u));
-        }
-        _ => {
-            bad += 1;
-            if bad <= 3 {
-                let member = match m {
-                    redis::Value::BulkString(b) => String::from_utf8_lossy(b),
-                    redis::Value::SimpleString(s) => s.as_str().into(),
-                    other => format!("{other:?}").into(),
-                };
-                tracing::warn!(member = %crate::ratelog::cap(&member).escape_debug(), "Ban list entry is not an address; skipped.");
-            }
-        }
-    };
-    if nested {
-        for i in items {
-            match i {
-                Value::Array(pair) if pair.len() == 2 => entry(&pair[0], &pair[1]),
-                _ => entry(i, &Value::Nil),
-            }
-        }
-    } else {
-        for pair in items.chunks(2) {
-            entry(&pair[0], pair.get(1).unwrap_or(&Value::Nil));
-        }
-    }
-    if bad > 3 {
-        tracing::warn!(count = bad, "Ban list entries that are not addresses were skipped.");
-    }
-    (out, respelled)
-}
-
-/// Rewrites `respelled` members (found, written) as fleetban writes them
-/// (`lua/canon.lua`): then `unban` in any spelling finds them.
-async fn canonicalize(con: &mut crate::store::Conn, keys: &Keys, respelled: &[Respelled]) -> Result<(), BanListError> {
-    let mut cmd = crate::store::CANON.cmd(&[&keys.bans(), &keys.records()]);
-    for (found, written) in respelled {
-        cmd.arg(found).arg(written);
-    }
-    let n: i64 = crate::store::CANON.run(con, &cmd).await?;
-    if n > 0 {
-        let first = &respelled[0];
-        tracing::warn!(count = n, first = %crate::ratelog::cap(&first.0).escape_debug(), as_ = %first.1,
-            "Ban list members in another spelling rewritten as fleetban writes them.");
-    }
-    Ok(())
-}
-
-fn member_of(v: &redis::Value) -> Option<IpNet> {
-    match v {
-        redis::Value::BulkString(b) => crate::addr::parse_member(std::str::from_utf8(b).ok()?),
-        redis::Value::SimpleString(s) => crate::addr::parse_member(s),
-        _ => None,
-    }
-}
-
-fn until_of(v: &redis::Value) -> Option<Until> {
-    match v {
-        redis::Value::BulkString(b) => parse_until(std::str::from_utf8(b).ok()?),
-        redis::Value::SimpleString(s) => parse_until(s),
-        redis::Value::Double(f) if *f == f64::INFINITY => Some(Until::Permanent),
-        redis::Value::Double(f) if f.is_finite() => Some(Until::At(*f as i64)),
-        redis::Value::Int(i) => Some(Until::At(*i)),
-        _ => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use redis::Value;
-
-    fn bulk(s: &[u8]) -> Value {
-        Value::BulkString(s.to_vec())
-    }
-
-    #[test]
-    fn a_zrange_reply_keeps_only_addresses_with_a_time() {
-        let v4: IpNet = "192.0.2.1/32".parse().unwrap();
-        let v6: IpNet = "2001:db8:1:2::/64".parse().unwrap();
-        let want = vec![(v4, Until::At(1_700_000_000_123)), (v6, Until::Permanent)];
-        // RESP2: flat member/score pairs, with garbage members among them.
-        let flat = Value::Array(vec![
-            bulk(b"garbage; flush ruleset"),
-            bulk(b"5"),
-            bulk(b"192.0.2.1"),
-            bulk(b"1700000000123"),
-            bulk(b"192.0.2.1/24"),
-            bulk(b"5"),
-            bulk(b"\xff\xfe"),
-            bulk(b"5"),
-            bulk(b"2001:db8:1:2::/64"),
-            bulk(b"inf"),
-            bulk(b"10.0.0.1"),
-            bulk(b"soon"),
-            bulk(b"10.0.0.2"),
-        ]);
-        assert_eq!(validate(&flat), (want.clone(), vec![]));
-        // RESP3: [member, score] pairs with double scores.
-        let nested = Value::Array(vec![
-            Value::Array(vec![bulk(b"192.0.2.1"), Value::Double(1_700_000_000_123.0)]),
-            Value::Array(vec![bulk(b"not an address"), Value::Double(5.0)]),
-            Value::Array(vec![bulk(b"10.0.0.3"), Value::Double(f64::NAN)]),
-            Value::Array(vec![bulk(b"2001:db8:1:2::/64"), Value::Double(f64::INFINITY)]),
-            Value::Array(vec![bulk(b"10.0.0.4")]),
-        ]);
-        assert_eq!(validate(&nested), (want.clone(), vec![]));
-        assert!(validate(&Value::Nil).0.is_empty());
-        assert!(validate(&Value::Array(vec![])).0.is_empty());
-        // Another spelling: enforced as the address, returned to rewrite.
-        let respelled = Value::Array(vec![
-            bulk(b"::ffff:192.0.2.1"),
-            bulk(b"1700000000123"),
-            bulk(b"2001:DB8:1:2:0::/64"),
-            bulk(b"inf"),
-        ]);
-        assert_eq!(
-            validate(&respelled),
-            (
-                want,
-                vec![
-                    ("::ffff:192.0.2.1".to_owned(), "192.0.2.1".to_owned()),
-                    ("2001:DB8:1:2:0::/64".to_owned(), "2001:db8:1:2::/64".to_owned())
-                ]
-            )
-        );
     }
 }

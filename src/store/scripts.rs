@@ -31,6 +31,9 @@ pub static UNBAN: std::sync::LazyLock<LuaScript> =
 
 pub static CANON: std::sync::LazyLock<LuaScript> =
     std::sync::LazyLock::new(|| LuaScript::new("canon", include_str!("../../lua/canon.lua").to_owned()));
+/// `lua/bans_page.lua`: one page of the active list (`bans::list`'s read).
+pub static BANS_PAGE: std::sync::LazyLock<LuaScript> =
+    std::sync::LazyLock::new(|| LuaScript::new("bans_page", include_str!("../../lua/bans_page.lua").to_owned()));
 pub static RESTORE: std::sync::LazyLock<LuaScript> =
     std::sync::LazyLock::new(|| LuaScript::new("restore", include_str!("../../lua/restore.lua").to_owned()));
 

@@ -1,0 +1,533 @@
+//! A long ban list, whole-process (issue 27; root: namespaces, nft), run by
+//! `bench/scale.sh`. A `[[bench]]` target without libtest: it runs only
+//! with `scale` on its command line, so `cargo test --bench '*'` and a bare
+//! `cargo bench` run nothing. It prints figures and asserts only that the
+//! work happened (every element in nft, `/check` answering from them).
+//!
+//! One redis-server of its own; SCALE_BANS bans written into the list with
+//! a record each, as `ban.lua` writes them (SCALE_SHAPE `addr`: 3/4 IPv4
+//! addresses, 1/4 IPv6 /64s; `net`: IPv4 /16-/31 and IPv6 /32-/63
+//! networks, mixed). Then, printed:
+//! - Redis memory per ban: `INFO memory` used_memory before and after;
+//! - daemon RSS idle (an empty list, 1 s after it is up);
+//! - host A starts in a namespace of its own: spawn -> "Ban list applied"
+//!   (every element in nft, the view built) and spawn -> `/check` answers
+//!   403 for the last entry of the list (polled on its unix socket);
+//! - nft's own transaction of the same elements: the ruleset A made,
+//!   listed and loaded with `nft -f` into a fresh namespace, timed alone;
+//! - RSS of A with the bans;
+//! - host B starts the same way; then ONE_BY_ONE (10) bans on top, as an
+//!   address and as a /24, each decided on A (`fleetban ban`) and timed to
+//!   its element in B's set (`nft monitor`), with B's own nft transaction
+//!   (its debug line `nft transaction applied seconds=`).
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::{Daemon, NetNs, Redis};
+
+fn main() {
+    if !std::env::args().skip(1).any(|a| a == "scale") {
+        eprintln!("usage: bench/scale.sh [BANS] (cargo bench --bench scale -- scale)");
+        return;
+    }
+    let n: u64 = env("SCALE_BANS", 100_000);
+    let shape = std::env::var("SCALE_SHAPE").unwrap_or_else(|_| "addr".to_owned());
+    let one_by_one: usize = env("ONE_BY_ONE", 10);
+    let redis = Redis::start();
+    let before = used_memory(&redis);
+    let until = fleetban::now_ms() + 3_600_000;
+    let last = preload(&redis, n, until, &shape);
+    let after = used_memory(&redis);
+    println!(
+        "Redis memory: {:.1} MB for {n} bans ({shape}): {:.0} B per ban (list member, record, expiry)",
+        (after - before) as f64 / 1e6,
+        (after - before) as f64 / n as f64
+    );
+
+    let idle = {
+        let ns = NetNs::new("scaleidle");
+        let empty = Redis::start();
+        let host = Host::new("scale-idle", &empty);
+        let d = Daemon::start(Some(&ns), &host.cfg, &host.control);
+        std::thread::sleep(Duration::from_secs(1));
+        let idle = rss_mb(d.pid());
+        drop(d);
+        idle
+    };
+    println!("daemon RSS idle (Redis, no bans): {idle:.1} MB");
+
+    let (ns_a, a, d_a) = start(&redis, "scalea", "scale-a", &last, n);
+    let own = nft_alone(&ns_a);
+    println!("nft's own transaction of the same ruleset (nft -f, fresh namespace): {own:.3} s");
+    println!("daemon RSS with {n} bans: {:.1} MB", rss_mb(d_a.pid()));
+    let (ns_b, _b, d_b) = start(&redis, "scaleb", "scale-b", &last, n);
+
+    let mut mon = ns_b
+        .exec(&["nft", "monitor", "elements"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("nft monitor");
+    let (tx, rx) = mpsc::channel::<(Instant, String)>();
+    let out = mon.stdout.take().expect("piped");
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send((Instant::now(), line)).is_err() {
+                break;
+            }
+        }
+    });
+    // nft monitor reads the ruleset (the bans included) before it reports.
+    std::thread::sleep(Duration::from_millis(1000 + n / 20));
+    for (kind, target) in [
+        (
+            "address",
+            (|i: usize| format!("198.18.{}.{}", i / 250, i % 250 + 1)) as fn(usize) -> String,
+        ),
+        ("network /24", |i: usize| format!("198.19.{i}.0/24")),
+    ] {
+        let seen_before = transactions(&d_b);
+        let (mut e2e, mut cli_ms) = (Vec::new(), Vec::new());
+        for i in 0..one_by_one {
+            let t = target(i);
+            let shown = t.trim_end_matches("/24").to_owned();
+            while rx.try_recv().is_ok() {}
+            let t0 = Instant::now();
+            let o = Command::new(common::fleetban_bin())
+                .args(["ban", &t, "--for", "1h", "-c"])
+                .arg(&a.cfg)
+                .output()
+                .expect("fleetban ban");
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            cli_ms.push(t0.elapsed().as_secs_f64() * 1000.0);
+            let deadline = t0 + Duration::from_secs(60);
+            let mut at = None;
+            let mut seen = Vec::new();
+            while let Ok((t1, line)) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                if line.contains("add element") && line.contains(&format!("{{ {shown}")) {
+                    at = Some(t1);
+                    break;
+                }
+                seen.push(line);
+            }
+            let Some(at) = at else {
+                let log = d_b.log_text();
+                let lines: Vec<String> = log.lines().map(strip_ansi).collect();
+                let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+                panic!("{t} not in B's set within 60 s; nft monitor said {seen:?}; B's log ends:\n{tail}");
+            };
+            e2e.push((at - t0).as_secs_f64() * 1000.0);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mut nft: Vec<f64> = transactions(&d_b)[seen_before.len()..]
+            .iter()
+            .map(|s| s * 1000.0)
+            .collect();
+        println!(
+            "one ban on top of {n}, as {kind}: B's nft transaction {}; decided on A (CLI) -> in B's set {}; the CLI alone {}",
+            stats(&mut nft),
+            stats(&mut e2e),
+            stats(&mut cli_ms)
+        );
+    }
+    let _ = mon.kill();
+    let _ = mon.wait();
+    println!(
+        "daemon RSS after them: A {:.1} MB, B {:.1} MB",
+        rss_mb(d_a.pid()),
+        rss_mb(d_b.pid())
+    );
+}
+
+fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+/// A host's files: configuration, control socket, `/check` socket.
+struct Host {
+    _dir: tempfile::TempDir,
+    cfg: PathBuf,
+    control: PathBuf,
+    http: PathBuf,
+}
+
+impl Host {
+    fn new(id: &str, redis: &Redis) -> Host {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("access.log");
+        std::fs::write(&log, "").expect("log");
+        std::fs::write(
+            dir.path().join("rules.yaml"),
+            format!(
+                "rules:\n  - name: bench\n    logs: [{}]\n    limit: {{ hits: 1000, window: 60s }}\n    ban: {{ duration: 1h }}\n",
+                log.display()
+            ),
+        )
+        .expect("rules");
+        let (cfg, control, http) = (
+            dir.path().join("fleetban.yaml"),
+            dir.path().join("control.sock"),
+            dir.path().join("http.sock"),
+        );
+        std::fs::write(
+            &cfg,
+            format!(
+                "host_id: {id}\nstate_dir: {}\ncontrol: {}\nhttp: {{ listen: {} }}\nredis: {{ url: '{}' }}\nsafety: {{ max_bans_per_minute: 100000 }}\nrules: [rules.yaml]\n",
+                dir.path().join("state").display(),
+                control.display(),
+                http.display(),
+                redis.url()
+            ),
+        )
+        .expect("config");
+        Host {
+            _dir: dir,
+            cfg,
+            control,
+            http,
+        }
+    }
+}
+
+/// Starts a host in a namespace of its own on the loaded list, prints its
+/// start figures, checks every element is in its sets.
+fn start(redis: &Redis, ns_tag: &str, id: &str, last: &str, n: u64) -> (NetNs, Host, Daemon) {
+    let ns = NetNs::new(ns_tag);
+    let host = Host::new(id, redis);
+    let t0 = now_us();
+    let started = Instant::now();
+    let d = Daemon::start(Some(&ns), &host.cfg, &host.control);
+    // The socket exists once the endpoint serves; a 403 for the list's last
+    // entry says the view holds it.
+    let mut answered = None;
+    for _ in 0..60_000 {
+        if check(&host.http, last) == Some(403) {
+            answered = Some(started.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let answered = answered.expect("/check never answered 403 for the last entry");
+    // The kernel's sets: the first sync's transaction, or (if the first read
+    // failed) a reconcile's, logged with the count it added.
+    let mut in_nft = None;
+    for _ in 0..6_000 {
+        let text = d.log_text();
+        if let Some(l) = text.lines().map(strip_ansi).find(|l| {
+            l.contains("nft transaction applied")
+                && l.split_whitespace()
+                    .find_map(|w| w.strip_prefix("added="))
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .is_some_and(|a| a >= n)
+        }) {
+            in_nft = Some(parse_rfc3339_us(l.split_whitespace().next().unwrap_or_default()));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let in_nft = in_nft.expect("the list never reached nft");
+    let text = d.log_text();
+    for l in text.lines().map(strip_ansi).filter(|l| l.contains("WARN")) {
+        println!("  {id} warned: {}", &l[..l.len().min(300)]);
+    }
+    let applied = text
+        .lines()
+        .map(strip_ansi)
+        .find(|l| l.contains("Ban list applied"))
+        .map(|l| parse_rfc3339_us(l.split_whitespace().next().unwrap_or_default()))
+        .expect("Ban list applied");
+    let count: usize = ["v4", "v6", "v4net", "v6net"].iter().map(|s| set_len(&ns, s)).sum();
+    println!(
+        "start of {id} with {n} bans: spawn -> ban list applied {:.0} ms; spawn -> /check answers from it {:.0} ms; spawn -> all in nft {:.0} ms; {count} elements in nft",
+        (applied - t0) as f64 / 1000.0,
+        answered.as_secs_f64() * 1000.0,
+        (in_nft - t0) as f64 / 1000.0
+    );
+    assert_eq!(count as u64, n, "every ban in nft");
+    (ns, host, d)
+}
+
+/// The status code of `GET /check` for `addr`, or None (no socket yet).
+fn check(socket: &Path, addr: &str) -> Option<u16> {
+    let mut s = UnixStream::connect(socket).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let client = addr.split('/').next().unwrap_or(addr);
+    write!(
+        s,
+        "GET /check HTTP/1.1\r\nHost: x\r\nX-Client-Addr: {client}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).ok()?;
+    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+}
+
+/// Elements of one set of the ban table, counted from `nft -j`.
+fn set_len(ns: &NetNs, set: &str) -> usize {
+    common::nft_set_elements_detailed(ns, "fleetban", set).len()
+}
+
+/// Lists the ruleset a daemon made in `ns` and loads it, timed alone, into
+/// a fresh namespace (what nft itself needs for the same elements).
+fn nft_alone(ns: &NetNs) -> f64 {
+    let out = ns.run(&["nft", "list", "table", "inet", "fleetban"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    // `expires ...` is the listing's, not input.
+    let mut input = String::with_capacity(text.len());
+    for part in text.split(" expires ") {
+        if input.is_empty() {
+            input.push_str(part);
+        } else {
+            let cut = part.find([',', ' ', '\n', '}']).unwrap_or(part.len());
+            input.push_str(&part[cut..]);
+        }
+    }
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(file.path(), input).expect("ruleset");
+    let fresh = NetNs::new("scalenft");
+    let t = Instant::now();
+    let o = fresh.run(&[Path::new("nft").as_os_str(), "-f".as_ref(), file.path().as_os_str()]);
+    let secs = t.elapsed().as_secs_f64();
+    assert!(o.status.success(), "nft -f: {}", String::from_utf8_lossy(&o.stderr));
+    secs
+}
+
+/// Writes `n` list members and their records as `ban.lua` does, all ending
+/// at `until`; returns the list's last member.
+fn preload(redis: &Redis, n: u64, until: i64, shape: &str) -> String {
+    let script = r#"
+local n, u, shape, now = tonumber(ARGV[1]), ARGV[2], ARGV[3], tonumber(ARGV[4])
+for i = 0, n - 1 do
+  local m
+  if i % 4 == 3 then
+    m = string.format('2001:db8:%x:%x::/64', math.floor(i / 65536), i % 65536)
+  else
+    m = string.format('%d.%d.%d.%d', 100 + math.floor(i / 16777216) % 50, math.floor(i / 65536) % 256,
+      math.floor(i / 256) % 256, i % 256)
+  end
+  redis.call('ZADD', KEYS[1], u, m)
+  redis.call('HSET', KEYS[2], m, cjson.encode({rule = 'nginx-scraper', reason = '', host = 'web-1',
+    since = now, ['until'] = tonumber(u), count = 1, hits = 120}))
+end
+return n"#;
+    if shape == "net" {
+        return preload_nets(redis, n, until);
+    }
+    let now = fleetban::now_ms().to_string();
+    redis.cli(&[
+        "EVAL",
+        script,
+        "2",
+        "{fleetban}:bans",
+        "{fleetban}:banrec",
+        &n.to_string(),
+        &until.to_string(),
+        shape,
+        &now,
+    ]);
+    last_member(redis)
+}
+
+/// The list's last entry in its order (all share one end: by member).
+fn last_member(redis: &Redis) -> String {
+    redis
+        .cli(&["ZRANGE", "{fleetban}:bans", "-1", "-1"])
+        .lines()
+        .next()
+        .map(str::to_owned)
+        .expect("a loaded list")
+}
+
+/// `net` shape: networks (IPv4 /16-/31, IPv6 /32-/63), each written as
+/// its network address, none inside another (a ban inside a wider one is
+/// not put into nft: `enforce/cover.rs`), through redis-cli's pipe.
+fn preload_nets(redis: &Redis, n: u64, until: i64) -> String {
+    use std::collections::BTreeSet;
+    let mut candidates = BTreeSet::new();
+    let mut i: u64 = 0;
+    let nets = loop {
+        for _ in 0..n {
+            let h = splitmix(i);
+            let net: ipnet::IpNet = if i % 4 == 3 {
+                let len = 32 + (h % 32) as u8;
+                let bits = (0x2u128 << 124) | (u128::from(h) << 60);
+                ipnet::Ipv6Net::new(std::net::Ipv6Addr::from(bits), len)
+                    .expect("len")
+                    .trunc()
+                    .into()
+            } else {
+                let len = 16 + (h % 16) as u8;
+                // 11.0.0.0 to 99.255.255.255: no loopback, no private range of the harness.
+                let v = (11u32 << 24) + ((h >> 32) as u32 % (89 << 24));
+                ipnet::Ipv4Net::new(std::net::Ipv4Addr::from(v), len)
+                    .expect("len")
+                    .trunc()
+                    .into()
+            };
+            candidates.insert(net);
+            i += 1;
+        }
+        // Sorted by address then length: a wider network comes before those inside it.
+        let mut kept: Vec<ipnet::IpNet> = Vec::new();
+        for net in &candidates {
+            if kept.last().is_some_and(|k| k.contains(net)) {
+                continue;
+            }
+            kept.push(*net);
+        }
+        if kept.len() as u64 >= n {
+            kept.truncate(n as usize);
+            break kept;
+        }
+    };
+    let now = fleetban::now_ms();
+    let mut cmds = String::new();
+    for net in &nets {
+        let m = net.to_string();
+        let rec = format!(
+            "{{\"rule\":\"nginx-scraper\",\"reason\":\"\",\"host\":\"web-1\",\"since\":{now},\"until\":{until},\"count\":1,\"hits\":120}}"
+        );
+        for args in [
+            vec![
+                "ZADD".to_owned(),
+                "{fleetban}:bans".to_owned(),
+                until.to_string(),
+                m.clone(),
+            ],
+            vec!["HSET".to_owned(), "{fleetban}:banrec".to_owned(), m.clone(), rec],
+        ] {
+            cmds += &format!("*{}\r\n", args.len());
+            for a in args {
+                cmds += &format!("${}\r\n{a}\r\n", a.len());
+            }
+        }
+    }
+    let mut pipe = redis.cli_command();
+    let mut child = pipe
+        .arg("--pipe")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-cli --pipe");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(cmds.as_bytes())
+        .expect("pipe");
+    assert!(child.wait().expect("redis-cli").success());
+    last_member(redis)
+}
+
+/// A well-mixed 64-bit value of `i` (splitmix64).
+fn splitmix(i: u64) -> u64 {
+    let mut z = i.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn used_memory(redis: &Redis) -> i64 {
+    redis
+        .cli(&["INFO", "memory"])
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("used_memory")
+}
+
+/// B's nft transactions so far (seconds), from its debug lines.
+fn transactions(d: &Daemon) -> Vec<f64> {
+    d.log_text()
+        .lines()
+        .map(strip_ansi)
+        .filter(|l| l.contains("nft transaction applied"))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("seconds="))
+                .and_then(|v| v.parse().ok())
+        })
+        .collect()
+}
+
+/// `p50 X ms, p99 Y ms (n)` of `v`.
+fn stats(v: &mut [f64]) -> String {
+    if v.is_empty() {
+        return "none".to_owned();
+    }
+    v.sort_by(f64::total_cmp);
+    let at = |p: f64| v[((v.len() as f64 - 1.0) * p).round() as usize];
+    format!(
+        "p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms (n={})",
+        at(0.5),
+        at(0.99),
+        v[v.len() - 1],
+        v.len()
+    )
+}
+
+fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// Resident set of a process in MB (VmRSS).
+fn rss_mb(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+/// `2026-11-30T00:41:32.123456Z` -> µs since the epoch.
+fn parse_rfc3339_us(s: &str) -> i64 {
+    let num = |x: &str| x.parse::<i64>().unwrap_or(0);
+    let Some((date, time)) = s.split_once('T') else {
+        return 0;
+    };
+    let d: Vec<i64> = date.split('-').map(num).collect();
+    let time = time.trim_end_matches('Z');
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let t: Vec<i64> = hms.split(':').map(num).collect();
+    if d.len() != 3 || t.len() != 3 {
+        return 0;
+    }
+    let us = num(&format!("{frac:0<6}")[..6]);
+    let (y, m) = if d[1] <= 2 {
+        (d[0] - 1, d[1] + 9)
+    } else {
+        (d[0], d[1] - 3)
+    };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * m + 2) / 5 + d[2] - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    ((days * 86_400 + t[0] * 3600 + t[1] * 60 + t[2]) * 1_000_000) + us
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::new();
+    let mut esc = false;
+    for c in s.chars() {
+        match (esc, c) {
+            (false, '\x1b') => esc = true,
+            (true, 'm') => esc = false,
+            (true, _) => {}
+            (false, c) => out.push(c),
+        }
+    }
+    out
+}
