@@ -25,5 +25,5 @@ else
   echo "build measured: $BIN ($("$BIN" --version))"
   # shellcheck disable=SC2016 # $1.. are the inner shell's
   unshare --mount --propagation private sh -c 'mount --bind "$1" "$2" && shift 2 && exec "$@"' \
-    sh "$BIN" "$PWD/target/release/fleetban" "$harness" "${benches[@]}"
+    sh "$BIN" "${CARGO_TARGET_DIR:-$PWD/target}/release/fleetban" "$harness" "${benches[@]}"
 fi
