@@ -108,6 +108,80 @@ fn bans_of_one_duration_decided_apart_expire_by_their_own_ends() {
     }
 }
 
+/// A periodic reconcile that can find nothing new (the stream followed
+/// without a gap since the last full read) reads nothing of the list and
+/// re-adds nothing; a ban another host writes (list + event, as `ban.lua`
+/// does) still arrives, from the stream; a member written by hand, with no
+/// event, arrives at the full read every `FULL_EVERY` periods. 5,000 bans:
+/// more than one page (a list of one page is read at every period).
+#[test]
+fn a_reconcile_that_can_find_nothing_new_reads_nothing() {
+    let redis = Redis::start();
+    let until = common::now_ms() + 3_600_000;
+    redis.preload_bans(5_000, until);
+    let ns = common::NetNs::new("quietrec");
+    let r = ConfigDir::new();
+    let main = r
+        .main_config()
+        .host_id("quiet")
+        .redis(&redis.url(), "reconcile_every: 1s");
+    r.write(
+        &main,
+        &[Rule::new("scraper", &r.log, "{ hits: 3, window: 60s }").ban("1h")],
+    );
+    let d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    wait_until(Duration::from_secs(60), "the list applied", || {
+        d.log_text().contains("Ban list applied")
+    });
+    let count = |what: &str| d.log_text().matches(what).count();
+    let (reads, reconciled) = (zcount_calls(&redis), count("nftables reconciled"));
+    let skipped = count("the list not read");
+    wait_until(Duration::from_secs(30), "three periods", || {
+        count("the list not read") >= skipped + 3
+    });
+    assert_eq!(
+        zcount_calls(&redis),
+        reads,
+        "a quiet period read the list\n{}",
+        tail(&d.log_text())
+    );
+    assert_eq!(count("nftables reconciled"), reconciled, "{}", tail(&d.log_text()));
+
+    // Another host's ban: its list entry and its event.
+    let u = until.to_string();
+    redis.cli(&["ZADD", "{fleetban}:bans", &u, "192.0.2.77"]);
+    redis.cli(&[
+        "XADD",
+        "{fleetban}:events",
+        "*",
+        "op",
+        "ban",
+        "addr",
+        "192.0.2.77",
+        "until",
+        &u,
+        "host",
+        "other",
+    ]);
+    let has = |addr: &str| common::nft_bans(&ns, "fleetban", "v4").iter().any(|(e, _)| e == addr);
+    wait_until(Duration::from_secs(30), "the fleet's ban in nft", || has("192.0.2.77"));
+    assert_eq!(zcount_calls(&redis), reads, "an event made a full read");
+
+    // Written by hand, no event: the drift repair's full read brings it.
+    redis.cli(&["ZADD", "{fleetban}:bans", &u, "192.0.2.78"]);
+    wait_until(Duration::from_secs(60), "the hand-written ban in nft", || {
+        has("192.0.2.78")
+    });
+    assert!(zcount_calls(&redis) > reads);
+    let log = d.log_text();
+    let last = log
+        .lines()
+        .rfind(|l| l.contains("nftables reconciled"))
+        .unwrap_or_default();
+    // Nothing else changed: one element added, none re-added.
+    assert!(last.contains("added=1") && last.contains("refreshed=0"), "{last}");
+}
+
 fn zcount_calls(redis: &Redis) -> u64 {
     redis
         .cli(&["INFO", "commandstats"])

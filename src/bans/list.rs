@@ -15,6 +15,7 @@ use crate::store::{Keys, BAN, RESTORE, STREAM_MAXLEN, UNBAN};
 mod memory;
 mod read;
 pub use memory::MemoryBans;
+pub(crate) use read::PAGE;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BanListError {

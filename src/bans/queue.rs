@@ -142,12 +142,18 @@ impl Queue {
 /// Adds the held elements that the list lacks to a reconcile target.
 pub fn with_held(mut elems: Vec<Element>, held: &Held, now_ms: i64) -> Vec<Element> {
     let held = held.lock().unwrap_or_else(|e| e.into_inner());
+    if held.is_empty() {
+        return elems;
+    }
+    // A set of the list's nets: a scan of the list per held ban was
+    // quadratic (an outage's flood of bans against 1,000,000).
+    let mut listed: std::collections::HashSet<ipnet::IpNet> = elems.iter().map(|e| e.net).collect();
     for h in held.iter() {
         let live = match h.until {
             Until::At(t) => t > now_ms,
             Until::Permanent => true,
         };
-        if live && !elems.iter().any(|e| e.net == h.net) {
+        if live && listed.insert(h.net) {
             elems.push(h.clone());
         }
     }
@@ -157,6 +163,24 @@ pub fn with_held(mut elems: Vec<Element>, held: &Held, now_ms: i64) -> Vec<Eleme
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A held ban the list lacks is kept once, however often it is held;
+    /// one the list has, or one ended, is not added.
+    #[test]
+    fn a_reconcile_keeps_each_held_ban_the_list_lacks_once() {
+        let e = |s: &str, t: i64| Element {
+            net: crate::addr::net(s),
+            until: Until::At(t),
+        };
+        let held: Held = Arc::new(Mutex::new(vec![
+            e("192.0.2.1", 50),
+            e("192.0.2.2", 50),
+            e("192.0.2.2", 60),
+            e("192.0.2.3", 5),
+        ]));
+        let out = with_held(vec![e("192.0.2.1", 40)], &held, 10);
+        assert_eq!(out, vec![e("192.0.2.1", 40), e("192.0.2.2", 50)]);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn refusals_wait_longer_each_time_up_to_five_seconds() {

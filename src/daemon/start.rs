@@ -123,6 +123,7 @@ pub async fn open(config: &Config, opts: &Options, to_enforcer: Changes, to_all:
         reconcile_every: r.reconcile_every,
         changes: to_all,
         gaps: 0,
+        listed: 0,
         held: bans.held(),
         news: Some(news_tx),
         marks_id: "0-0".to_owned(),

@@ -29,10 +29,14 @@ pub(crate) const DELETE_MARGIN_MS: i64 = 1_000;
 /// kernel's whole-second `expires` in listings, the time a listing takes
 /// (~2 s at 100k elements) and transaction latency.
 pub(crate) const GONE_MARGIN_MS: i64 = 5_000;
-/// Ends closer than this count as equal: ends read back from a listing are
-/// off by up to the same few seconds, and re-adding 100k elements to move
-/// their ends by a second is not worth a transaction.
+/// Ends closer than this count as equal (beyond what a listing leaves
+/// unknown, `Slot::slack`): a transaction lands a little after its
+/// timeouts were computed, and re-adding 100k elements to move their ends
+/// by a second is not worth a transaction (docs/design.md §3, "Reconciling").
 pub(crate) const REFRESH_TOLERANCE_MS: i64 = 5_000;
+/// What a listing leaves unknown of an element's end besides the time the
+/// listing took: nft prints `expires` in whole seconds, truncated.
+pub(crate) const EXPIRES_GRAIN_MS: i64 = 1_000;
 /// Longer bans become permanent; the kernel refuses timeouts of ~1000 years.
 pub const MAX_TIMEOUT_MS: i64 = 3_650 * 86_400_000;
 
@@ -88,6 +92,12 @@ impl fmt::Display for Span {
 pub(crate) struct Slot {
     pub hi: IpAddr,
     pub until: Until,
+    /// How much later than `until` the kernel's end may be (ms): read from
+    /// a listing, `until` is its start plus `expires`, and the kernel
+    /// counted down while nft listed (1M elements: tens of seconds); 0 for
+    /// an element this process put in. Without it a slow listing made
+    /// every element look shortened and re-added them all.
+    pub slack: u32,
     /// The last plan that keeps this element (`Book::mark`).
     pub kept: u64,
 }
@@ -112,10 +122,16 @@ fn life(until: Until, now: i64) -> Life {
     }
 }
 
-fn same_until(a: Until, b: Until) -> bool {
-    match (a, b) {
-        (Until::At(x), Until::At(y)) => (x - y).abs() < REFRESH_TOLERANCE_MS,
-        _ => a == b,
+/// Whether the kernel's element (`slot`) already ends as `want` says: its
+/// end lies in `[until, until + slack]`, and `want` within
+/// [`REFRESH_TOLERANCE_MS`] of that window. Only an end really moved
+/// (extended, shortened) is re-added, not one the kernel counted down.
+fn same_until(slot: &Slot, want: Until) -> bool {
+    match (slot.until, want) {
+        (Until::At(x), Until::At(y)) => {
+            y > x - REFRESH_TOLERANCE_MS && y < x + i64::from(slot.slack) + REFRESH_TOLERANCE_MS
+        }
+        (a, b) => a == b,
     }
 }
 
@@ -204,8 +220,11 @@ impl Book {
         expired
     }
 
-    /// Replaces the applied state with the kernel's elements.
-    pub fn load_applied(&mut self, elems: &[(Span, Until)]) {
+    /// Replaces the applied state with the kernel's elements, their ends
+    /// as a listing that began at their `until`'s base and took
+    /// `listing_ms` estimates them (see `Slot::slack`).
+    pub fn load_applied(&mut self, elems: &[(Span, Until)], listing_ms: i64) {
+        let slack = u32::try_from((listing_ms.max(0)).saturating_add(EXPIRES_GRAIN_MS)).unwrap_or(u32::MAX);
         self.applied = elems
             .iter()
             .map(|(s, u)| {
@@ -214,6 +233,7 @@ impl Book {
                     Slot {
                         hi: s.hi,
                         until: *u,
+                        slack,
                         kept: 0,
                     },
                 )
@@ -297,7 +317,7 @@ impl Book {
             let span = Span::of(&net);
             if let Some(slot) = self.applied.get_mut(&span.lo).filter(|s| s.hi == span.hi) {
                 slot.kept = mark;
-                if same_until(slot.until, until) {
+                if same_until(slot, until) {
                     plan.stats.unchanged += 1;
                 } else {
                     plan.add.push((net, until));
@@ -381,7 +401,7 @@ impl Book {
                 return None;
             }
             match (wanted, exact) {
-                (Some(until), Some(slot)) if same_until(slot.until, until) => plan.stats.unchanged += 1,
+                (Some(until), Some(slot)) if same_until(slot, until) => plan.stats.unchanged += 1,
                 (Some(until), Some(_)) => {
                     plan.add.push((net, until));
                     plan.stats.refreshed += 1;
@@ -452,6 +472,7 @@ impl Book {
                         Slot {
                             hi: span.hi,
                             until,
+                            slack: 0,
                             kept: 0,
                         },
                     )
@@ -470,6 +491,7 @@ impl Book {
                 Slot {
                     hi: span.hi,
                     until,
+                    slack: 0,
                     kept: 0,
                 },
             );
@@ -685,6 +707,34 @@ pub(crate) mod tests {
         assert_eq!(add, ["10.0.0.0/28"]);
     }
 
+    /// A listing that took 30 s reads every end up to 31 s early (the
+    /// kernel counted down meanwhile): those are not re-added; an end the
+    /// list really moved, later or earlier, is.
+    #[test]
+    fn a_slow_listing_re_adds_only_ends_that_really_moved() {
+        let mut b = Book::default();
+        let (a, c, d, e) = ("192.0.2.1", "192.0.2.2", "192.0.2.3", "192.0.2.4");
+        let listed = |s: &str, u: i64| (Span::of(&net(s)), at(u));
+        // As read: the base is the listing's start, the true ends later.
+        b.load_applied(
+            &[listed(a, H - 29_000), listed(c, H - 2_000), listed(d, H), listed(e, H)],
+            30_000,
+        );
+        b.desire(
+            &[el(a, at(H)), el(c, at(H)), el(d, at(H + 60_000)), el(e, at(H - 60_000))],
+            NOW,
+        );
+        let plan = b.plan(NOW);
+        assert_eq!(plan.stats.unchanged, 2, "{plan:?}");
+        assert_eq!(plan.stats.refreshed, 2, "{plan:?}");
+        let moved: Vec<IpNet> = plan.add.iter().map(|(n, _)| *n).collect();
+        assert_eq!(moved, vec![net(d), net(e)]);
+        // Once put in by this process, the end is exact again.
+        b.commit(&plan);
+        b.desire(&[el(d, at(H + 60_000 + 30_000))], NOW);
+        assert_eq!(b.plan(NOW).stats.refreshed, 1);
+    }
+
     #[test]
     fn refresh_only_when_the_end_changes() {
         let mut b = Book::default();
@@ -702,7 +752,7 @@ pub(crate) mod tests {
     fn replace_all_removes_stale_and_foreign_ranges() {
         let mut b = Book::default();
         let range = span_from("10.9.0.1".parse().unwrap(), "10.9.0.5".parse().unwrap()).unwrap();
-        b.load_applied(&[(Span::of(&net("10.1.0.0/16")), at(H)), (range, at(H))]);
+        b.load_applied(&[(Span::of(&net("10.1.0.0/16")), at(H)), (range, at(H))], 0);
         b.desire_applied();
         assert_eq!(b.desired_len(), 4, "the /16 and the range's 3 prefixes");
         // Keeping the kernel's bans replaces the range by its prefixes.

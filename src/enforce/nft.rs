@@ -308,7 +308,12 @@ impl NftEnforcer {
     async fn reload(&mut self, now: i64) -> Result<(), EnforceError> {
         self.stale = true;
         let t = self.opts.table.clone();
-        let view = match self.run("list table", &["-j", "list", "table", "inet", &t], None).await {
+        // `now` is when the listing began: each `expires` was read later,
+        // by up to its whole duration (`Slot::slack`).
+        let started = Instant::now();
+        let listed = self.run("list table", &["-j", "list", "table", "inet", &t], None).await;
+        let took = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
+        let view = match listed {
             Ok(out) => listing::parse(&out, &self.opts, now).map_err(|detail| EnforceError::Listing {
                 table: self.opts.table.clone(),
                 detail,
@@ -319,7 +324,7 @@ impl NftEnforcer {
         if view.unknown > 0 {
             warn!(table = %self.opts.table, count = view.unknown, "nft listed elements of an unknown shape; left alone");
         }
-        self.book.load_applied(&view.elems);
+        self.book.load_applied(&view.elems, took);
         self.preamble = view.preamble;
         self.stale = false;
         Ok(())

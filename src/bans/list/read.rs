@@ -15,7 +15,7 @@ use super::parse_until;
 
 /// Entries per page: ~150 kB of reply and about a ms of Redis, well inside
 /// `redis.timeout` on a loaded machine (1,000,000 bans: 245 pages).
-pub(super) const PAGE: usize = 4_096;
+pub(crate) const PAGE: usize = 4_096;
 
 /// The active entries (ending after `now_ms`), read in pages of `page`,
 /// with the members found in another spelling (to rewrite).
