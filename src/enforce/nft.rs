@@ -14,6 +14,7 @@
 //! any element change, so every later transaction and every listing costs
 //! ~1.5-2 s at 100k elements (~50 ms at 10k).
 
+use std::collections::BTreeSet;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -21,7 +22,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 use tracing::{debug, info, warn};
 
-use super::block::{self, BlockApplied, BlockState};
+use super::block::{self, BlockApplied, BlockState, Length};
 use super::cover::{Book, Plan};
 use super::listing::{self, KernelView};
 use super::script::{self, Preamble};
@@ -51,6 +52,9 @@ pub struct NftEnforcer {
     fresh: Option<Instant>,
     /// The blocklist sets' elements (`block.rs`).
     block: BlockState,
+    /// The ban sets per prefix length the kernel holds (with their rules):
+    /// a transaction adding to another length creates its set first.
+    lengths: BTreeSet<Length>,
 }
 
 impl NftEnforcer {
@@ -75,6 +79,7 @@ impl NftEnforcer {
             stale: true,
             fresh: None,
             block: BlockState::default(),
+            lengths: BTreeSet::new(),
         })
     }
 
@@ -116,7 +121,7 @@ impl NftEnforcer {
     pub async fn init(&mut self, now_ms: i64) -> Result<(), EnforceError> {
         self.reload(now_ms).await?;
         self.book.desire_applied();
-        if let Some(p) = self.preamble {
+        if let Some(p) = &self.preamble {
             info!(table = %self.opts.table, work = %p, "creating or repairing the nftables table");
             self.transact(&Plan::default(), now_ms).await?;
         }
@@ -165,17 +170,19 @@ impl NftEnforcer {
         self.book.wake()
     }
 
-    /// Whether the table is still in the kernel, asked by listing its small
-    /// set `v6net` (other IPv6 networks than /64s: few). nft 1.0.6 fetches
-    /// every element of every set for `list tables` (0.4 s with 100k bans,
-    /// 1.3 s with a 100k interval set, every 5 s), but only the one set
-    /// for `list set`. When it is gone (`nft flush ruleset`, an nftables
-    /// service reload) it is re-created with every wanted ban and the stats
-    /// of that load are returned.
+    /// Whether the table is still in the kernel, asked by listing its
+    /// chain `input`. nft 1.0.6 fetches every element of every set for
+    /// `list tables` (0.4 s with 100k bans, every 5 s), but none for `list
+    /// chain`. When it is gone (`nft flush ruleset`, an nftables service
+    /// reload) it is re-created with every wanted ban and the stats of that
+    /// load are returned.
     pub async fn check(&mut self, now_ms: i64) -> Result<Option<ReconcileStats>, EnforceError> {
-        let set = super::script::SETS[3].0;
         match self
-            .run("list set", &["list", "set", "inet", &self.opts.table, set], None)
+            .run(
+                "list chain",
+                &["list", "chain", "inet", &self.opts.table, script::CHAIN],
+                None,
+            )
             .await
         {
             Ok(_) => return Ok(None),
@@ -211,6 +218,7 @@ impl NftEnforcer {
         };
         self.book.clear();
         self.block = BlockState::default();
+        self.lengths.clear();
         self.preamble = Some(Preamble::create());
         self.stale = false;
         self.fresh = None;
@@ -289,10 +297,11 @@ impl NftEnforcer {
             return Ok(());
         }
         let started = Instant::now();
-        let text = script::render(&self.opts, self.preamble, plan, now);
+        let (text, created) = script::render(&self.opts, self.preamble.as_ref(), plan, now, &self.lengths);
         let render = crate::took(started.elapsed());
         self.run("transaction", &["-f", "-"], Some(text)).await?;
         self.preamble = None;
+        self.lengths.extend(created);
         debug!(
             table = %self.opts.table,
             added = plan.add.len(),
@@ -321,6 +330,7 @@ impl NftEnforcer {
         }
         self.book.load_applied(&view.elems);
         self.preamble = view.preamble;
+        self.lengths = view.lengths;
         self.stale = false;
         Ok(())
     }
