@@ -2,10 +2,12 @@
 //! holds, and the element changes that take one to the other.
 //!
 //! `desired` (net -> until) is what callers asked for. `applied` is what we
-//! believe the kernel's interval sets hold, keyed by the start of each span;
-//! the kernel refuses overlapping intervals, so applied spans are disjoint
-//! and the only span that can contain an address is the last one starting at
-//! or before it.
+//! believe the kernel's sets hold, keyed by the start of each span; the
+//! cover keeps applied spans disjoint (the interval sets of earlier layouts
+//! refused overlaps; the plain sets per length would take them, but a
+//! narrower ban inside a wider one would only cost an element), so the only
+//! span that can contain an address is the last one starting at or before
+//! it.
 //!
 //! The plan puts into the kernel the desired nets not strictly inside another
 //! desired net (the *cover*); a covered net comes back by itself once its

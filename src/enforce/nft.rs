@@ -10,9 +10,9 @@
 //! `check` notices a table that vanished between calls.
 //!
 //! Cost on nft 1.0.6 / kernel 6.18: loading 100k elements into an empty set
-//! takes ~0.7 s; but nft reads a whole interval set into its cache before
-//! any element change, so every later transaction and every listing costs
-//! ~1.5-2 s at 100k elements (~50 ms at 10k).
+//! takes ~0.7 s; nft reads a whole interval set into its cache before any
+//! element change (~1.5-2 s per transaction at 100k elements), which is why
+//! every ban set is plain (`script.rs`).
 
 use std::collections::BTreeSet;
 use std::process::Stdio;
