@@ -151,6 +151,16 @@ pub(crate) fn parse(json: &[u8], opts: &NftOptions, now: i64) -> Result<KernelVi
     Ok(view)
 }
 
+/// Whether `nft -j list chains inet` shows our table's chain `input`.
+pub(crate) fn has_chain(json: &[u8], opts: &NftOptions) -> Result<bool, String> {
+    let listing: Listing = serde_json::from_slice(json).map_err(|e| e.to_string())?;
+    Ok(listing.nftables.into_iter().filter_map(|o| o.chain).any(|c| {
+        c.family.as_deref() == Some("inet")
+            && c.table.as_deref() == Some(opts.table.as_str())
+            && c.name.as_deref() == Some(script::CHAIN)
+    }))
+}
+
 /// For `benches/listing.rs` only: (elements read, elements of unknown shape).
 #[doc(hidden)]
 pub fn bench_parse(json: &[u8], opts: &NftOptions, now: i64) -> Result<(usize, usize), String> {
@@ -545,6 +555,22 @@ mod tests {
         let empty = r#"{"nftables": [{"table": {"family": "inet", "name": "fleetban", "handle": 1}}]}"#;
         let view = parse(empty.as_bytes(), &opts, 0).unwrap();
         assert_eq!(view.preamble, Some(Preamble::create()));
+    }
+
+    #[test]
+    fn the_chain_listing_says_whether_the_table_is_there() {
+        let opts = NftOptions::default();
+        let chains = r#"{"nftables": [{"metainfo": {"version": "1.0.6"}},
+          {"chain": {"family": "inet", "table": "other", "name": "input", "handle": 1}},
+          {"chain": {"family": "inet", "table": "fleetban", "name": "blocklist", "handle": 2}}"#;
+        let without = format!("{chains}]}}");
+        assert_eq!(has_chain(without.as_bytes(), &opts), Ok(false));
+        let with = format!(
+            r#"{chains}, {{"chain": {{"family": "inet", "table": "fleetban", "name": "input", "handle": 3}}}}]}}"#
+        );
+        assert_eq!(has_chain(with.as_bytes(), &opts), Ok(true));
+        assert_eq!(has_chain(br#"{"nftables": []}"#, &opts), Ok(false));
+        assert!(has_chain(b"no", &opts).is_err());
     }
 
     #[test]

@@ -170,24 +170,21 @@ impl NftEnforcer {
         self.book.wake()
     }
 
-    /// Whether the table is still in the kernel, asked by listing its
-    /// chain `input`. nft 1.0.6 fetches every element of every set for
-    /// `list tables` (0.4 s with 100k bans, every 5 s), but none for `list
-    /// chain`. When it is gone (`nft flush ruleset`, an nftables service
+    /// Whether the table is still in the kernel, asked by listing the
+    /// `inet` chains (`nft -j list chains inet`). nft 1.0.6 fetches every
+    /// element of every set for `list tables` and even `list chain` (1.0-1.5
+    /// s with 100k bans, every 5 s), but none for `list chains`. When the
+    /// table or its chain is gone (`nft flush ruleset`, an nftables service
     /// reload) it is re-created with every wanted ban and the stats of that
     /// load are returned.
     pub async fn check(&mut self, now_ms: i64) -> Result<Option<ReconcileStats>, EnforceError> {
-        match self
-            .run(
-                "list chain",
-                &["list", "chain", "inet", &self.opts.table, script::CHAIN],
-                None,
-            )
-            .await
-        {
-            Ok(_) => return Ok(None),
-            Err(EnforceError::Nft { stderr, .. }) if is_enoent(&stderr) => {}
-            Err(e) => return Err(e),
+        let out = self.run("list chains", &["-j", "list", "chains", "inet"], None).await?;
+        let present = listing::has_chain(&out, &self.opts).map_err(|detail| EnforceError::Listing {
+            table: self.opts.table.clone(),
+            detail,
+        })?;
+        if present {
+            return Ok(None);
         }
         self.stale = true;
         // The blocklist sets went with the table: the next load is whole.
