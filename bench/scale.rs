@@ -244,7 +244,12 @@ fn start(redis: &Redis, ns_tag: &str, id: &str, last: &str, n: u64) -> (NetNs, H
         .find(|l| l.contains("Ban list applied"))
         .map(|l| parse_rfc3339_us(l.split_whitespace().next().unwrap_or_default()))
         .expect("Ban list applied");
-    let count: usize = ["v4", "v6", "v4net", "v6net"].iter().map(|s| set_len(&ns, s)).sum();
+    // The fixed sets and those per length (or, from an older build, v4net/v6net).
+    let count: usize = ["v4", "v6"]
+        .iter()
+        .flat_map(|f| common::ban_sets(&ns, "fleetban", f))
+        .map(|(s, _)| set_len(&ns, &s))
+        .sum();
     println!(
         "start of {id} with {n} bans: spawn -> ban list applied {:.0} ms; spawn -> /check answers from it {:.0} ms; spawn -> all in nft {:.0} ms; {count} elements in nft",
         (applied - t0) as f64 / 1000.0,

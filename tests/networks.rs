@@ -112,7 +112,7 @@ fn fifty_addresses_of_one_network_are_dropped_as_a_24_by_every_host_and_an_allow
     // In each kernel: pieces of the /24 (the /32 ones in the plain set), none holding the allowed address,
     // covering the other 255 addresses.
     for (j, h) in fleet.hosts.iter().enumerate() {
-        // The /32 pieces are in the plain set v4, the others in v4net.
+        // The /32 pieces are in the plain set v4, the others in the sets per length.
         let nets: Vec<ipnet::Ipv4Net> = common::nft_bans(&h.ns, "fleetban", "v4")
             .iter()
             .map(|(e, _)| match e.contains('/') {

@@ -116,7 +116,8 @@ fn assert_about(ms: Option<u64>, want: i64, what: &str) {
 async fn init_is_idempotent_and_keeps_the_kernels_elements() {
     let (ns, mut e, now) = initialised().await;
     e.init(now).await.unwrap();
-    assert_eq!(chain_rules(&ns).len(), 4);
+    // The fixed sets' two rules; a set per length gets its rule with it.
+    assert_eq!(chain_rules(&ns).len(), 2);
     e.add(
         &[
             ban("192.0.2.1", Until::At(now + HOUR)),
@@ -134,13 +135,18 @@ async fn init_is_idempotent_and_keeps_the_kernels_elements() {
     assert_eq!((again.len(), again.desired_len()), (2, 2));
     assert_eq!(elem_names(&ns, "v4"), ["192.0.2.1"]);
     assert_eq!(elem_names(&ns, "v6"), ["2001:db8::/64"]);
-    assert_eq!(chain_rules(&ns).len(), 4, "rules not duplicated");
+    assert_eq!(chain_rules(&ns).len(), 2, "rules not duplicated");
     // It knows them: a broader ban replaces the kept one.
     again
         .add(&[ban("192.0.2.0/24", Until::At(now + HOUR))], now_ms())
         .await
         .unwrap();
     assert_eq!(elem_names(&ns, "v4"), ["192.0.2.0/24"]);
+    assert_eq!(chain_rules(&ns).len(), 3, "v4n24's rule");
+    // Read back by another restart: the set per length and its rule kept.
+    let mut third = enforcer(&ns);
+    third.init(now_ms()).await.unwrap();
+    assert_eq!((third.len(), chain_rules(&ns).len()), (2, 3));
 }
 
 #[tokio::test]
@@ -250,7 +256,7 @@ async fn replace_all_adds_missing_removes_stale_refreshes_changed() {
     let stats = e.replace_all(&want, now_ms()).await.unwrap();
     assert_eq!(stats.added, 3);
     assert_eq!(elem_names(&ns, "v4"), ["10.1.0.2", "10.1.0.3", "10.1.0.4"]);
-    assert_eq!(chain_rules(&ns).len(), 4);
+    assert_eq!(chain_rules(&ns).len(), 2);
 }
 
 #[tokio::test]
@@ -343,17 +349,21 @@ async fn recovers_when_the_kernel_changed_behind_its_back() {
     // Someone deletes one of ours and adds another by hand.
     let out = nft_script(
         &ns,
-        "delete element inet fleetban v4 { 10.3.0.1 }\nadd element inet fleetban v4net { 10.3.1.0/24 }\n",
+        "delete element inet fleetban v4 { 10.3.0.1 }\nadd element inet fleetban v4 { 10.3.1.1 }\n",
     );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // Our delete of 10.3.0.1 fails ("element does not exist"); the retry
-    // re-reads the kernel, and its plan also drops the unwanted /24.
+    // re-reads the kernel, and its plan also drops the unwanted address.
     e.remove(&[net("10.3.0.1")], now).await.unwrap();
     assert_eq!(elem_names(&ns, "v4"), ["10.3.0.2"]);
-    // A covering element added by hand (in the interval set) is not ours:
-    // our add (to the plain set) no longer collides with it, and the next
-    // reconcile deletes it.
-    let out = nft_script(&ns, "add element inet fleetban v4net { 10.3.2.0/24 }\n");
+    // A covering network added by hand (a set per length, without its
+    // rule) is not ours: our add does not collide with it, and the next
+    // reconcile deletes it (and installs the rule).
+    let out = nft_script(
+        &ns,
+        "add set inet fleetban v4n24 { type ipv4_addr; flags timeout; }\n\
+         add element inet fleetban v4n24 { 10.3.2.0 }\n",
+    );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     e.add(&[ban("10.3.2.9", h)], now).await.unwrap();
     assert_eq!(elem_names(&ns, "v4"), ["10.3.0.2", "10.3.2.0/24", "10.3.2.9"]);
@@ -412,7 +422,7 @@ async fn flush_deletes_the_table() {
                               // The next ban re-creates the table.
     e.add(&[ban("10.5.0.2", Until::At(now + HOUR))], now).await.unwrap();
     assert_eq!(elem_names(&ns, "v4"), ["10.5.0.2"]);
-    assert_eq!(chain_rules(&ns).len(), 4);
+    assert_eq!(chain_rules(&ns).len(), 2);
 }
 
 /// The protocol of a rule's match: `ip saddr`, or `ip6 saddr & MASK` for
@@ -426,9 +436,15 @@ fn proto_of(left: &Value) -> &str {
 }
 
 #[tokio::test]
-async fn action_and_ports_shape_the_four_rules() {
+async fn action_and_ports_shape_the_rules() {
     let (ns, mut e, now) = initialised().await;
-    e.add(&[ban("10.6.0.1", Until::At(now + HOUR))], now).await.unwrap();
+    let h = Until::At(now + HOUR);
+    e.add(
+        &[ban("10.6.0.1", h), ban("10.7.0.0/24", h), ban("2001:db8:6::/48", h)],
+        now,
+    )
+    .await
+    .unwrap();
     let chain = nft_json(&ns, &["list", "chain", "inet", "fleetban", "input"]);
     let c = chain["nftables"][1]["chain"].clone();
     assert_eq!(
@@ -438,7 +454,7 @@ async fn action_and_ports_shape_the_four_rules() {
     assert_eq!((c["prio"].as_i64(), c["policy"].as_str()), (Some(-10), Some("accept")));
     let rules = chain_rules(&ns);
     assert_eq!(rules.len(), 4);
-    let sets = [("ip", "@v4"), ("ip6", "@v6"), ("ip", "@v4net"), ("ip6", "@v6net")];
+    let sets = [("ip", "@v4"), ("ip6", "@v6"), ("ip", "@v4n24"), ("ip6", "@v6n48")];
     for (rule, (proto, set)) in rules.iter().zip(sets) {
         let expr = rule["expr"].as_array().unwrap();
         assert_eq!(expr.len(), 3, "{rule}");
@@ -467,7 +483,7 @@ async fn action_and_ports_shape_the_four_rules() {
         assert!(expr[2].get("counter").is_some());
         assert!(expr[3].get("reject").is_some(), "{rule}");
     }
-    assert_eq!(elem_names(&ns, "v4"), ["10.6.0.1"]);
+    assert_eq!(elem_names(&ns, "v4"), ["10.6.0.1", "10.7.0.0/24"]);
     // Same options again: the rules (and their counters) stay as they are.
     let handles: Vec<Value> = rules.iter().map(|r| r["handle"].clone()).collect();
     let mut e = Enforcer::nft(NftOptions {
@@ -585,9 +601,56 @@ async fn a_table_in_the_old_two_interval_sets_layout_is_recreated() {
     )
     .await
     .unwrap();
-    assert_eq!(chain_rules(&ns).len(), 4);
+    assert_eq!(chain_rules(&ns).len(), 3);
     let set = nft_json(&ns, &["list", "set", "inet", "fleetban", "v4"]);
     assert_eq!(set["nftables"][1]["set"]["flags"], serde_json::json!(["timeout"]));
     assert_eq!(elem_names(&ns, "v4"), ["10.8.0.0/24", "10.8.1.1"]);
     assert_eq!(elem_names(&ns, "v6"), ["2001:db8:8::/64"]);
+}
+
+#[tokio::test]
+async fn a_table_with_the_interval_sets_v4net_v6net_moves_to_sets_per_length() {
+    let ns = netns();
+    // The layout before issue 27, as a previous version left it.
+    let out = nft_script(
+        &ns,
+        "add table inet fleetban\n\
+         add set inet fleetban v4 { type ipv4_addr; flags timeout; }\n\
+         add set inet fleetban v6 { type ipv6_addr; flags timeout; }\n\
+         add set inet fleetban v4net { type ipv4_addr; flags interval, timeout; }\n\
+         add set inet fleetban v6net { type ipv6_addr; flags interval, timeout; }\n\
+         add chain inet fleetban input { type filter hook input priority -10; policy accept; }\n\
+         add rule inet fleetban input ip saddr @v4 counter drop comment \"fleetban v4 drop\"\n\
+         add rule inet fleetban input ip6 saddr & ffff:ffff:ffff:ffff:: @v6 counter drop comment \"fleetban v6 drop\"\n\
+         add rule inet fleetban input ip saddr @v4net counter drop comment \"fleetban v4net drop\"\n\
+         add rule inet fleetban input ip6 saddr @v6net counter drop comment \"fleetban v6net drop\"\n\
+         add element inet fleetban v4 { 10.9.0.1 timeout 1h }\n\
+         add element inet fleetban v4net { 10.9.1.0/24 timeout 1h }\n\
+         add element inet fleetban v6net { 2001:db8:9::/48 timeout 1h }\n",
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let now = now_ms();
+    let mut e = enforcer(&ns);
+    e.init(now).await.unwrap();
+    let h = Until::At(now + HOUR);
+    let stats = e
+        .replace_all(
+            &[ban("10.9.0.1", h), ban("10.9.1.0/24", h), ban("2001:db8:9::/48", h)],
+            now,
+        )
+        .await
+        .unwrap();
+    assert_eq!((stats.added, stats.unchanged), (2, 1), "{stats:?}");
+    let sets = nft_json(&ns, &["list", "sets", "inet"]);
+    let mut names: Vec<&str> = sets["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["set"]["name"].as_str())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, ["v4", "v4n24", "v6", "v6n48"]);
+    assert_eq!(chain_rules(&ns).len(), 4);
+    assert_eq!(elem_names(&ns, "v4"), ["10.9.0.1", "10.9.1.0/24"]);
+    assert_eq!(elem_names(&ns, "v6"), ["2001:db8:9::/48"]);
 }

@@ -31,15 +31,18 @@ pub(crate) const BLOCK_PRIO: i64 = -11;
 /// The interval sets of the first layout, deleted by a full load.
 const LEGACY_SETS: [(&str, &str); 2] = [("block4", "ipv4_addr"), ("block6", "ipv6_addr")];
 
-/// The set of a family (IPv6 or not) and a prefix length.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Length {
-    v6: bool,
-    len: u8,
+/// The set of a family (IPv6 or not) and a prefix length; the ban sets of
+/// networks (`script.rs`) are named by it too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct Length {
+    /// IPv6 (else IPv4).
+    pub v6: bool,
+    /// The prefix length, at most the family's width.
+    pub len: u8,
 }
 
 impl Length {
-    fn of(net: &IpNet) -> Length {
+    pub(crate) fn of(net: &IpNet) -> Length {
         Length {
             v6: net.addr().is_ipv6(),
             len: net.prefix_len(),
@@ -57,7 +60,27 @@ impl Length {
         format!("block{}_{}", if self.v6 { 6 } else { 4 }, self.len)
     }
 
-    fn ty(self) -> &'static str {
+    /// The ban set of this length: `v4n24`, `v6n56`.
+    pub(crate) fn ban_set(self) -> String {
+        format!("v{}n{}", if self.v6 { 6 } else { 4 }, self.len)
+    }
+
+    /// The length a ban set's name stands for (`v4n24`), if it is one.
+    pub(crate) fn of_ban_set(name: &str) -> Option<Length> {
+        let (v6, digits) = match name.get(..3) {
+            Some("v4n") => (false, &name[3..]),
+            Some("v6n") => (true, &name[3..]),
+            _ => return None,
+        };
+        if digits.is_empty() || digits.len() > 3 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let len: u8 = digits.parse().ok()?;
+        let fits = len <= if v6 { 128 } else { 32 };
+        (fits && digits == len.to_string()).then_some(Length { v6, len })
+    }
+
+    pub(crate) fn ty(self) -> &'static str {
         if self.v6 {
             "ipv6_addr"
         } else {
@@ -67,19 +90,19 @@ impl Length {
 
     /// `ip saddr & 255.255.255.0`, `ip6 saddr & ffff:ffff:ffff::`, or
     /// the bare field for a whole address.
-    fn matcher(self) -> String {
+    pub(crate) fn matcher(self) -> String {
         let (field, max) = if self.v6 { ("ip6 saddr", 128) } else { ("ip saddr", 32) };
         if self.len == max {
             return field.to_owned();
         }
         let mask = match self.v6 {
             false => {
-                IpNet::V4(ipnet::Ipv4Net::new(std::net::Ipv4Addr::UNSPECIFIED, self.len).expect("a length of 1-31"))
+                IpNet::V4(ipnet::Ipv4Net::new(std::net::Ipv4Addr::UNSPECIFIED, self.len).expect("a length of 0-31"))
                     .netmask()
                     .to_string()
             }
             true => {
-                IpNet::V6(ipnet::Ipv6Net::new(std::net::Ipv6Addr::UNSPECIFIED, self.len).expect("a length of 1-127"))
+                IpNet::V6(ipnet::Ipv6Net::new(std::net::Ipv6Addr::UNSPECIFIED, self.len).expect("a length of 0-127"))
                     .netmask()
                     .to_string()
             }

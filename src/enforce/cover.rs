@@ -2,10 +2,12 @@
 //! holds, and the element changes that take one to the other.
 //!
 //! `desired` (net -> until) is what callers asked for. `applied` is what we
-//! believe the kernel's interval sets hold, keyed by the start of each span;
-//! the kernel refuses overlapping intervals, so applied spans are disjoint
-//! and the only span that can contain an address is the last one starting at
-//! or before it.
+//! believe the kernel's sets hold, keyed by the start of each span; the
+//! cover keeps applied spans disjoint (the interval sets of earlier layouts
+//! refused overlaps; the plain sets per length would take them, but a
+//! narrower ban inside a wider one would only cost an element), so the only
+//! span that can contain an address is the last one starting at or before
+//! it.
 //!
 //! The plan puts into the kernel the desired nets not strictly inside another
 //! desired net (the *cover*); a covered net comes back by itself once its
@@ -363,10 +365,10 @@ impl Book {
     }
 
     /// The plan for a few changed nets alone (already desired/undesired),
-    /// or None when they need [`Book::plan`]: only single elements of the
-    /// plain sets (an IPv4 address, an IPv6 /64) that no wanted net covers or
-    /// is covered by, with nothing else in the kernel overlapping them and
-    /// no applied element of theirs near its end. For those the full plan
+    /// or None when they need [`Book::plan`]: only nets (of any length:
+    /// every set is plain since issue 27) that no wanted net covers or is
+    /// covered by, with nothing else in the kernel overlapping them and no
+    /// applied element of theirs near its end. For those the full plan
     /// would produce exactly these changes; the other bans are untouched.
     pub fn plan_for(&self, nets: &[IpNet], now: i64) -> Option<Plan> {
         const MAX: usize = 64;
@@ -381,11 +383,7 @@ impl Book {
             ..Plan::default()
         };
         for net in nets {
-            let plain = match net {
-                IpNet::V4(n) => n.prefix_len() == 32,
-                IpNet::V6(n) => n.prefix_len() == 64,
-            };
-            if !plain || self.covered(&net) || self.covers_another(&net) {
+            if self.covered(&net) || self.covers_another(&net) {
                 return None;
             }
             let span = Span::of(&net);
@@ -822,6 +820,10 @@ pub(crate) mod tests {
             "2001:db8::/48",
             "2001:db8::1/128",
             "2001:db9::/64",
+            "10.0.2.0/24",
+            "10.0.2.128/25",
+            "192.0.2.0/31",
+            "2001:dba::/48",
         ]
         .iter()
         .map(|s| s.parse().unwrap())

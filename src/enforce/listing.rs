@@ -1,7 +1,8 @@
 //! Reading the kernel back: `nft -j list table inet T` parsed into the
-//! elements of the four sets (`script::SETS`; the plain `v6` set's addresses
-//! stand for /64s) and whether table, sets, chain and rules are as
-//! configured.
+//! elements of the two fixed sets (`script::SETS`; the plain `v6` set's
+//! addresses stand for /64s) and of the sets per prefix length (`v4n24`:
+//! each address stands for its /24), and whether table, sets, chain and
+//! rules are as configured (the old layout's interval sets are deleted).
 //!
 //! nft 1.0.6 lists an element as `"1.2.3.4"`, `{"prefix":{"addr","len"}}`,
 //! `{"range":[lo,hi]}`, or any of these wrapped in
@@ -20,14 +21,16 @@
 //! `Value` and 170 ms with the crate, whose untagged expression enums
 //! buffer and retry each element.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::net::IpAddr;
 
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
+use super::block::Length;
 use super::cover::{span_from, Span};
-use super::script::{self, Preamble};
+use super::script::{self, Home, Preamble};
 use super::{NftOptions, Until};
 
 /// What the kernel holds for our table.
@@ -39,6 +42,8 @@ pub(crate) struct KernelView {
     pub elems: Vec<(Span, Until)>,
     /// Elements in a shape we do not know; they are left alone.
     pub unknown: usize,
+    /// The sets per prefix length that are right (a wrong one is deleted).
+    pub lengths: BTreeSet<Length>,
 }
 
 impl KernelView {
@@ -62,7 +67,8 @@ enum State {
 pub(crate) fn parse(json: &[u8], opts: &NftOptions, now: i64) -> Result<KernelView, String> {
     let listing: Listing = serde_json::from_slice(json).map_err(|e| e.to_string())?;
     let mut view = KernelView::default();
-    let mut sets = [State::Missing; 4];
+    let mut sets = [State::Missing; 2];
+    let mut delete_sets: Vec<String> = Vec::new();
     let mut chain = State::Missing;
     let mut comments: Vec<Option<String>> = Vec::new();
     let ours = |family: &Option<String>, table: &Option<String>| {
@@ -70,27 +76,44 @@ pub(crate) fn parse(json: &[u8], opts: &NftOptions, now: i64) -> Result<KernelVi
     };
     for object in listing.nftables {
         if let Some(set) = object.set.filter(|s| ours(&s.family, &s.table)) {
-            let Some(index) = script::SETS.iter().position(|s| Some(s.0) == set.name.as_deref()) else {
+            let name = set.name.as_deref().unwrap_or_default();
+            let (home, want_type) = if let Some(index) = script::SETS.iter().position(|s| s.0 == name) {
+                (Home::Fixed(index), script::SETS[index].1)
+            } else if let Some(l) = Length::of_ban_set(name) {
+                (Home::Net(l), l.ty())
+            } else {
+                if script::LEGACY_SETS.contains(&name) {
+                    delete_sets.push(name.to_owned());
+                }
                 continue;
             };
-            let (_, want_type, interval, _) = script::SETS[index];
-            let state = &mut sets[index];
-            *state = if set.is_right(want_type, interval) {
-                State::Right
-            } else {
-                State::Wrong
-            };
-            if *state == State::Right {
-                for listed in set.elem {
-                    match listed.element(now) {
-                        // The plain `v6` set holds /64s by their network address.
-                        Some((sp, u)) if index == 1 => match ipnet::IpNet::new(sp.lo, 64) {
-                            Ok(n) if sp.lo == sp.hi => view.elems.push((Span::of(&n.trunc()), u)),
+            let right = set.is_right(want_type, false);
+            match home {
+                Home::Fixed(i) => sets[i] = if right { State::Right } else { State::Wrong },
+                Home::Net(l) if right => {
+                    view.lengths.insert(l);
+                }
+                Home::Net(_) => {}
+            }
+            if !right {
+                delete_sets.push(name.to_owned());
+                continue;
+            }
+            for listed in set.elem {
+                match (listed.element(now), home) {
+                    (Some((sp, u)), Home::Fixed(0)) => view.elems.push((sp, u)),
+                    // The other sets hold networks by their address.
+                    (Some((sp, u)), _) => {
+                        let len = match home {
+                            Home::Net(l) => l.len,
+                            Home::Fixed(_) => 64,
+                        };
+                        match ipnet::IpNet::new(sp.lo, len) {
+                            Ok(n) if sp.lo == sp.hi && n.network() == sp.lo => view.elems.push((Span::of(&n), u)),
                             _ => view.unknown += 1,
-                        },
-                        Some(el) => view.elems.push(el),
-                        None => view.unknown += 1,
+                        }
                     }
+                    (None, _) => view.unknown += 1,
                 }
             }
         } else if let Some(c) = object.chain.filter(|c| ours(&c.family, &c.table)) {
@@ -103,24 +126,39 @@ pub(crate) fn parse(json: &[u8], opts: &NftOptions, now: i64) -> Result<KernelVi
             }
         }
     }
-    let want: Vec<String> = script::SETS.iter().map(|s| script::rule_comment(s.0, opts)).collect();
-    let rules_right = chain == State::Right
-        && comments
-            .iter()
-            .map(Option::as_deref)
-            .eq(want.iter().map(|c| Some(c.as_str())));
+    // One rule per set, in any order (the sets per length get theirs as
+    // they are created).
+    let mut want: Vec<Option<String>> = script::SETS
+        .iter()
+        .map(|s| s.0.to_owned())
+        .chain(view.lengths.iter().map(|l| l.ban_set()))
+        .map(|name| Some(script::rule_comment(&name, opts)))
+        .collect();
+    want.sort_unstable();
+    comments.sort_unstable();
+    let rules_right = chain == State::Right && comments == want;
     let mut p = Preamble {
-        delete_sets: sets.map(|s| s == State::Wrong),
+        delete_sets,
         delete_chain: chain == State::Wrong,
         ..Preamble::default()
     };
-    p.flush_chain_first = chain != State::Missing && (p.delete_sets.contains(&true) || p.delete_chain);
+    p.flush_chain_first = chain != State::Missing && (!p.delete_sets.is_empty() || p.delete_chain);
     p.rules = !rules_right || p.flush_chain_first;
     let missing = sets.contains(&State::Missing) || chain == State::Missing;
     if missing || p != Preamble::default() {
         view.preamble = Some(p);
     }
     Ok(view)
+}
+
+/// Whether `nft -j list chains inet` shows our table's chain `input`.
+pub(crate) fn has_chain(json: &[u8], opts: &NftOptions) -> Result<bool, String> {
+    let listing: Listing = serde_json::from_slice(json).map_err(|e| e.to_string())?;
+    Ok(listing.nftables.into_iter().filter_map(|o| o.chain).any(|c| {
+        c.family.as_deref() == Some("inet")
+            && c.table.as_deref() == Some(opts.table.as_str())
+            && c.name.as_deref() == Some(script::CHAIN)
+    }))
 }
 
 /// For `benches/listing.rs` only: (elements read, elements of unknown shape).
@@ -391,24 +429,27 @@ mod tests {
           {"elem": {"val": "1.2.3.4", "timeout": 5, "expires": 4}}, "5.5.5.5"]}},
       {"set": {"family": "inet", "name": "v6", "table": "fleetban", "type": "ipv6_addr", "handle": 3,
         "flags": ["timeout"], "elem": [{"elem": {"val": "2001:db8::", "timeout": 60, "expires": 59}}]}},
-      {"set": {"family": "inet", "name": "v4net", "table": "fleetban", "type": "ipv4_addr", "handle": 4,
-        "flags": ["interval", "timeout"], "elem": [
-          {"elem": {"val": {"prefix": {"addr": "10.0.0.0", "len": 16}}, "timeout": 10, "expires": 9}},
-          {"elem": {"val": {"range": ["20.0.0.1", "20.0.0.5"]}, "timeout": 100, "expires": 99}},
-          {"prefix": {"addr": "30.0.0.0", "len": 31}}, {"concat": [1, 2]}]}},
-      {"set": {"family": "inet", "name": "v6net", "table": "fleetban", "type": "ipv6_addr", "handle": 5,
-        "flags": ["interval", "timeout"], "elem": [{"prefix": {"addr": "2001:db8:1::", "len": 48}}]}},
+      {"set": {"family": "inet", "name": "v4n16", "table": "fleetban", "type": "ipv4_addr", "handle": 4,
+        "flags": ["timeout"], "elem": [
+          {"elem": {"val": "10.0.0.0", "timeout": 10, "expires": 9}}, "10.1.0.0",
+          {"concat": [1, 2]}, "10.2.0.1"]}},
+      {"set": {"family": "inet", "name": "v4n31", "table": "fleetban", "type": "ipv4_addr", "handle": 5,
+        "flags": ["timeout"], "elem": ["30.0.0.0"]}},
+      {"set": {"family": "inet", "name": "v6n48", "table": "fleetban", "type": "ipv6_addr", "handle": 6,
+        "flags": ["timeout"], "elem": ["2001:db8:1::"]}},
       {"chain": {"family": "inet", "table": "fleetban", "name": "input", "handle": 1, "type": "filter", "hook": "input", "prio": -10, "policy": "accept"}},
       {"rule": {"family": "inet", "table": "fleetban", "chain": "input", "handle": 6, "comment": "fleetban v4 drop", "expr": []}},
       {"rule": {"family": "inet", "table": "fleetban", "chain": "input", "handle": 7, "comment": "fleetban v6 drop", "expr": []}},
-      {"rule": {"family": "inet", "table": "fleetban", "chain": "input", "handle": 8, "comment": "fleetban v4net drop", "expr": []}},
-      {"rule": {"family": "inet", "table": "fleetban", "chain": "input", "handle": 9, "comment": "fleetban v6net drop", "expr": []}}]}"#;
+      {"rule": {"family": "inet", "table": "fleetban", "chain": "input", "handle": 8, "comment": "fleetban v6n48 drop", "expr": []}},
+      {"rule": {"family": "inet", "table": "fleetban", "chain": "input", "handle": 9, "comment": "fleetban v4n16 drop", "expr": []}},
+      {"rule": {"family": "inet", "table": "fleetban", "chain": "input", "handle": 10, "comment": "fleetban v4n31 drop", "expr": []}}]}"#;
 
     #[test]
     fn parses_every_element_shape() {
         let view = parse(LISTING.as_bytes(), &NftOptions::default(), 0).unwrap();
         assert_eq!(view.preamble, None);
-        assert_eq!(view.unknown, 1);
+        // The concat, and an address with host bits in the /16 set.
+        assert_eq!(view.unknown, 2);
         let got: Vec<(String, Until)> = view.elems.iter().map(|(s, u)| (s.to_string(), *u)).collect();
         assert_eq!(
             got,
@@ -417,7 +458,7 @@ mod tests {
                 ("5.5.5.5".to_string(), Until::Permanent),
                 ("2001:db8::/64".to_string(), Until::At(59_000)),
                 ("10.0.0.0/16".to_string(), Until::At(9_000)),
-                ("20.0.0.1-20.0.0.5".to_string(), Until::At(99_000)),
+                ("10.1.0.0/16".to_string(), Until::Permanent),
                 ("30.0.0.0/31".to_string(), Until::Permanent),
                 ("2001:db8:1::/48".to_string(), Until::Permanent),
             ]
@@ -452,13 +493,13 @@ mod tests {
         let elems = format!(r#"{}, "9.9.9.9""#, odd.join(", "));
         let view = parse(with_v4_elems(&elems).as_bytes(), &NftOptions::default(), 0).unwrap();
         assert_eq!(view.preamble, None);
-        // LISTING's own unknown one (v4net's concat) and these.
-        assert_eq!(view.unknown, 1 + odd.len());
+        // LISTING's own unknown ones (in v4n16) and these.
+        assert_eq!(view.unknown, 2 + odd.len());
         assert_eq!(view.elems[0].0.to_string(), "9.9.9.9");
         assert_eq!(view.elems.len(), 1 + 5, "9.9.9.9 and the other sets' elements");
         // An IPv4 address in the IPv6 /64 set is not one of ours either.
         let v6 = LISTING.replacen(r#""val": "2001:db8::""#, r#""val": "1.2.3.4""#, 1);
-        assert_eq!(parse(v6.as_bytes(), &NftOptions::default(), 0).unwrap().unknown, 2);
+        assert_eq!(parse(v6.as_bytes(), &NftOptions::default(), 0).unwrap().unknown, 3);
     }
 
     #[test]
@@ -478,7 +519,7 @@ mod tests {
         );
         let view = parse(doc.as_bytes(), &NftOptions::default(), 0).unwrap();
         assert_eq!(view.preamble, None);
-        assert_eq!((view.elems.len(), view.unknown), (7, 1));
+        assert_eq!((view.elems.len(), view.unknown), (7, 2));
     }
 
     #[test]
@@ -489,29 +530,47 @@ mod tests {
             (
                 r#""type": "ipv4_addr", "handle": 2"#,
                 r#""type": ["ipv4_addr", "inet_service"], "handle": 2"#,
-                [true, false, false, false],
+                vec!["v4"],
                 false,
             ),
-            (
-                r#""flags": ["timeout"]"#,
-                r#""flags": "timeout""#,
-                [true, false, false, false],
-                false,
-            ),
-            (r#""prio": -10"#, r#""prio": "filter""#, [false; 4], true),
-            (r#""hook": "input""#, r#""hook": "forward""#, [false; 4], true),
-            (r#""policy": "accept""#, r#""policy": 1"#, [false; 4], true),
+            (r#""flags": ["timeout"]"#, r#""flags": "timeout""#, vec!["v4"], false),
+            (r#""prio": -10"#, r#""prio": "filter""#, vec![], true),
+            (r#""hook": "input""#, r#""hook": "forward""#, vec![], true),
+            (r#""policy": "accept""#, r#""policy": 1"#, vec![], true),
         ] {
             let doc = LISTING.replacen(from, to, 1);
             assert_ne!(doc, LISTING, "{from}");
             let p = parse(doc.as_bytes(), &opts, 0).unwrap().preamble.unwrap();
-            assert_eq!((p.delete_sets, p.delete_chain), (sets, chain), "{to}");
+            assert_eq!(
+                (
+                    p.delete_sets.iter().map(String::as_str).collect::<Vec<_>>(),
+                    p.delete_chain
+                ),
+                (sets, chain),
+                "{to}"
+            );
             assert!(p.flush_chain_first && p.rules, "{to}");
         }
         // The table without our sets and chain: all created.
         let empty = r#"{"nftables": [{"table": {"family": "inet", "name": "fleetban", "handle": 1}}]}"#;
         let view = parse(empty.as_bytes(), &opts, 0).unwrap();
         assert_eq!(view.preamble, Some(Preamble::create()));
+    }
+
+    #[test]
+    fn the_chain_listing_says_whether_the_table_is_there() {
+        let opts = NftOptions::default();
+        let chains = r#"{"nftables": [{"metainfo": {"version": "1.0.6"}},
+          {"chain": {"family": "inet", "table": "other", "name": "input", "handle": 1}},
+          {"chain": {"family": "inet", "table": "fleetban", "name": "blocklist", "handle": 2}}"#;
+        let without = format!("{chains}]}}");
+        assert_eq!(has_chain(without.as_bytes(), &opts), Ok(false));
+        let with = format!(
+            r#"{chains}, {{"chain": {{"family": "inet", "table": "fleetban", "name": "input", "handle": 3}}}}]}}"#
+        );
+        assert_eq!(has_chain(with.as_bytes(), &opts), Ok(true));
+        assert_eq!(has_chain(br#"{"nftables": []}"#, &opts), Ok(false));
+        assert!(has_chain(b"no", &opts).is_err());
     }
 
     #[test]
@@ -546,7 +605,51 @@ mod tests {
         let bad = LISTING.replacen(r#""flags": ["timeout"]"#, r#""flags": ["interval", "timeout"]"#, 1);
         let view = parse(bad.as_bytes(), &NftOptions::default(), 0).unwrap();
         let p = view.preamble.unwrap();
-        assert!(p.delete_sets == [true, false, false, false] && p.flush_chain_first && p.rules);
+        assert!(p.delete_sets == ["v4"] && p.flush_chain_first && p.rules);
         assert_eq!(view.elems.len(), 5, "the other sets' elements are kept");
+    }
+
+    #[test]
+    fn sets_per_length_are_read_and_the_old_layout_deleted() {
+        let opts = NftOptions::default();
+        let view = parse(LISTING.as_bytes(), &opts, 0).unwrap();
+        let names: Vec<String> = view.lengths.iter().map(|l| l.ban_set()).collect();
+        assert_eq!(names, ["v4n16", "v4n31", "v6n48"]);
+        // A set per length of the wrong kind: deleted, its elements not read
+        // (the plan puts them back into a new one).
+        let bad = LISTING.replacen(
+            r#""name": "v4n31", "table": "fleetban", "type": "ipv4_addr", "handle": 5,
+        "flags": ["timeout"]"#,
+            r#""name": "v4n31", "table": "fleetban", "type": "ipv4_addr", "handle": 5,
+        "flags": ["interval", "timeout"]"#,
+            1,
+        );
+        assert_ne!(bad, LISTING);
+        let view = parse(bad.as_bytes(), &opts, 0).unwrap();
+        let p = view.preamble.unwrap();
+        assert!(p.delete_sets == ["v4n31"] && p.flush_chain_first && p.rules, "{p}");
+        assert!(!view.elems.iter().any(|(s, _)| s.to_string() == "30.0.0.0/31"));
+        assert_eq!(view.lengths.len(), 2);
+        // The interval sets of the old layout: deleted, their elements not read.
+        let old = LISTING.replacen(
+            r#"{"chain": {"family": "inet", "table": "fleetban", "name": "input","#,
+            r#"{"set": {"family": "inet", "name": "v4net", "table": "fleetban", "type": "ipv4_addr", "handle": 30,
+              "flags": ["interval", "timeout"], "elem": [{"prefix": {"addr": "40.0.0.0", "len": 8}}]}},
+            {"chain": {"family": "inet", "table": "fleetban", "name": "input","#,
+            1,
+        );
+        let view = parse(old.as_bytes(), &opts, 0).unwrap();
+        let p = view.preamble.unwrap();
+        assert!(p.delete_sets == ["v4net"] && p.flush_chain_first && p.rules, "{p}");
+        assert_eq!(view.elems.len(), 7);
+        // A set per length without its rule, or a rule without its set.
+        for (from, to) in [
+            (r#""comment": "fleetban v4n31 drop""#, r#""comment": "something else""#),
+            (r#""name": "v4n31""#, r#""name": "other""#),
+        ] {
+            let doc = LISTING.replacen(from, to, 1);
+            let p = parse(doc.as_bytes(), &opts, 0).unwrap().preamble.unwrap();
+            assert!(p.rules && p.delete_sets.is_empty(), "{to}: {p}");
+        }
     }
 }

@@ -1,9 +1,9 @@
 //! Enforcement: the last step of the flow, ban -> nft element.
 //!
-//! An [`Enforcer`] keeps the kernel's nftables sets (`table inet fleetban`:
-//! plain sets `v4`/`v6` for single IPv4 addresses and IPv6 /64s, interval
-//! sets `v4net`/`v6net` for other prefixes; `script::SETS` says why) equal
-//! to the bans it is given. It is policy-free: it
+//! An [`Enforcer`] keeps the kernel's nftables sets (`table inet fleetban`,
+//! all plain: `v4`/`v6` for single IPv4 addresses and IPv6 /64s, one set
+//! `v4nL`/`v6nL` per other prefix length in use; `script::SETS` says why)
+//! equal to the bans it is given. It is policy-free: it
 //! bans exactly what it is told (allow lists, loopback and the safety valve
 //! live in `bans`). Two implementations share one bookkeeping:
 //!
@@ -13,8 +13,7 @@
 //!
 //! The bookkeeping (`cover.rs`) is pure: it keeps what callers want (desired)
 //! apart from what the kernel holds (applied) and plans the element changes.
-//! Interval sets reject overlapping elements, so an element inside a broader
-//! one is "covered": left out of the kernel while the broader one drops its
+//! An element inside a broader one is "covered": left out of the kernel while the broader one drops its
 //! traffic, and added back when the broader one goes. `script.rs` renders a
 //! plan as nft text and `listing.rs` parses the kernel's JSON listing.
 //!

@@ -10,10 +10,11 @@
 //! `check` notices a table that vanished between calls.
 //!
 //! Cost on nft 1.0.6 / kernel 6.18: loading 100k elements into an empty set
-//! takes ~0.7 s; but nft reads a whole interval set into its cache before
-//! any element change, so every later transaction and every listing costs
-//! ~1.5-2 s at 100k elements (~50 ms at 10k).
+//! takes ~0.7 s; nft reads a whole interval set into its cache before any
+//! element change (~1.5-2 s per transaction at 100k elements), which is why
+//! every ban set is plain (`script.rs`).
 
+use std::collections::BTreeSet;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -21,7 +22,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 use tracing::{debug, info, warn};
 
-use super::block::{self, BlockApplied, BlockState};
+use super::block::{self, BlockApplied, BlockState, Length};
 use super::cover::{Book, Plan};
 use super::listing::{self, KernelView};
 use super::script::{self, Preamble};
@@ -51,6 +52,9 @@ pub struct NftEnforcer {
     fresh: Option<Instant>,
     /// The blocklist sets' elements (`block.rs`).
     block: BlockState,
+    /// The ban sets per prefix length the kernel holds (with their rules):
+    /// a transaction adding to another length creates its set first.
+    lengths: BTreeSet<Length>,
 }
 
 impl NftEnforcer {
@@ -75,6 +79,7 @@ impl NftEnforcer {
             stale: true,
             fresh: None,
             block: BlockState::default(),
+            lengths: BTreeSet::new(),
         })
     }
 
@@ -116,7 +121,7 @@ impl NftEnforcer {
     pub async fn init(&mut self, now_ms: i64) -> Result<(), EnforceError> {
         self.reload(now_ms).await?;
         self.book.desire_applied();
-        if let Some(p) = self.preamble {
+        if let Some(p) = &self.preamble {
             info!(table = %self.opts.table, work = %p, "creating or repairing the nftables table");
             self.transact(&Plan::default(), now_ms).await?;
         }
@@ -165,22 +170,21 @@ impl NftEnforcer {
         self.book.wake()
     }
 
-    /// Whether the table is still in the kernel, asked by listing its small
-    /// set `v6net` (other IPv6 networks than /64s: few). nft 1.0.6 fetches
-    /// every element of every set for `list tables` (0.4 s with 100k bans,
-    /// 1.3 s with a 100k interval set, every 5 s), but only the one set
-    /// for `list set`. When it is gone (`nft flush ruleset`, an nftables
-    /// service reload) it is re-created with every wanted ban and the stats
-    /// of that load are returned.
+    /// Whether the table is still in the kernel, asked by listing the
+    /// `inet` chains (`nft -j list chains inet`). nft 1.0.6 fetches every
+    /// element of every set for `list tables` and even `list chain` (1.0-1.5
+    /// s with 100k bans, every 5 s), but none for `list chains`. When the
+    /// table or its chain is gone (`nft flush ruleset`, an nftables service
+    /// reload) it is re-created with every wanted ban and the stats of that
+    /// load are returned.
     pub async fn check(&mut self, now_ms: i64) -> Result<Option<ReconcileStats>, EnforceError> {
-        let set = super::script::SETS[3].0;
-        match self
-            .run("list set", &["list", "set", "inet", &self.opts.table, set], None)
-            .await
-        {
-            Ok(_) => return Ok(None),
-            Err(EnforceError::Nft { stderr, .. }) if is_enoent(&stderr) => {}
-            Err(e) => return Err(e),
+        let out = self.run("list chains", &["-j", "list", "chains", "inet"], None).await?;
+        let present = listing::has_chain(&out, &self.opts).map_err(|detail| EnforceError::Listing {
+            table: self.opts.table.clone(),
+            detail,
+        })?;
+        if present {
+            return Ok(None);
         }
         self.stale = true;
         // The blocklist sets went with the table: the next load is whole.
@@ -211,6 +215,7 @@ impl NftEnforcer {
         };
         self.book.clear();
         self.block = BlockState::default();
+        self.lengths.clear();
         self.preamble = Some(Preamble::create());
         self.stale = false;
         self.fresh = None;
@@ -289,10 +294,11 @@ impl NftEnforcer {
             return Ok(());
         }
         let started = Instant::now();
-        let text = script::render(&self.opts, self.preamble, plan, now);
+        let (text, created) = script::render(&self.opts, self.preamble.as_ref(), plan, now, &self.lengths);
         let render = crate::took(started.elapsed());
         self.run("transaction", &["-f", "-"], Some(text)).await?;
         self.preamble = None;
+        self.lengths.extend(created);
         debug!(
             table = %self.opts.table,
             added = plan.add.len(),
@@ -326,6 +332,7 @@ impl NftEnforcer {
         }
         self.book.load_applied(&view.elems, took);
         self.preamble = view.preamble;
+        self.lengths = view.lengths;
         self.stale = false;
         Ok(())
     }

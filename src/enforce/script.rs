@@ -6,10 +6,12 @@
 //! nft 1.0.6). One element per line, so an nft error quotes one element.
 //! Everything in one input is one kernel transaction: all or nothing.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
 use ipnet::IpNet;
 
+use super::block::Length;
 use super::cover::{Plan, Span};
 use super::{Action, NftOptions, Until};
 
@@ -20,47 +22,76 @@ pub(crate) const CHAIN_HOOK: &str = "input";
 pub(crate) const CHAIN_PRIO: i64 = -10;
 pub(crate) const CHAIN_POLICY: &str = "accept";
 
-/// The four sets (docs/design.md §4; the original design had two interval
-/// sets, §9: nft 1.0.6 reads every element of every interval set before each change, so with
-/// 100k elements in them every later transaction cost 1.2-2.4 s; plain
-/// sets cost ~10 ms). Single IPv4 addresses go to the plain set `v4`, IPv6
-/// /64 prefixes (the default `ipv6_prefix`) to the plain set `v6` as their
-/// network address, matched with `ip6 saddr & ffff:ffff:ffff:ffff::`; every
-/// other prefix to the small interval sets `v4net` / `v6net`.
-/// (name, nft type, interval flag, rule match).
-pub(crate) const SETS: [(&str, &str, bool, &str); 4] = [
-    ("v4", "ipv4_addr", false, "ip saddr"),
-    ("v6", "ipv6_addr", false, "ip6 saddr & ffff:ffff:ffff:ffff::"),
-    ("v4net", "ipv4_addr", true, "ip saddr"),
-    ("v6net", "ipv6_addr", true, "ip6 saddr"),
+/// The two fixed sets (docs/design.md §4; the original design had two
+/// interval sets, §9: nft 1.0.6 reads every element of every interval set
+/// before each change, so with 100k elements in them every later
+/// transaction cost 1.2-2.4 s; plain sets cost ~10 ms). Single IPv4
+/// addresses go to `v4`, IPv6 /64 prefixes (the default `ipv6_prefix`) to
+/// `v6` as their network address, matched with
+/// `ip6 saddr & ffff:ffff:ffff:ffff::`. (name, nft type, rule match).
+pub(crate) const SETS: [(&str, &str, &str); 2] = [
+    ("v4", "ipv4_addr", "ip saddr"),
+    ("v6", "ipv6_addr", "ip6 saddr & ffff:ffff:ffff:ffff::"),
 ];
 
-/// Index in [`SETS`] of the set that holds `span`.
-pub(crate) fn set_of(span: &Span) -> usize {
-    match (span.is_v4(), span.as_net()) {
-        (true, Some(n)) if n.prefix_len() == 32 => 0,
-        (false, Some(n)) if n.prefix_len() == 64 => 1,
-        (true, _) => 2,
-        (false, _) => 3,
+/// The interval sets every other network went to before issue 27; a
+/// listing that shows them has them deleted (their bans go to the sets
+/// per length in the same transaction).
+pub(crate) const LEGACY_SETS: [&str; 2] = ["v4net", "v6net"];
+
+/// Where a ban's element goes: a fixed set (index in [`SETS`]) or the
+/// plain set of its prefix length (`v4n24`, `v6n56`, created on demand,
+/// holding each network's address, matched as
+/// `ip saddr & 255.255.255.0 @v4n24`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Home {
+    Fixed(usize),
+    Net(Length),
+}
+
+impl Home {
+    /// The set's name.
+    pub fn name(self) -> String {
+        match self {
+            Home::Fixed(i) => SETS[i].0.to_owned(),
+            Home::Net(l) => l.ban_set(),
+        }
     }
 }
 
+/// The set that holds `net`.
+pub(crate) fn home_of(net: &IpNet) -> Home {
+    match net {
+        IpNet::V4(n) if n.prefix_len() == 32 => Home::Fixed(0),
+        IpNet::V6(n) if n.prefix_len() == 64 => Home::Fixed(1),
+        _ => Home::Net(Length::of(net)),
+    }
+}
+
+/// The set that holds `span`; `None` for a span that is no prefix (none
+/// of our sets can hold one).
+pub(crate) fn home_of_span(span: &Span) -> Option<Home> {
+    span.as_net().map(|n| home_of(&n))
+}
+
 /// Table, sets and chain work needed before the elements. Derived from a
-/// listing; everything false means the layout is right as it is.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// listing; everything false or empty means the layout is right as it is.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Preamble {
-    /// Empty the chain first: a set it references is being re-created.
+    /// Empty the chain first: a set it references is being deleted.
     pub flush_chain_first: bool,
     /// The chain exists with another type, hook, priority or policy.
     pub delete_chain: bool,
-    /// Sets (by index in [`SETS`]) that exist with another type or flags.
-    pub delete_sets: [bool; 4],
-    /// (Re)install the two rules (missing, or action/ports changed).
+    /// Sets to delete: ours with another type or flags (a fixed one is
+    /// added back empty, one per length when a ban needs it) and the
+    /// interval sets of the old layout.
+    pub delete_sets: Vec<String>,
+    /// (Re)install the rules (missing, or action/ports changed).
     pub rules: bool,
 }
 
 /// What the preamble does, for the log: `rules`, `chain flushed`,
-/// `chain re-created`, `set v4 re-created`, comma-separated (or `nothing`).
+/// `chain re-created`, `set v4 deleted`, comma-separated (or `nothing`).
 impl std::fmt::Display for Preamble {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut parts: Vec<String> = Vec::new();
@@ -70,8 +101,8 @@ impl std::fmt::Display for Preamble {
         if self.delete_chain {
             parts.push("chain re-created".to_owned());
         }
-        for (i, _) in self.delete_sets.iter().enumerate().filter(|(_, d)| **d) {
-            parts.push(format!("set {} re-created", SETS[i].0));
+        for name in &self.delete_sets {
+            parts.push(format!("set {name} deleted"));
         }
         if self.rules {
             parts.push("rules installed".to_owned());
@@ -121,32 +152,69 @@ fn verdict(action: Action) -> &'static str {
     }
 }
 
-/// Renders the preamble (if any) and the plan's element changes.
-pub(crate) fn render(opts: &NftOptions, preamble: Option<Preamble>, plan: &Plan, now: i64) -> String {
+/// Renders the preamble (if any) and the plan's element changes. `present`
+/// are the sets per length the kernel holds (after the preamble's
+/// deletions); a length the plan adds to and `present` lacks gets its set
+/// and rule first. Returns the text and those new lengths.
+pub(crate) fn render(
+    opts: &NftOptions,
+    preamble: Option<&Preamble>,
+    plan: &Plan,
+    now: i64,
+    present: &BTreeSet<Length>,
+) -> (String, Vec<Length>) {
     let mut out = String::with_capacity(1024 + plan.add.len() * 40 + plan.delete.len() * 24);
     let t = opts.table.as_str();
     if let Some(p) = preamble {
         // `let _ =`: writing to a String cannot fail.
-        let _ = write_preamble(&mut out, opts, p);
+        let _ = write_preamble(&mut out, opts, p, present);
     }
-    for set in 0..SETS.len() {
-        let mut block = Block::new("delete", t, set);
-        for span in plan.delete.iter().filter(|s| set_of(s) == set) {
-            let _ = write_span(block.next(&mut out), span, set);
+    let mut created: Vec<Length> = Vec::new();
+    for (net, _) in &plan.add {
+        if let Home::Net(l) = home_of(net) {
+            if !present.contains(&l) && !created.contains(&l) {
+                created.push(l);
+            }
+        }
+    }
+    created.sort_unstable();
+    for &l in &created {
+        let _ = writeln!(
+            out,
+            "add set inet {t} {} {{ type {}; flags timeout; }}",
+            l.ban_set(),
+            l.ty()
+        );
+        let _ = write_rule(&mut out, opts, &l.ban_set(), &l.matcher());
+    }
+    let mut deletes: BTreeMap<Home, Vec<&Span>> = BTreeMap::new();
+    for span in &plan.delete {
+        if let Some(home) = home_of_span(span) {
+            deletes.entry(home).or_default().push(span);
+        }
+    }
+    for (home, spans) in deletes {
+        let mut block = Block::new("delete", t, home.name());
+        for span in spans {
+            let _ = write!(block.next(&mut out), "{}", span.lo);
         }
         block.close(&mut out);
     }
-    for set in 0..SETS.len() {
-        let mut block = Block::new("add", t, set);
-        for (net, until) in plan.add.iter().filter(|(n, _)| set_of_net(n) == set) {
-            let _ = write_element(block.next(&mut out), net, *until, now, set);
+    let mut adds: BTreeMap<Home, Vec<(&IpNet, Until)>> = BTreeMap::new();
+    for (net, until) in &plan.add {
+        adds.entry(home_of(net)).or_default().push((net, *until));
+    }
+    for (home, elems) in adds {
+        let mut block = Block::new("add", t, home.name());
+        for (net, until) in elems {
+            let _ = write_element(block.next(&mut out), net, until, now);
         }
         block.close(&mut out);
     }
-    out
+    (out, created)
 }
 
-fn write_preamble(out: &mut String, opts: &NftOptions, p: Preamble) -> std::fmt::Result {
+fn write_preamble(out: &mut String, opts: &NftOptions, p: &Preamble, present: &BTreeSet<Length>) -> std::fmt::Result {
     let t = opts.table.as_str();
     writeln!(out, "add table inet {t}")?;
     if p.flush_chain_first {
@@ -155,12 +223,11 @@ fn write_preamble(out: &mut String, opts: &NftOptions, p: Preamble) -> std::fmt:
     if p.delete_chain {
         writeln!(out, "delete chain inet {t} {CHAIN}")?;
     }
-    for (i, (name, ty, interval, _)) in SETS.iter().enumerate() {
-        if p.delete_sets[i] {
-            writeln!(out, "delete set inet {t} {name}")?;
-        }
-        let flags = if *interval { "interval, timeout" } else { "timeout" };
-        writeln!(out, "add set inet {t} {name} {{ type {ty}; flags {flags}; }}")?;
+    for name in &p.delete_sets {
+        writeln!(out, "delete set inet {t} {name}")?;
+    }
+    for (name, ty, _) in SETS {
+        writeln!(out, "add set inet {t} {name} {{ type {ty}; flags timeout; }}")?;
     }
     writeln!(
         out,
@@ -169,39 +236,48 @@ fn write_preamble(out: &mut String, opts: &NftOptions, p: Preamble) -> std::fmt:
     if p.rules {
         // Same transaction: there is never a moment without the rules.
         writeln!(out, "flush chain inet {t} {CHAIN}")?;
-        for (set, _, _, matcher) in SETS {
-            write!(out, "add rule inet {t} {CHAIN} ")?;
-            if !opts.ports.is_empty() {
-                out.push_str("tcp dport { ");
-                for (i, port) in opts.ports.iter().enumerate() {
-                    if i > 0 {
-                        out.push_str(", ");
-                    }
-                    write!(out, "{port}")?;
-                }
-                out.push_str(" } ");
-            }
-            writeln!(
-                out,
-                "{matcher} @{set} counter {} comment \"{}\"",
-                verdict(opts.action),
-                rule_comment(set, opts)
-            )?;
+        for (set, _, matcher) in SETS {
+            write_rule(out, opts, set, matcher)?;
+        }
+        for l in present {
+            write_rule(out, opts, &l.ban_set(), &l.matcher())?;
         }
     }
     Ok(())
+}
+
+/// The rule dropping (or rejecting) the sources `matcher` finds in `set`.
+fn write_rule(out: &mut String, opts: &NftOptions, set: &str, matcher: &str) -> std::fmt::Result {
+    let t = opts.table.as_str();
+    write!(out, "add rule inet {t} {CHAIN} ")?;
+    if !opts.ports.is_empty() {
+        out.push_str("tcp dport { ");
+        for (i, port) in opts.ports.iter().enumerate() {
+            if i > 0 {
+                out.push_str(", ");
+            }
+            write!(out, "{port}")?;
+        }
+        out.push_str(" } ");
+    }
+    writeln!(
+        out,
+        "{matcher} @{set} counter {} comment \"{}\"",
+        verdict(opts.action),
+        rule_comment(set, opts)
+    )
 }
 
 /// `VERB element inet T SET {` ... `}`, opened only if it gets an element.
 struct Block<'a> {
     verb: &'static str,
     table: &'a str,
-    set: usize,
+    set: String,
     open: bool,
 }
 
 impl<'a> Block<'a> {
-    fn new(verb: &'static str, table: &'a str, set: usize) -> Self {
+    fn new(verb: &'static str, table: &'a str, set: String) -> Self {
         Block {
             verb,
             table,
@@ -215,8 +291,7 @@ impl<'a> Block<'a> {
         if self.open {
             out.push_str(",\n");
         } else {
-            let set = SETS[self.set].0;
-            let _ = writeln!(out, "{} element inet {} {set} {{", self.verb, self.table);
+            let _ = writeln!(out, "{} element inet {} {} {{", self.verb, self.table, self.set);
             self.open = true;
         }
         out
@@ -229,33 +304,14 @@ impl<'a> Block<'a> {
     }
 }
 
-/// A span to delete; in the plain sets an element is an address (for `v6`,
-/// the /64's network address).
-fn write_span(out: &mut String, span: &Span, set: usize) -> std::fmt::Result {
-    if set < 2 {
-        write!(out, "{}", span.lo)
-    } else {
-        write!(out, "{span}")
-    }
-}
-
-/// [`set_of`] for a net (a prefix: no span arithmetic needed).
-fn set_of_net(net: &IpNet) -> usize {
-    match net {
-        IpNet::V4(n) if n.prefix_len() == 32 => 0,
-        IpNet::V6(n) if n.prefix_len() == 64 => 1,
-        IpNet::V4(_) => 2,
-        IpNet::V6(_) => 3,
-    }
-}
-
-/// One element of `set`. IPv4 addresses and the timeout's digits are
-/// written by hand: `Display` cost ~20 ms for a 100k-element start.
-fn write_element(out: &mut String, net: &IpNet, until: Until, now: i64, set: usize) -> std::fmt::Result {
-    match net {
-        IpNet::V4(n) if set == 0 => push_v4(out, n.addr()),
-        _ if set == 1 || net.prefix_len() == net.max_prefix_len() => write!(out, "{}", net.addr())?,
-        _ => write!(out, "{net}")?,
+/// One element: every set is plain and holds an address (a network's
+/// address in `v6` and the sets per length). IPv4 addresses and the
+/// timeout's digits are written by hand: `Display` cost ~20 ms for a
+/// 100k-element start.
+fn write_element(out: &mut String, net: &IpNet, until: Until, now: i64) -> std::fmt::Result {
+    match net.network() {
+        std::net::IpAddr::V4(a) => push_v4(out, a),
+        a => write!(out, "{a}")?,
     }
     if let Until::At(t) = until {
         write_timeout(out, (t - now).max(1))?;
@@ -320,14 +376,14 @@ mod tests {
             assert_eq!(out, format!("{a}{ms}"));
             let net = IpNet::from(std::net::IpAddr::V4(a));
             let mut out = String::new();
-            write_element(&mut out, &net, Until::At(ms as i64 + 5), 5, set_of_net(&net)).unwrap();
+            write_element(&mut out, &net, Until::At(ms as i64 + 5), 5).unwrap();
             let want = if ms == 0 {
                 format!("{a} timeout 1ms")
             } else {
                 format!("{a} timeout {ms}ms")
             };
             assert_eq!(out, want);
-            assert_eq!(set_of_net(&net), set_of(&Span::of(&net)));
+            assert_eq!(Some(home_of(&net)), home_of_span(&Span::of(&net)));
         }
         for n in [
             "10.0.0.0/8",
@@ -337,7 +393,7 @@ mod tests {
             "0.0.0.0/0",
         ] {
             let net: IpNet = n.parse().unwrap();
-            assert_eq!(set_of_net(&net), set_of(&Span::of(&net)), "{n}");
+            assert_eq!(Some(home_of(&net)), home_of_span(&Span::of(&net)), "{n}");
         }
     }
 
@@ -361,23 +417,34 @@ mod tests {
             ],
             ..Plan::default()
         };
-        let text = render(&NftOptions::default(), None, &plan, now);
+        let (text, created) = render(&NftOptions::default(), None, &plan, now, &BTreeSet::new());
         assert_eq!(
             text,
-            "delete element inet fleetban v4 {\n10.0.0.5\n}\n\
+            "add set inet fleetban v4n24 { type ipv4_addr; flags timeout; }\n\
+             add rule inet fleetban input ip saddr & 255.255.255.0 @v4n24 counter drop comment \"fleetban v4n24 drop\"\n\
+             delete element inet fleetban v4 {\n10.0.0.5\n}\n\
              add element inet fleetban v4 {\n192.0.2.1\n}\n\
              add element inet fleetban v6 {\n2001:db8:: timeout 30d7ms\n}\n\
-             add element inet fleetban v4net {\n10.0.0.0/24 timeout 3600000ms\n}\n"
+             add element inet fleetban v4n24 {\n10.0.0.0 timeout 3600000ms\n}\n"
+        );
+        assert_eq!(created, [Length { v6: false, len: 24 }]);
+        // A length the kernel has: no set, no rule.
+        let (text, created) = render(&NftOptions::default(), None, &plan, now, &created.into_iter().collect());
+        assert!(
+            !text.contains("add set") && !text.contains("add rule") && created.is_empty(),
+            "{text}"
         );
     }
 
     #[test]
     fn renders_rules_for_action_and_ports() {
-        let text = render(
+        let present: BTreeSet<Length> = [Length { v6: false, len: 16 }, Length { v6: true, len: 48 }].into();
+        let (text, _) = render(
             &opts(Action::Reject, vec![80, 443]),
-            Some(Preamble::create()),
+            Some(&Preamble::create()),
             &Plan::default(),
             0,
+            &present,
         );
         assert!(text.starts_with("add table inet fleetban\n"), "{text}");
         assert!(text.contains(
@@ -386,15 +453,20 @@ mod tests {
         assert!(text.contains(
             "ip6 saddr & ffff:ffff:ffff:ffff:: @v6 counter reject comment \"fleetban v6 reject tcp 80,443\""
         ));
-        assert!(text.contains("ip saddr @v4net counter reject comment \"fleetban v4net reject tcp 80,443\""));
-        assert!(text.contains("ip6 saddr @v6net counter reject comment \"fleetban v6net reject tcp 80,443\""));
+        assert!(
+            text.contains("ip saddr & 255.255.0.0 @v4n16 counter reject comment \"fleetban v4n16 reject tcp 80,443\"")
+        );
+        assert!(text.contains(
+            "ip6 saddr & ffff:ffff:ffff:: @v6n48 counter reject comment \"fleetban v6n48 reject tcp 80,443\""
+        ));
         assert!(text.contains("add set inet fleetban v4 { type ipv4_addr; flags timeout; }\n"));
-        assert!(text.contains("add set inet fleetban v6net { type ipv6_addr; flags interval, timeout; }\n"));
-        let text = render(
+        assert!(!text.contains("interval"), "{text}");
+        let (text, _) = render(
             &opts(Action::Drop, vec![]),
-            Some(Preamble::create()),
+            Some(&Preamble::create()),
             &Plan::default(),
             0,
+            &BTreeSet::new(),
         );
         assert!(text.contains("add rule inet fleetban input ip saddr @v4 counter drop comment \"fleetban v4 drop\"\n"));
     }
@@ -403,5 +475,27 @@ mod tests {
     fn long_port_lists_get_a_short_comment() {
         let c = rule_comment("v4", &opts(Action::Drop, (1000..1100).collect()));
         assert!(c.len() < 128 && c.starts_with("fleetban v4 drop tcp 100#"), "{c}");
+    }
+
+    #[test]
+    fn every_length_has_a_set_of_its_own() {
+        for (fam, max) in [("10.0.0.0", 32u8), ("2001:db8::", 128)] {
+            for len in 0..=max {
+                let net: IpNet = format!("{fam}/{len}").parse().unwrap();
+                let home = home_of(&net);
+                let name = home.name();
+                match (len, max) {
+                    (32, 32) => assert_eq!(name, "v4"),
+                    (64, 128) => assert_eq!(name, "v6"),
+                    _ => {
+                        assert_eq!(home, Home::Net(Length::of(&net)));
+                        assert_eq!(Length::of_ban_set(&name), Some(Length::of(&net)), "{name}");
+                    }
+                }
+            }
+        }
+        for bad in ["v4n33", "v6n129", "v4n", "v4n024", "v4net", "v6n+1", "v4n2a"] {
+            assert_eq!(Length::of_ban_set(bad), None, "{bad}");
+        }
     }
 }

@@ -54,7 +54,8 @@ pub use netns::{
     connect_from, get_from, http_get, http_get_headers, http_get_target, http_get_with, veth_pair, NetNs, Reply,
 };
 pub use nft::{
-    nft_bans, nft_bans_detailed, nft_set_elements, nft_set_elements_detailed, parse_set_json, NftElem, NftShim,
+    ban_sets, nft_bans, nft_bans_detailed, nft_set_elements, nft_set_elements_detailed, parse_set_json, NftElem,
+    NftShim,
 };
 pub use nginx::{web_and_client, Nginx, Site};
 pub use redis::{connect, runtime, Redis, ACL_PASSWORD};

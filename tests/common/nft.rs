@@ -121,9 +121,10 @@ pub fn nft_set_elements(ns: &NetNs, table: &str, set: &str) -> Vec<(String, Opti
 }
 
 /// The bans of one family in fleetban's layout: `family` "v4" lists the
-/// plain set `v4` (single addresses) and the interval set `v4net`; "v6"
-/// lists `v6` (/64 prefixes by their network address, shown as `ADDR/64`)
-/// and `v6net`. Sorted by text.
+/// plain set `v4` (single addresses) and the sets per prefix length
+/// `v4nL` (each address shown as `ADDR/L`); "v6" lists `v6` (/64 prefixes
+/// by their network address, shown as `ADDR/64`) and `v6nL` (a /128 shown
+/// as the bare address). Sorted by text.
 pub fn nft_bans(ns: &NetNs, table: &str, family: &str) -> Vec<(String, Option<u64>)> {
     nft_bans_detailed(ns, table, family)
         .into_iter()
@@ -133,18 +134,47 @@ pub fn nft_bans(ns: &NetNs, table: &str, family: &str) -> Vec<(String, Option<u6
 
 /// As [`nft_bans`], with the time left (`expires`) too.
 pub fn nft_bans_detailed(ns: &NetNs, table: &str, family: &str) -> Vec<NftElem> {
-    let mut out: Vec<NftElem> = nft_set_elements_detailed(ns, table, family)
-        .into_iter()
-        .map(|e| match family {
-            "v6" => NftElem {
-                elem: format!("{}/64", e.elem),
-                ..e
-            },
-            _ => e,
-        })
-        .chain(nft_set_elements_detailed(ns, table, &format!("{family}net")))
-        .collect();
+    let mut out: Vec<NftElem> = Vec::new();
+    for (set, len) in ban_sets(ns, table, family) {
+        let max = if family == "v4" { 32 } else { 128 };
+        out.extend(
+            nft_set_elements_detailed(ns, table, &set)
+                .into_iter()
+                .map(|e| match len {
+                    Some(len) if len != max => NftElem {
+                        elem: format!("{}/{len}", e.elem),
+                        ..e
+                    },
+                    _ => e,
+                }),
+        );
+    }
     out.sort_by(|a, b| (&a.elem, a.timeout_ms).cmp(&(&b.elem, b.timeout_ms)));
+    out
+}
+
+/// The ban sets of `family` in the table: (`v4`, None) or (`v6`, Some(64)),
+/// then each `v4nL` / `v6nL` with its L, and the old layout's interval set
+/// `v4net` / `v6net` (None) if it is there.
+pub fn ban_sets(ns: &NetNs, table: &str, family: &str) -> Vec<(String, Option<u8>)> {
+    let fixed = if family == "v6" { Some(64) } else { None };
+    let mut out = vec![(family.to_owned(), fixed)];
+    let listed = ns.run(&["nft", "-j", "list", "sets", "inet"]);
+    let doc: Value = serde_json::from_slice(&listed.stdout).unwrap_or(Value::Null);
+    for item in doc["nftables"].as_array().into_iter().flatten() {
+        let Some(set) = item.get("set").filter(|s| s["table"] == table) else {
+            continue;
+        };
+        let name = set["name"].as_str().unwrap_or_default();
+        if let Some(len) = name
+            .strip_prefix(&format!("{family}n"))
+            .and_then(|l| l.parse::<u8>().ok())
+        {
+            out.push((name.to_owned(), Some(len)));
+        } else if name == format!("{family}net") {
+            out.push((name.to_owned(), None));
+        }
+    }
     out
 }
 

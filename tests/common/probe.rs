@@ -15,7 +15,10 @@ pub fn child() {
     let Ok(targets) = std::env::var("FLEETBAN_PROBE") else {
         return;
     };
-    let listener = TcpListener::bind("0.0.0.0:0").unwrap();
+    // `[::]` takes IPv4 too (dual stack, a namespace's default).
+    let listener = TcpListener::bind("[::]:0")
+        .or_else(|_| TcpListener::bind("0.0.0.0:0"))
+        .unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
         for conn in listener.incoming() {
