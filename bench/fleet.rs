@@ -29,7 +29,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{combined_line, nft_bans, Daemon, NetNs, Redis};
+use common::{combined_line, nft_bans, parse_rfc3339_us, strip_ansi, Daemon, NetNs, Redis};
 
 fn main() {
     let mut ran = false;
@@ -401,42 +401,6 @@ fn rss_mb(pid: u32) -> f64 {
 
 fn fleetban_bin_path() -> std::path::PathBuf {
     common::fleetban_bin()
-}
-
-/// `2026-11-30T00:41:32.123456Z` -> µs since the epoch.
-fn parse_rfc3339_us(s: &str) -> i64 {
-    let (date, time) = s.split_once('T').unwrap();
-    let d: Vec<i64> = date.split('-').map(|x| x.parse().unwrap()).collect();
-    let time = time.trim_end_matches('Z');
-    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
-    let t: Vec<i64> = hms.split(':').map(|x| x.parse().unwrap()).collect();
-    let us: i64 = format!("{frac:0<6}")[..6].parse().unwrap();
-    // Days from civil (Howard Hinnant).
-    let (y, m) = if d[1] <= 2 {
-        (d[0] - 1, d[1] + 9)
-    } else {
-        (d[0], d[1] - 3)
-    };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * m + 2) / 5 + d[2] - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    ((days * 86_400 + t[0] * 3600 + t[1] * 60 + t[2]) * 1_000_000) + us
-}
-
-fn strip_ansi(s: &str) -> String {
-    let mut out = String::new();
-    let mut esc = false;
-    for c in s.chars() {
-        match (esc, c) {
-            (false, '\x1b') => esc = true,
-            (true, 'm') => esc = false,
-            (true, _) => {}
-            (false, c) => out.push(c),
-        }
-    }
-    out
 }
 
 /// Seconds of a logged duration (`took=0.42ms`, `took=2.5s`).

@@ -288,3 +288,45 @@ impl NotifySocket {
         panic!("no {what:?} on the notify socket within {limit:?}");
     }
 }
+
+/// A line of the daemon's log with its terminal colours taken out.
+pub fn strip_ansi(s: &str) -> String {
+    let mut out = String::new();
+    let mut esc = false;
+    for c in s.chars() {
+        match (esc, c) {
+            (false, '\x1b') => esc = true,
+            (true, 'm') => esc = false,
+            (true, _) => {}
+            (false, c) => out.push(c),
+        }
+    }
+    out
+}
+
+/// `2026-11-30T00:41:32.123456Z` -> µs since the epoch.
+pub fn parse_rfc3339_us(s: &str) -> i64 {
+    let num = |x: &str| x.parse::<i64>().unwrap_or(0);
+    let Some((date, time)) = s.split_once('T') else {
+        return 0;
+    };
+    let d: Vec<i64> = date.split('-').map(num).collect();
+    let time = time.trim_end_matches('Z');
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let t: Vec<i64> = hms.split(':').map(num).collect();
+    if d.len() != 3 || t.len() != 3 {
+        return 0;
+    }
+    let us = num(&format!("{frac:0<6}")[..6]);
+    let (y, m) = if d[1] <= 2 {
+        (d[0] - 1, d[1] + 9)
+    } else {
+        (d[0], d[1] - 3)
+    };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * m + 2) / 5 + d[2] - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    ((days * 86_400 + t[0] * 3600 + t[1] * 60 + t[2]) * 1_000_000) + us
+}
