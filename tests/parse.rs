@@ -18,17 +18,9 @@ const REGEX: &str = r#"(?P<addr>\S+) \S+ \S+ \[(?P<time>[^\]]+)\] "(?P<method>[A
 
 // ---------------------------------------------------------------- helpers
 
+/// The corpus kept in the repository (`tests/data/corpus`, its licence beside it).
 fn corpus_path() -> PathBuf {
-    let name = "shared/corpus/elastic-examples-access.log";
-    let beside = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(name);
-    let fixed = PathBuf::from("/work").join(name);
-    if beside.exists() {
-        beside
-    } else if fixed.exists() {
-        fixed
-    } else {
-        panic!("corpus not found at {} nor {}", beside.display(), fixed.display())
-    }
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/corpus/elastic-examples-access.log")
 }
 
 /// The corpus, one entry per line, without the `\n`.

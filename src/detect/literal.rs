@@ -611,17 +611,9 @@ mod tests {
         assert!(literal(r"(?i)\.(K)$").unwrap().is_match("x.\u{212A}".as_bytes()));
     }
 
+    /// The corpus kept in the repository (`tests/data/corpus`, its licence beside it).
     fn corpus_path() -> PathBuf {
-        let name = "shared/corpus/elastic-examples-access.log";
-        let beside = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(name);
-        let fixed = PathBuf::from("/work").join(name);
-        if beside.exists() {
-            beside
-        } else if fixed.exists() {
-            fixed
-        } else {
-            panic!("corpus not found at {} nor {}", beside.display(), fixed.display())
-        }
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/corpus/elastic-examples-access.log")
     }
 
     /// The request targets of the shared corpus (10,000 real lines) and of
