@@ -35,16 +35,7 @@ fn repo_file(path: &str) -> PathBuf {
 
 /// The shipped http-context snippet with the test's socket.
 fn snippet(files: &ConfigDir, socket: &Path) -> String {
-    const SHIPPED_SOCKET: &str = "unix:/run/fleetban/http.sock";
-    let shipped = std::fs::read_to_string(repo_file("nginx/fleetban.conf")).expect("read nginx/fleetban.conf");
-    assert!(shipped.contains(SHIPPED_SOCKET), "fleetban.conf names {SHIPPED_SOCKET}");
-    let conf = files.path().join("fleetban.conf");
-    std::fs::write(
-        &conf,
-        shipped.replace(SHIPPED_SOCKET, &format!("unix:{}", socket.display())),
-    )
-    .unwrap();
-    format!("    include {};\n", conf.display())
+    common::shipped_snippet(files, socket).0
 }
 
 #[test]

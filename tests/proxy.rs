@@ -315,13 +315,7 @@ impl Fleet {
 /// socket, and (with `realip`) the realip lines of its comment trusting the
 /// balancer.
 fn backend_http(files: &ConfigDir, socket: &Path, lb_addr: &str, use_realip: bool) -> String {
-    const SHIPPED_SOCKET: &str = "unix:/run/fleetban/http.sock";
-    let shipped = std::fs::read_to_string(repo_file("nginx/fleetban.conf")).expect("read nginx/fleetban.conf");
-    assert!(shipped.contains(SHIPPED_SOCKET), "fleetban.conf names {SHIPPED_SOCKET}");
-    let conf = files.path().join("fleetban.conf");
-    let ours = shipped.replace(SHIPPED_SOCKET, &format!("unix:{}", socket.display()));
-    std::fs::write(&conf, ours).expect("write the snippet's copy");
-    let mut http = format!("    include {};\n", conf.display());
+    let (mut http, shipped) = common::shipped_snippet(files, socket);
     // The commented block, uncommented; its example networks replaced above.
     let realip: Vec<&str> = shipped
         .lines()

@@ -103,18 +103,9 @@ fn repo_file(path: &str) -> PathBuf {
 /// nginx in `web` with the shipped snippet (its socket `socket`) and `/`
 /// served by `index` from a directory holding `ok`.
 fn site(files: &ConfigDir, socket: &Path) -> Site {
-    const SHIPPED_SOCKET: &str = "unix:/run/fleetban/http.sock";
-    let shipped = std::fs::read_to_string(repo_file("nginx/fleetban.conf")).unwrap();
-    assert!(shipped.contains(SHIPPED_SOCKET), "fleetban.conf names {SHIPPED_SOCKET}");
-    let conf = files.path().join("fleetban.conf");
-    std::fs::write(
-        &conf,
-        shipped.replace(SHIPPED_SOCKET, &format!("unix:{}", socket.display())),
-    )
-    .unwrap();
     Site {
         log_format: None,
-        http: format!("    include {};\n", conf.display()),
+        http: common::shipped_snippet(files, socket).0,
         server: format!(
             "include {};\n        location / {{ root {{www}}; index ok; }}\n",
             repo_file("nginx/fleetban-location.conf").display()

@@ -57,7 +57,7 @@ pub use nft::{
     ban_sets, nft_bans, nft_bans_detailed, nft_set_elements, nft_set_elements_detailed, parse_set_json, NftElem,
     NftShim,
 };
-pub use nginx::{web_and_client, Nginx, Site};
+pub use nginx::{shipped_snippet, web_and_client, Nginx, Site};
 pub use redis::{connect, runtime, Redis, ACL_PASSWORD};
 
 use std::path::{Path, PathBuf};

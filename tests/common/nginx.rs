@@ -304,3 +304,17 @@ pub fn web_and_client(web: &str, client: &str, subnet: &str, log_format: Option<
     let nginx = Nginx::start(&web, &format!("{subnet}.1:8080"), log_format);
     (web, client, nginx)
 }
+
+/// The shipped http-context snippet (`nginx/fleetban.conf`) with the
+/// test's `socket` in place of the packaged one, written into `files`: the
+/// `include` line for nginx's http block, and the shipped text.
+pub fn shipped_snippet(files: &super::ConfigDir, socket: &Path) -> (String, String) {
+    const SHIPPED_SOCKET: &str = "unix:/run/fleetban/http.sock";
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("nginx/fleetban.conf");
+    let shipped = fs::read_to_string(&path).expect("read nginx/fleetban.conf");
+    assert!(shipped.contains(SHIPPED_SOCKET), "fleetban.conf names {SHIPPED_SOCKET}");
+    let conf = files.path().join("fleetban.conf");
+    let ours = shipped.replace(SHIPPED_SOCKET, &format!("unix:{}", socket.display()));
+    fs::write(&conf, ours).expect("write the snippet's copy");
+    (format!("    include {};\n", conf.display()), shipped)
+}
