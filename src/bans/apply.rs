@@ -19,10 +19,13 @@ pub use operator::Unbanned;
 
 use super::queue::{Held, Queue, Queued};
 use super::valve::Full;
-use super::{BanCache, BanList, BanListError, BanRecord, BanRequest, Effect, Mode, Outcome, SafetyValve};
+use super::{BanCache, BanList, BanListError, BanRecord, BanRequest, Effect, Mode, Outcome, SafetyValve, SharedView};
 use crate::addr::AddrText;
 use crate::enforce::{Change, Changes, Element, Until};
 use crate::store::Health;
+
+/// How often ended bans are swept from the view at most (ms).
+const SWEEP_EVERY_MS: i64 = 1_000;
 
 /// "Banned." lines a second before the rest is summed up.
 const BANNED_LINES_PER_SECOND: u32 = 5;
@@ -68,7 +71,11 @@ pub struct Bans {
     list: BanList,
     /// Names this host in records and events.
     host: String,
-    cache: BanCache,
+    /// This host's view of the list, shared with the endpoint; the ban
+    /// owner is its one writer.
+    cache: SharedView,
+    /// When ended bans were last swept from the view (unix ms).
+    swept_ms: i64,
     /// Caps new rule bans per minute (the daemon; not `test`, not the CLI).
     valve: Option<SafetyValve>,
     /// With Redis: bans decided while it is down, waiting to be written.
@@ -95,7 +102,8 @@ impl Bans {
         Bans {
             list,
             host: host.to_owned(),
-            cache: BanCache::default(),
+            cache: SharedView::default(),
+            swept_ms: 0,
             valve: None,
             queue: None,
             changes,
@@ -157,19 +165,24 @@ impl Bans {
 
     /// Takes `view` as this host's view of the list (built at start).
     pub fn set_view(&mut self, view: BanCache) {
-        self.cache = view;
+        drop(self.cache.swap(view));
         self.publish_active();
+    }
+
+    /// The view of the list, to share with readers (the endpoint).
+    pub fn view(&self) -> SharedView {
+        self.cache.clone()
     }
 
     /// Whether the client `key` is banned at `at_ms` (asked per hit).
     #[inline]
     pub fn is_banned(&self, key: &IpNet, at_ms: i64) -> bool {
-        self.cache.is_banned(key, at_ms)
+        self.cache.read().is_banned(key, at_ms)
     }
 
     /// When the last ban covering `key` ends, if it has one.
     pub fn until(&self, key: &IpNet) -> Option<Until> {
-        self.cache.until(key)
+        self.cache.read().until(key)
     }
 
     /// Applies `req` at `now_ms`; `at_ms` is when its limit was crossed
@@ -183,7 +196,7 @@ impl Bans {
         let Mode::Auto(policy) = req.mode else {
             return self.manual(req, at_ms, now_ms).await;
         };
-        if let Some(u) = self.cache.until(&req.addr).filter(|u| *u > Until::At(now_ms)) {
+        if let Some(u) = self.cache.read().until(&req.addr).filter(|u| *u > Until::At(now_ms)) {
             return Ok(Applied::Already(u));
         }
         if !self.admit(&req, now_ms) {
@@ -412,13 +425,13 @@ impl Bans {
 
     /// This host's view and the firewall take `net` until `until`.
     fn enforce(&mut self, net: IpNet, until: Until) {
-        self.cache.insert(net, until);
+        self.cache.write().insert(net, until);
         self.publish_active();
         self.changes.send(Change::Add(vec![Element { net, until }]));
     }
 
     fn publish_active(&self) {
-        self.counters.active.store(self.cache.len() as u64, Relaxed);
+        self.counters.active.store(self.cache.read().len() as u64, Relaxed);
     }
 
     /// A change to the list made elsewhere (the fleet's events and
@@ -426,19 +439,34 @@ impl Bans {
     pub fn observe(&mut self, change: &Change) {
         match change {
             Change::Add(elems) => {
+                let mut view = self.cache.write();
                 for e in elems {
-                    self.cache.insert(e.net, e.until);
+                    view.insert(e.net, e.until);
                 }
             }
             Change::Remove(nets) => {
+                let mut view = self.cache.write();
                 for n in nets {
-                    self.cache.remove(n);
+                    view.remove(n);
                 }
             }
-            Change::Replace(elems) => self.cache.replace(elems.iter().map(|e| (e.net, e.until))),
+            // Built beside the view, swapped in, the old one dropped
+            // outside the lock: readers never wait for a large rebuild.
+            Change::Replace(elems) => drop(self.cache.swap(BanCache::built(elems.iter().map(|e| (e.net, e.until))))),
         }
-        self.cache.expire(crate::now_ms());
+        self.sweep(crate::now_ms());
         self.publish_active();
+    }
+
+    /// Forgets the bans that ended, at most every [`SWEEP_EVERY_MS`]
+    /// (they deny nothing meanwhile: lookups compare their end with the
+    /// time asked; with a million bans a sweep walks them all).
+    pub fn sweep(&mut self, now_ms: i64) {
+        if now_ms - self.swept_ms >= SWEEP_EVERY_MS {
+            self.swept_ms = now_ms;
+            self.cache.write().expire(now_ms);
+            self.publish_active();
+        }
     }
 
     /// The bans this host enforces (`fleetban bans` while Redis, which
@@ -453,9 +481,8 @@ impl Bans {
             .map(|q| q.records().into_iter().map(|r| (r.addr, r)).collect())
             .unwrap_or_default();
         let mut waiting = Vec::new();
-        let recs = self
-            .cache
-            .entries()
+        let entries = self.cache.read().entries();
+        let recs = entries
             .into_iter()
             .filter_map(|(addr, until)| {
                 let until = match until {
@@ -565,9 +592,11 @@ impl Bans {
                     q.pop();
                     q.written();
                     self.refusals.over(q.len());
+                    let mut view = self.cache.write();
                     for e in &elems {
-                        self.cache.insert(e.net, e.until);
+                        view.insert(e.net, e.until);
                     }
+                    drop(view);
                     self.changes.send(Change::Add(elems));
                 }
                 Err(e) => {

@@ -3,115 +3,72 @@
 //! path asks it whether a hit's client is banned at the hit's time, so a
 //! banned client's hits are not counted (docs/design.md §2); the HTTP
 //! endpoint asks it which bans cover an address ([`BanCache::covering`]).
+//!
+//! One view per process, shared ([`SharedView`]): the pipeline writes it
+//! (its own decisions, the fleet's changes) and the endpoint reads the same
+//! one, so a million bans are held once, compactly ([`NetMap`] of [`End`]).
 
-use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use ipnet::IpNet;
 
+use super::netmap::NetMap;
 use crate::enforce::Until;
 
-/// Bans at least this long are kept in the exact map and looked up per
-/// length present (an address, an IPv6 client prefix, the networks of
-/// `limit.key: network` and `escalate_network`); shorter ones are `wide`,
-/// few, scanned linearly.
-const V4_EXACT_MIN: u8 = 8;
-const V6_EXACT_MIN: u8 = 48;
+/// A ban's end in 8 bytes aligned on 4: unix ms, `i64::MAX` for a
+/// permanent ban (an `Until` is 16 bytes aligned on 8): an IPv4 address's
+/// entry is 12 bytes and a control byte, an IPv6 /64's 16 and one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct End([u32; 2]);
 
-#[derive(Clone)]
-pub struct BanCache {
-    /// Bans of an exact length: addresses, client prefixes, networks.
-    exact: HashMap<IpNet, Until, foldhash::fast::RandomState>,
-    /// How many IPv4 entries of `exact` have each prefix length: the
-    /// lengths an address is looked up at (usually 32, and 24 with
-    /// network rules).
-    v4_lengths: [u32; 33],
-    /// The same for IPv6 (usually only `ipv6_prefix`, and 128 for manual
-    /// bans of one address).
-    v6_lengths: [u32; 129],
-    /// Wider networks (an operator's /4, a /32 of IPv6); few.
-    wide: Vec<(IpNet, Until)>,
-}
+impl End {
+    pub fn of(u: Until) -> End {
+        let ms = match u {
+            Until::At(t) => t.min(i64::MAX - 1),
+            Until::Permanent => i64::MAX,
+        } as u64;
+        End([(ms >> 32) as u32, ms as u32])
+    }
 
-impl Default for BanCache {
-    fn default() -> BanCache {
-        BanCache {
-            exact: HashMap::default(),
-            v4_lengths: [0; 33],
-            v6_lengths: [0; 129],
-            wide: Vec::new(),
+    pub fn until(self) -> Until {
+        match ((u64::from(self.0[0]) << 32) | u64::from(self.0[1])) as i64 {
+            i64::MAX => Until::Permanent,
+            t => Until::At(t),
         }
     }
 }
 
-fn is_exact(net: &IpNet) -> bool {
-    match net {
-        IpNet::V4(n) => n.prefix_len() >= V4_EXACT_MIN,
-        IpNet::V6(n) => n.prefix_len() >= V6_EXACT_MIN,
-    }
-}
+#[derive(Clone, Debug, Default)]
+pub struct BanCache(NetMap<End>);
 
 impl BanCache {
     pub fn insert(&mut self, net: IpNet, until: Until) {
-        let net = net.trunc();
-        if is_exact(&net) {
-            if self.exact.insert(net, until).is_none() {
-                self.count_length(&net, 1);
-            }
-        } else {
-            self.wide.retain(|(n, _)| *n != net);
-            self.wide.push((net, until));
-        }
+        self.0.insert(net, End::of(until));
     }
 
     pub fn remove(&mut self, net: &IpNet) {
-        let net = &net.trunc();
-        if is_exact(net) {
-            if self.exact.remove(net).is_some() {
-                self.count_length(net, -1);
-            }
-        } else {
-            self.wide.retain(|(n, _)| n != net);
-        }
-    }
-
-    fn count_length(&mut self, net: &IpNet, by: i32) {
-        let c = match net {
-            IpNet::V4(n) => &mut self.v4_lengths[usize::from(n.prefix_len())],
-            IpNet::V6(n) => &mut self.v6_lengths[usize::from(n.prefix_len())],
-        };
-        *c = c.saturating_add_signed(by);
+        self.0.remove(net);
     }
 
     /// Replaces the whole view (after a reconcile).
     pub fn replace(&mut self, entries: impl IntoIterator<Item = (IpNet, Until)>) {
-        *self = BanCache::default();
-        for (n, u) in entries {
-            self.insert(n, u);
-        }
+        *self = BanCache::built(entries);
     }
 
-    /// The exact-length bans of `net` and of the networks of each length
-    /// present up to `max` that hold it, with their ends.
-    fn exact_holding(&self, net: &IpNet, max: u8) -> impl Iterator<Item = (IpNet, Until)> + '_ {
-        let (min, lengths): (u8, &[u32]) = match net {
-            IpNet::V4(_) => (V4_EXACT_MIN, &self.v4_lengths),
-            IpNet::V6(_) => (V6_EXACT_MIN, &self.v6_lengths),
-        };
-        let net = *net;
-        (min..=max.min(net.prefix_len()))
-            .filter(move |&len| lengths[usize::from(len)] > 0)
-            .filter_map(move |len| {
-                let p = IpNet::new(net.addr(), len).ok()?.trunc();
-                self.exact.get(&p).map(|u| (p, *u))
-            })
+    /// A view of `entries`.
+    pub fn built(entries: impl IntoIterator<Item = (IpNet, Until)>) -> BanCache {
+        let mut c = BanCache::default();
+        for (n, u) in entries {
+            c.insert(n, u);
+        }
+        c
     }
 
     /// When the last ban covering the client `key` ends (its own, or a wider
     /// network's); None if it has none.
     pub fn until(&self, key: &IpNet) -> Option<Until> {
-        let own = self.exact_holding(key, key.prefix_len()).map(|(_, u)| u).max();
-        own.max(self.wide_covering(|n| n.contains(key)))
+        self.0.holding(key, key.prefix_len()).map(|(_, e)| e.until()).max()
     }
 
     /// When the last ban covering the address `addr` ends, whatever its
@@ -119,40 +76,22 @@ impl BanCache {
     /// IPv6 address, any wider network. IPv4-mapped IPv6 is its IPv4
     /// address. None if no ban covers it.
     pub fn covering(&self, addr: IpAddr) -> Option<Until> {
-        let addr = crate::addr::normalize(addr);
-        let net = IpNet::from(addr);
-        let own = self.exact_holding(&net, net.max_prefix_len()).map(|(_, u)| u).max();
-        own.max(self.wide_covering(|n| n.contains(&addr)))
+        let net = IpNet::from(crate::addr::normalize(addr));
+        self.0.holding(&net, net.max_prefix_len()).map(|(_, e)| e.until()).max()
     }
 
     /// The ban of exactly `net`, if it has one.
     pub fn get(&self, net: &IpNet) -> Option<Until> {
-        let net = net.trunc();
-        if is_exact(&net) {
-            self.exact.get(&net).copied()
-        } else {
-            self.wide.iter().find(|(n, _)| *n == net).map(|(_, u)| *u)
-        }
+        self.0.get(net).map(|e| e.until())
     }
 
     /// The bans of wider networks than `net` that cover it (`unban` says
     /// which still block an address it lifted).
     pub fn wider(&self, net: &IpNet) -> Vec<(IpNet, Until)> {
-        let mut out: Vec<(IpNet, Until)> = self
-            .wide
-            .iter()
-            .filter(|(n, _)| n != net && n.contains(net))
-            .copied()
-            .collect();
-        if net.prefix_len() > 0 {
-            out.extend(self.exact_holding(net, net.prefix_len() - 1));
+        match net.prefix_len() {
+            0 => Vec::new(),
+            len => self.0.holding(net, len - 1).map(|(n, e)| (n, e.until())).collect(),
         }
-        out
-    }
-
-    /// The latest end of the wide bans `covers` accepts.
-    fn wide_covering(&self, covers: impl Fn(&IpNet) -> bool) -> Option<Until> {
-        self.wide.iter().filter(|(n, _)| covers(n)).map(|(_, u)| *u).max()
     }
 
     /// Whether the client `key` is banned at `at_ms`.
@@ -161,35 +100,45 @@ impl BanCache {
     }
 
     pub fn len(&self) -> usize {
-        self.exact.len() + self.wide.len()
+        self.0.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.0.is_empty()
     }
 
-    /// Forgets bans that ended before `now_ms`.
+    /// Forgets bans that ended before `now_ms` (their tables shrink).
     pub fn expire(&mut self, now_ms: i64) {
-        let live = |u: &Until| matches!(u, Until::Permanent) || matches!(u, Until::At(t) if *t > now_ms);
-        let (v4, v6) = (&mut self.v4_lengths, &mut self.v6_lengths);
-        self.exact.retain(|n, u| {
-            let keep = live(u);
-            match (keep, n) {
-                (true, _) => {}
-                (false, IpNet::V4(n)) => v4[usize::from(n.prefix_len())] -= 1,
-                (false, IpNet::V6(n)) => v6[usize::from(n.prefix_len())] -= 1,
-            }
-            keep
-        });
-        self.wide.retain(|(_, u)| live(u));
+        self.0.retain(|e| e.until() > Until::At(now_ms));
     }
 
     pub fn entries(&self) -> Vec<(IpNet, Until)> {
-        self.exact
-            .iter()
-            .map(|(n, u)| (*n, *u))
-            .chain(self.wide.iter().copied())
-            .collect()
+        let mut out = Vec::with_capacity(self.len());
+        out.extend(self.0.iter().map(|(n, e)| (n, e.until())));
+        out
+    }
+}
+
+/// The one view of a process, shared by its writer (the ban owner, on the
+/// pipeline) and its readers (the endpoint, `status`). Writes hold the
+/// lock for a few entries or to swap in a view built beside it; reads for
+/// one lookup.
+#[derive(Clone, Default)]
+pub struct SharedView(Arc<RwLock<BanCache>>);
+
+impl SharedView {
+    pub fn read(&self) -> RwLockReadGuard<'_, BanCache> {
+        self.0.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn write(&self) -> RwLockWriteGuard<'_, BanCache> {
+        self.0.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Puts `new` in place; the old view is returned, to be dropped
+    /// outside the lock.
+    pub fn swap(&self, new: BanCache) -> BanCache {
+        std::mem::replace(&mut *self.write(), new)
     }
 }
 
@@ -232,7 +181,7 @@ mod tests {
         assert_eq!(c.covering(at("2001:db8:1:2::7")), Some(Until::At(10)));
         c.expire(15);
         assert_eq!(c.covering(at("2001:db8:1:2::7")), None);
-        assert_eq!(c.v6_lengths.iter().sum::<u32>(), 1);
+        assert_eq!(c.len(), 2, "the /48 and the IPv4 address");
     }
 
     mod model {

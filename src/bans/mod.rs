@@ -13,14 +13,16 @@ mod apply;
 mod cache;
 pub mod escalate;
 pub mod list;
+mod netmap;
 mod networks;
 mod queue;
 mod refuse;
 mod valve;
 
 pub use apply::{Applied, BanCounters, Bans, Unbanned};
-pub use cache::BanCache;
+pub use cache::{BanCache, End, SharedView};
 pub use list::{BanList, BanListError};
+pub use netmap::NetMap;
 pub use networks::TopNetworks;
 pub use queue::{with_held, Held, QUEUE_CAP};
 pub use refuse::Unbannable;

@@ -158,17 +158,11 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     let read_started = std::time::Instant::now();
 
     // This host's ban changes go to the enforcer; the fleet's to the
-    // enforcer and to the pipeline's view of the list. With `http:`, the
-    // endpoint's view takes both, as the enforcer does.
+    // enforcer and to the pipeline's view of the list (which the endpoint
+    // reads: one view).
     let (enf_tx, enf_rx) = tokio::sync::mpsc::unbounded_channel();
     let (updates_tx, updates_rx) = tokio::sync::mpsc::unbounded_channel();
-    let (mut ours, mut all) = (vec![enf_tx.clone()], vec![enf_tx, updates_tx]);
-    let http_rx = config.http.as_ref().map(|_| {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        ours.push(tx.clone());
-        all.push(tx);
-        rx
-    });
+    let (ours, all) = (vec![enf_tx.clone()], vec![enf_tx, updates_tx]);
     let store = tokio::select! {
         s = start::open(&config, &opts, Changes::to(ours), Changes::to(all)) => s,
         _ = &mut shutdown => return Ok(()),
@@ -206,8 +200,11 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     };
     // First sync: the kernel set equals the list before anything else runs.
     let (applied, view, asked) = start::first_sync(&mut enforcer, initial, &own.current()).await;
-    let decisions = http_rx.map(|rx| (Arc::new(crate::http::Decisions::new(view.clone(), own.current())), rx));
     bans.set_view(view);
+    let decisions = config
+        .http
+        .as_ref()
+        .map(|_| Arc::new(crate::http::Decisions::new(bans.view(), own.current())));
     tracing::info!(bans = applied, rules = config.rules.len(), "Ban list applied.");
     // The list's reply, its copies and the transaction's text are freed now.
     trim_heap();
@@ -303,7 +300,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         tracing::info!(%addr, "Prometheus metrics on /metrics.");
         tracker.spawn(metrics::serve(listener, stats.clone(), token.clone()));
     }
-    if let (Some(http), Some((decisions, rx))) = (&config.http, decisions) {
+    if let (Some(http), Some(decisions)) = (&config.http, decisions) {
         let listener = match crate::http::bind(http).await {
             Ok(l) => l,
             Err(e) => {
@@ -314,7 +311,6 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         tracing::info!(listen = %http.listen, deny_status = http.deny_status, "Decision endpoint on GET /check.");
         tracker.spawn(crate::http::follow(
             decisions.clone(),
-            rx,
             own.subscribe(),
             endpoint_blocks,
             token.clone(),

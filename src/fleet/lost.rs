@@ -16,21 +16,25 @@
 //! for a host joining Redis from the embedded store, the bans its
 //! `bans.json` holds, written the same way at its first snapshot.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 
 use ipnet::IpNet;
 
-use crate::bans::{BanList, BanListError, BanRecord};
+use crate::bans::{BanList, BanListError, BanRecord, End, NetMap};
 use crate::enforce::{Change, Element, Until};
+
+/// Records read per call (`BanList::raw_records`).
+const RECORDS_PAGE: usize = 4_096;
 
 #[derive(Default)]
 pub struct Remembered {
     /// The fleet's epoch at this host's last snapshot (None before the first).
     epoch: Option<String>,
     /// The list as this host last applied it: each entry's end and record
-    /// (JSON as `ban.lua` wrote it; None until a snapshot has read it).
-    bans: HashMap<IpNet, (Until, Option<Box<str>>)>,
+    /// (as `ban.lua` wrote it; None until a snapshot has read it). Compact
+    /// (`NetMap`): with a million bans this is the largest table a host
+    /// keeps.
+    bans: NetMap<(End, Option<Box<str>>)>,
     /// Reading the epoch was refused once (warned once).
     refused: bool,
     /// The embedded store's file this host joins Redis with and its active
@@ -101,10 +105,14 @@ impl Remembered {
         match change {
             Change::Add(elems) => {
                 for e in elems {
-                    let entry = self.bans.entry(e.net).or_insert((e.until, None));
-                    if entry.0 != e.until {
+                    let end = End::of(e.until);
+                    match self.bans.get_mut(&e.net) {
+                        Some(entry) if entry.0 == end => {}
                         // Another ban of the same address: its record is new.
-                        *entry = (e.until, None);
+                        Some(entry) => *entry = (end, None),
+                        None => {
+                            self.bans.insert(e.net, (end, None));
+                        }
                     }
                 }
             }
@@ -114,13 +122,14 @@ impl Remembered {
                 }
             }
             Change::Replace(elems) => {
-                let mut next = HashMap::with_capacity(elems.len());
+                let mut next = NetMap::default();
                 for e in elems {
+                    let end = End::of(e.until);
                     let rec = match self.bans.remove(&e.net) {
-                        Some((u, rec)) if u == e.until => rec,
+                        Some((u, rec)) if u == end => rec,
                         _ => None,
                     };
-                    next.insert(e.net, (e.until, rec));
+                    next.insert(e.net, (end, rec));
                 }
                 self.bans = next;
             }
@@ -130,12 +139,12 @@ impl Remembered {
     /// Whether the list as this host knows it holds `e` already (the same
     /// end or a later one): an event of it is nothing new here.
     pub fn holds(&self, e: &Element) -> bool {
-        self.bans.get(&e.net).is_some_and(|(u, _)| *u >= e.until)
+        self.bans.get(&e.net).is_some_and(|(u, _)| u.until() >= e.until)
     }
 
     /// Whether the list as this host knows it has a ban of `net`.
     pub fn has(&self, net: &IpNet) -> bool {
-        self.bans.contains_key(net)
+        self.bans.contains(net)
     }
 
     /// After a snapshot read `entries` from `list` (before the epoch: a
@@ -168,8 +177,8 @@ impl Remembered {
             let back: Vec<(IpNet, Until, Option<String>)> = self
                 .bans
                 .iter()
-                .filter(|(_, (u, _))| live(u))
-                .map(|(n, (u, rec))| (*n, *u, rec.as_deref().map(str::to_owned)))
+                .filter(|(_, (u, _))| live(&u.until()))
+                .map(|(n, (u, rec))| (n, u.until(), rec.as_deref().map(str::to_owned)))
                 .collect();
             // Remembered as lost until written: a failure here retries.
             let written = list.restore(&back, host, now).await?;
@@ -216,19 +225,23 @@ impl Remembered {
             .bans
             .iter()
             .filter(|(_, (_, rec))| rec.is_none())
-            .map(|(n, _)| *n)
+            .map(|(n, _)| n)
             .collect();
-        if !missing.is_empty() {
-            match list.raw_records(&missing).await {
+        // In pages: the replies of a million records are never held at once.
+        for some in missing.chunks(RECORDS_PAGE) {
+            match list.raw_records(some).await {
                 Ok(recs) => {
-                    for (net, rec) in missing.iter().zip(recs) {
+                    for (net, rec) in some.iter().zip(recs) {
                         if let (Some(entry), Some(rec)) = (self.bans.get_mut(net), rec) {
                             entry.1 = Some(rec.into_boxed_str());
                         }
                     }
                 }
                 Err(e) if e.is_outage() => return Err(e),
-                Err(e) => tracing::debug!(error = %e, "Reading ban records refused; read again at the next reconcile."),
+                Err(e) => {
+                    tracing::debug!(error = %e, "Reading ban records refused; read again at the next reconcile.");
+                    break;
+                }
             }
         }
         Ok(entries)
@@ -253,7 +266,7 @@ impl Remembered {
 /// `entries` (the list read) with `back` (bans written back) in it, the
 /// later end winning.
 fn merge(entries: &mut Vec<Element>, back: impl Iterator<Item = (IpNet, Until)>) {
-    let mut at: HashMap<IpNet, usize> = entries.iter().enumerate().map(|(i, e)| (e.net, i)).collect();
+    let mut at: std::collections::HashMap<IpNet, usize> = entries.iter().enumerate().map(|(i, e)| (e.net, i)).collect();
     for (net, until) in back {
         match at.get(&net) {
             Some(&i) => entries[i].until = entries[i].until.max(until),
@@ -284,9 +297,10 @@ mod tests {
                 until: Until::Permanent,
             },
         ]));
-        for rec in r.bans.values_mut() {
+        r.bans.retain(|rec| {
             rec.1 = Some("{}".into());
-        }
+            true
+        });
         // A reconcile: `a` unchanged keeps its record, `b` banned anew loses it.
         r.observe(&Change::Replace(vec![
             Element {
@@ -298,9 +312,9 @@ mod tests {
                 until: Until::At(20),
             },
         ]));
-        assert_eq!(r.bans[&a], (Until::At(10), Some("{}".into())));
-        assert_eq!(r.bans[&b], (Until::At(20), None));
+        assert_eq!(r.bans.get(&a), Some(&(End::of(Until::At(10)), Some("{}".into()))));
+        assert_eq!(r.bans.get(&b), Some(&(End::of(Until::At(20)), None)));
         r.observe(&Change::Remove(vec![a]));
-        assert!(!r.bans.contains_key(&a) && r.bans.len() == 1);
+        assert!(!r.bans.contains(&a) && r.bans.len() == 1);
     }
 }

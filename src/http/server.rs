@@ -330,6 +330,12 @@ mod tests {
     use crate::bans::BanCache;
     use tokio::net::TcpListener;
 
+    fn shared(view: BanCache) -> crate::bans::SharedView {
+        let s = crate::bans::SharedView::default();
+        drop(s.swap(view));
+        s
+    }
+
     fn endpoint(deny_status: u16) -> Endpoint {
         let mut view = BanCache::default();
         view.insert("192.0.2.1/32".parse().unwrap(), Until::At(crate::now_ms() + 90_500));
@@ -337,7 +343,7 @@ mod tests {
         view.insert("198.51.100.0/24".parse().unwrap(), Until::Permanent);
         view.insert("192.0.2.2/32".parse().unwrap(), Until::At(1));
         Endpoint {
-            decisions: Arc::new(Decisions::new(view, Arc::default())),
+            decisions: Arc::new(Decisions::new(shared(view), Arc::default())),
             deny_status,
             counters: Arc::default(),
             proxies: NetSet::default(),

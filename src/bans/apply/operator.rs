@@ -63,7 +63,7 @@ impl Bans {
                     Mode::For { ms, .. } => Until::At(now_ms + ms),
                     _ => Until::Permanent,
                 };
-                let until = match self.cache.get(&req.addr) {
+                let until = match self.cache.read().get(&req.addr) {
                     Some(cur) if cur > asked && !req.mode.replaces() => cur,
                     _ => asked,
                 };
@@ -107,7 +107,7 @@ impl Bans {
             }
             Err(e) if e.is_outage() && self.queue.is_some() => {
                 self.outage(&e);
-                let removed = self.cache.get(net).is_some();
+                let removed = self.cache.read().get(net).is_some();
                 let rules = rules.iter().map(|(n, w)| ((*n).to_owned(), *w)).collect();
                 let Some(q) = &mut self.queue else { return Err(e) };
                 if !q.push_unban(*net, rules) {
@@ -119,7 +119,7 @@ impl Bans {
             }
             Err(e) => return Err(e),
         };
-        self.cache.remove(net);
+        self.cache.write().remove(net);
         self.publish_active();
         self.changes.send(Change::Remove(vec![*net]));
         if unbanned.removed {
@@ -135,7 +135,7 @@ impl Bans {
     /// The bans of wider networks that still cover `net` here, by this
     /// host's view of the list.
     pub fn wider(&self, net: &IpNet) -> Vec<(IpNet, Until)> {
-        self.cache.wider(net)
+        self.cache.read().wider(net)
     }
 
     /// Whether the list is the fleet's, in Redis.
