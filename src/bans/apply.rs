@@ -169,6 +169,12 @@ impl Bans {
         self.publish_active();
     }
 
+    /// The view read-locked, for a scan of many hits (the pipeline holds
+    /// it for a chunk rather than locking per hit).
+    pub fn view_read(&self) -> std::sync::RwLockReadGuard<'_, BanCache> {
+        self.cache.read()
+    }
+
     /// The view of the list, to share with readers (the endpoint).
     pub fn view(&self) -> SharedView {
         self.cache.clone()

@@ -174,7 +174,10 @@ struct InFlight {
 /// The daemon's sink: a hit waits in the limiter unless its client is
 /// banned.
 struct Ingest<'a> {
-    bans: &'a Bans,
+    /// The view of the list, read-locked for the chunk: no lock per hit,
+    /// and nothing waits on it (the endpoint only reads; the one writer,
+    /// the ban owner, runs after the scan).
+    view: std::sync::RwLockReadGuard<'a, crate::bans::BanCache>,
     limiter: &'a mut Limiter,
     order: &'a mut Order,
     /// The address the scanner last asked about: it asks for each hit's
@@ -190,7 +193,7 @@ impl Sink for Ingest<'_> {
     #[inline]
     fn is_banned(&self, key: &IpNet, time_ms: i64) -> bool {
         self.asked.set(*key);
-        self.bans.is_banned(key, time_ms)
+        self.view.is_banned(key, time_ms)
     }
 
     #[inline]
@@ -465,7 +468,7 @@ impl Pipeline {
         let wall = crate::now_ms();
         self.seq += 1;
         let mut sink = Ingest {
-            bans: &self.bans,
+            view: self.bans.view_read(),
             now: self.limiter.mono_ms(),
             limiter: &mut self.limiter,
             order: &mut self.order,
