@@ -210,7 +210,7 @@ fn start_with_100k_bans() {
         let (cfg, control) = write_config(dir.path(), "bench-idle", &log, &redis);
         let mut d = Daemon::start(Some(&ns), &cfg, &control);
         std::thread::sleep(Duration::from_secs(1));
-        println!("daemon RSS idle (Redis, no bans): {:.1} MB", rss_mb(d.pid()));
+        println!("daemon RSS idle (Redis, no bans): {:.1} MB", common::rss_mb(d.pid()));
         d.stop(Duration::from_secs(10));
     }
     // 100k members: 3/4 single v4 addresses, 1/4 v6 /64s, one hour left.
@@ -281,7 +281,7 @@ fn start_with_100k_bans() {
         ms[ms.len() - 1],
         ms.len()
     );
-    println!("daemon RSS after them: {:.1} MB", rss_mb(d.pid()));
+    println!("daemon RSS after them: {:.1} MB", common::rss_mb(d.pid()));
     // What the enforcer itself spent per ban (its debug lines).
     let field = |l: &str, name: &str| -> Option<f64> {
         l.split_whitespace()
@@ -363,7 +363,7 @@ fn start_once(
         println!("  +{:.1} ms {l}", (at - t0) as f64 / 1000.0);
     }
     assert_eq!(v4 + v6, n);
-    println!("daemon RSS with {n} active bans: {:.1} MB", rss_mb(d.pid()));
+    println!("daemon RSS with {n} active bans: {:.1} MB", common::rss_mb(d.pid()));
     let field = |l: &str, name: &str| -> Option<f64> {
         l.split_whitespace()
             .find_map(|w| w.strip_prefix(name))
@@ -380,23 +380,11 @@ fn start_once(
         .find(|l| l.contains("nft transaction applied") && l.contains(&format!("added={n} ")))
         .and_then(|l| field(l, "took="))
         .unwrap_or(f64::NAN);
-    let rss = rss_mb(d.pid());
+    let rss = common::rss_mb(d.pid());
     (
         (ns, dir, cfg, d),
         [(applied - t0) as f64 / 1000.0, read * 1000.0, nft, rss],
     )
-}
-
-/// Resident set of a process in MB (VmRSS).
-fn rss_mb(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap();
-    kb / 1024.0
 }
 
 fn fleetban_bin_path() -> std::path::PathBuf {

@@ -116,7 +116,10 @@ fn checks() {
         println!("daemon pinned to CPU {cpu}: {ok}");
     }
     println!("{n} active bans, {conns} kept-alive connections, {seconds} s per run, {runs} runs");
-    println!("daemon RSS with the bans, before any check: {:.1} MB", rss_mb(d.pid()));
+    println!(
+        "daemon RSS with the bans, before any check: {:.1} MB",
+        common::rss_mb(d.pid())
+    );
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -144,20 +147,10 @@ fn checks() {
     }
     rates.sort_by(f64::total_cmp);
     println!("median {:.0} checks/s over {runs} runs", rates[rates.len() / 2]);
-    println!("daemon RSS after the runs: {:.1} MB", rss_mb(d.pid()));
+    println!("daemon RSS after the runs: {:.1} MB", common::rss_mb(d.pid()));
     let status = d.status();
     println!("daemon status http: {}", status["http"]);
     daemon_histogram(&metrics);
-}
-
-/// Resident memory of process `pid`, in MB.
-fn rss_mb(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
 }
 
 /// User + system CPU seconds of process `pid` so far (all its threads).

@@ -58,16 +58,23 @@ fn main() {
         let host = Host::new("scale-idle", &empty);
         let d = Daemon::start(Some(&ns), &host.cfg, &host.control);
         std::thread::sleep(Duration::from_secs(1));
-        let idle = rss_mb(d.pid());
+        let idle = (common::rss_mb(d.pid()), common::anon_mb(d.pid()));
         drop(d);
         idle
     };
-    println!("daemon RSS idle (Redis, no bans): {idle:.1} MB");
+    println!(
+        "daemon RSS idle (Redis, no bans): {:.1} MB (anonymous {:.1} MB)",
+        idle.0, idle.1
+    );
 
     let (ns_a, a, d_a) = start(&redis, "scalea", "scale-a", &last, n);
     let own = nft_alone(&ns_a);
     println!("nft's own transaction of the same ruleset (nft -f, fresh namespace): {own:.3} s");
-    println!("daemon RSS with {n} bans: {:.1} MB", rss_mb(d_a.pid()));
+    println!(
+        "daemon RSS with {n} bans: {:.1} MB (anonymous {:.1} MB)",
+        common::rss_mb(d_a.pid()),
+        common::anon_mb(d_a.pid())
+    );
     let (ns_b, _b, d_b) = start(&redis, "scaleb", "scale-b", &last, n);
 
     let mut mon = ns_b
@@ -141,9 +148,10 @@ fn main() {
     let _ = mon.kill();
     let _ = mon.wait();
     println!(
-        "daemon RSS after them: A {:.1} MB, B {:.1} MB",
-        rss_mb(d_a.pid()),
-        rss_mb(d_b.pid())
+        "daemon RSS after them: A {:.1} MB (anonymous {:.1} MB), B {:.1} MB",
+        common::rss_mb(d_a.pid()),
+        common::anon_mb(d_a.pid()),
+        common::rss_mb(d_b.pid())
     );
 }
 
@@ -449,7 +457,8 @@ fn used_memory(redis: &Redis) -> i64 {
         .expect("used_memory")
 }
 
-/// B's nft transactions so far (seconds), from its debug lines.
+/// B's nft transactions so far (seconds), from its debug lines
+/// (`took=0.42ms`, `took=12ms`, `took=1.2s`).
 fn transactions(d: &Daemon) -> Vec<f64> {
     d.log_text()
         .lines()
@@ -457,10 +466,18 @@ fn transactions(d: &Daemon) -> Vec<f64> {
         .filter(|l| l.contains("nft transaction applied"))
         .filter_map(|l| {
             l.split_whitespace()
-                .find_map(|w| w.strip_prefix("seconds="))
-                .and_then(|v| v.parse().ok())
+                .find_map(|w| w.strip_prefix("took="))
+                .and_then(seconds)
         })
         .collect()
+}
+
+/// A duration as `fleetban::took` writes it, in seconds.
+fn seconds(v: &str) -> Option<f64> {
+    match v.strip_suffix("ms") {
+        Some(ms) => ms.parse::<f64>().ok().map(|ms| ms / 1000.0),
+        None => v.strip_suffix('s')?.parse().ok(),
+    }
 }
 
 /// `p50 X ms, p99 Y ms (n)` of `v`.
@@ -483,15 +500,4 @@ fn now_us() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as i64)
-}
-
-/// Resident set of a process in MB (VmRSS).
-fn rss_mb(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map_or(f64::NAN, |kb| kb / 1024.0)
 }

@@ -12,13 +12,7 @@ use common::{append, cli, combined_line, now_ms, wait_until, ConfigDir, Daemon, 
 
 /// The daemon's resident memory, from /proc.
 fn rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc/PID/status");
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/PID/status");
-    kb * 1024
+    common::proc_status_kb(pid, "VmRSS").expect("VmRSS in /proc/PID/status") * 1024
 }
 
 const CLIENTS: u64 = 400_000;

@@ -14,30 +14,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use ipnet::IpNet;
 
 use super::netmap::NetMap;
-use crate::enforce::Until;
-
-/// A ban's end in 8 bytes aligned on 4: unix ms, `i64::MAX` for a
-/// permanent ban (an `Until` is 16 bytes aligned on 8): an IPv4 address's
-/// entry is 12 bytes and a control byte, an IPv6 /64's 16 and one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct End([u32; 2]);
-
-impl End {
-    pub fn of(u: Until) -> End {
-        let ms = match u {
-            Until::At(t) => t.min(i64::MAX - 1),
-            Until::Permanent => i64::MAX,
-        } as u64;
-        End([(ms >> 32) as u32, ms as u32])
-    }
-
-    pub fn until(self) -> Until {
-        match ((u64::from(self.0[0]) << 32) | u64::from(self.0[1])) as i64 {
-            i64::MAX => Until::Permanent,
-            t => Until::At(t),
-        }
-    }
-}
+use crate::enforce::{End, Until};
 
 #[derive(Clone, Debug, Default)]
 pub struct BanCache(NetMap<End>);

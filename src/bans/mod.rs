@@ -19,8 +19,9 @@ mod queue;
 mod refuse;
 mod valve;
 
+pub use crate::enforce::End;
 pub use apply::{Applied, BanCounters, Bans, Unbanned};
-pub use cache::{BanCache, End, SharedView};
+pub use cache::{BanCache, SharedView};
 pub use list::{BanList, BanListError};
 pub use netmap::NetMap;
 pub use networks::TopNetworks;

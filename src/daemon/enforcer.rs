@@ -439,7 +439,7 @@ async fn follow_never(enforcer: &mut Enforcer, asked: &mut Asked, never: &NeverB
     let whole: Vec<(IpNet, Until)> = enforcer
         .wanted_until()
         .filter(|(n, _)| never.overlaps(n))
-        .map(|(n, u)| (*n, *u))
+        .map(|(n, u)| (*n, u))
         .collect();
     // A piece of a split ban is wanted too: only a ban put in whole is taken here.
     let pieces: std::collections::HashSet<IpNet> = changed.iter().flat_map(|(_, _, p)| p.iter().copied()).collect();

@@ -239,11 +239,8 @@ fn kernel_kept(enforcer: &Enforcer) -> Vec<Element> {
     let now = crate::now_ms();
     enforcer
         .wanted_until()
-        .filter(|(_, u)| **u > Until::At(now))
-        .map(|(net, until)| Element {
-            net: *net,
-            until: *until,
-        })
+        .filter(|(_, u)| *u > Until::At(now))
+        .map(|(net, until)| Element { net: *net, until })
         .collect()
 }
 

@@ -22,7 +22,7 @@ use std::net::IpAddr;
 
 use ipnet::{IpNet, Ipv4Subnets, Ipv6Subnets};
 
-use super::{Element, ReconcileStats, Until};
+use super::{Element, End, ReconcileStats, Until};
 
 /// An applied element is not deleted from this long before its end: the
 /// kernel may already have expired it.
@@ -93,15 +93,22 @@ impl fmt::Display for Span {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Slot {
     pub hi: IpAddr,
-    pub until: Until,
+    /// When it expires (8 bytes: a book of 1,000,000 elements).
+    pub end: End,
     /// How much later than `until` the kernel's end may be (ms): read from
     /// a listing, `until` is its start plus `expires`, and the kernel
     /// counted down while nft listed (1M elements: tens of seconds); 0 for
     /// an element this process put in. Without it a slow listing made
     /// every element look shortened and re-added them all.
     pub slack: u32,
-    /// The last plan that keeps this element (`Book::mark`).
-    pub kept: u64,
+    /// The last plan that keeps this element (`Book::mark`, wrapping).
+    pub kept: u32,
+}
+
+impl Slot {
+    pub fn until(&self) -> Until {
+        self.end.until()
+    }
 }
 
 /// Where an applied element stands at `now`.
@@ -129,7 +136,7 @@ fn life(until: Until, now: i64) -> Life {
 /// [`REFRESH_TOLERANCE_MS`] of that window. Only an end really moved
 /// (extended, shortened) is re-added, not one the kernel counted down.
 fn same_until(slot: &Slot, want: Until) -> bool {
-    match (slot.until, want) {
+    match (slot.until(), want) {
         (Until::At(x), Until::At(y)) => {
             y > x - REFRESH_TOLERANCE_MS && y < x + i64::from(slot.slack) + REFRESH_TOLERANCE_MS
         }
@@ -172,7 +179,7 @@ impl Plan {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Book {
     /// What callers want enforced; nets truncated, none expired at last plan.
-    desired: BTreeMap<IpNet, Until>,
+    desired: BTreeMap<IpNet, End>,
     /// What the kernel holds: span start -> slot. Spans are disjoint.
     applied: BTreeMap<IpAddr, Slot>,
     /// From the last committed plan.
@@ -182,7 +189,7 @@ pub(crate) struct Book {
     /// elements: a plan allocates nothing in proportion to the bans (one
     /// ban on top of 100k used to allocate and free ~8 MB, which the
     /// allocator kept).
-    mark: u64,
+    mark: u32,
 }
 
 impl Book {
@@ -192,7 +199,7 @@ impl Book {
         for e in elems {
             match normalize(e, now) {
                 Some((net, until)) => {
-                    self.desired.insert(net, until);
+                    self.desired.insert(net, End::of(until));
                 }
                 None => expired += 1,
             }
@@ -216,7 +223,7 @@ impl Book {
             .filter_map(|e| {
                 let n = normalize(e, now);
                 expired += usize::from(n.is_none());
-                n
+                n.map(|(net, until)| (net, End::of(until)))
             })
             .collect();
         expired
@@ -234,7 +241,7 @@ impl Book {
                     s.lo,
                     Slot {
                         hi: s.hi,
-                        until: *u,
+                        end: End::of(*u),
                         slack,
                         kept: 0,
                     },
@@ -249,7 +256,7 @@ impl Book {
         self.desired.clear();
         for (&lo, slot) in &self.applied {
             for net in span_nets(Span { lo, hi: slot.hi }) {
-                self.desired.insert(net, slot.until);
+                self.desired.insert(net, slot.end);
             }
         }
     }
@@ -269,8 +276,8 @@ impl Book {
     }
 
     /// The wanted bans with their ends.
-    pub fn desired(&self) -> impl Iterator<Item = (&IpNet, &Until)> {
-        self.desired.iter()
+    pub fn desired(&self) -> impl Iterator<Item = (&IpNet, Until)> {
+        self.desired.iter().map(|(n, e)| (n, e.until()))
     }
 
     pub fn applied_len(&self) -> usize {
@@ -288,21 +295,22 @@ impl Book {
     /// The changes that make the kernel enforce `desired` at `now`. Drops
     /// expired wanted bans and surely-expired applied elements first.
     pub fn plan(&mut self, now: i64) -> Plan {
-        self.desired.retain(|_, u| match u {
-            Until::At(t) => *t > now,
+        self.desired.retain(|_, e| match e.until() {
+            Until::At(t) => t > now,
             Until::Permanent => true,
         });
-        self.applied.retain(|_, s| life(s.until, now) != Life::Gone);
+        self.applied.retain(|_, s| life(s.until(), now) != Life::Gone);
 
         let mut plan = Plan::default();
-        self.mark += 1;
+        self.mark = self.mark.wrapping_add(1);
         let mark = self.mark;
         // The cover: sorted by (network, prefix length), a net is inside some
         // kept net iff it is inside the last kept one (prefixes nest or are
         // disjoint), so one pass finds it.
         let mut top: Option<(IpNet, Until)> = None;
         let mut wanted_overlaps: Vec<IpAddr> = Vec::new();
-        for (&net, &until) in &self.desired {
+        for (&net, end) in &self.desired {
+            let until = end.until();
             if let Some((top, top_until)) = top {
                 if top.contains(&net) {
                     plan.stats.covered += 1;
@@ -329,7 +337,7 @@ impl Book {
             }
             let mut blocked = false;
             for (_, slot) in overlapping(&self.applied, span) {
-                if let (Life::Dying, Until::At(t)) = (life(slot.until, now), slot.until) {
+                if let (Life::Dying, Until::At(t)) = (life(slot.until(), now), slot.until()) {
                     blocked = true;
                     plan.wake = earliest(plan.wake, t + GONE_MARGIN_MS);
                 }
@@ -356,7 +364,7 @@ impl Book {
         }
 
         for (&lo, slot) in &self.applied {
-            if slot.kept != mark && life(slot.until, now) == Life::Live {
+            if slot.kept != mark && life(slot.until(), now) == Life::Live {
                 plan.delete.push(Span { lo, hi: slot.hi });
             }
         }
@@ -391,11 +399,11 @@ impl Book {
             if overlapping(&self.applied, span).any(|(lo, s)| lo != span.lo || s.hi != span.hi) {
                 return None;
             }
-            let wanted = match self.desired.get(&net) {
-                Some(Until::At(t)) if *t <= now => return None,
-                w => w.copied(),
+            let wanted = match self.desired.get(&net).map(|e| e.until()) {
+                Some(Until::At(t)) if t <= now => return None,
+                w => w,
             };
-            if exact.is_some_and(|s| life(s.until, now) != Life::Live) {
+            if exact.is_some_and(|s| life(s.until(), now) != Life::Live) {
                 return None;
             }
             match (wanted, exact) {
@@ -469,7 +477,7 @@ impl Book {
                         span.lo,
                         Slot {
                             hi: span.hi,
-                            until,
+                            end: End::of(until),
                             slack: 0,
                             kept: 0,
                         },
@@ -488,7 +496,7 @@ impl Book {
                 span.lo,
                 Slot {
                     hi: span.hi,
-                    until,
+                    end: End::of(until),
                     slack: 0,
                     kept: 0,
                 },

@@ -330,3 +330,23 @@ pub fn parse_rfc3339_us(s: &str) -> i64 {
     let days = era * 146_097 + doe - 719_468;
     ((days * 86_400 + t[0] * 3600 + t[1] * 60 + t[2]) * 1_000_000) + us
 }
+
+/// A field of `/proc/PID/status` in kB (`VmRSS`, `RssAnon`, ...); None when
+/// the process or the field is gone.
+pub fn proc_status_kb(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let value = status.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
+    value.split_whitespace().next()?.parse().ok()
+}
+
+/// Resident memory of process `pid` in MB (VmRSS; NaN when gone).
+pub fn rss_mb(pid: u32) -> f64 {
+    proc_status_kb(pid, "VmRSS").map_or(f64::NAN, |kb| kb as f64 / 1024.0)
+}
+
+/// The anonymous part of it in MB (RssAnon: the heap and stacks, not the
+/// pages of the binary's own code, which count in VmRSS but are the page
+/// cache's, shared and reclaimable).
+pub fn anon_mb(pid: u32) -> f64 {
+    proc_status_kb(pid, "RssAnon").map_or(f64::NAN, |kb| kb as f64 / 1024.0)
+}
