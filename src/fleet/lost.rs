@@ -20,6 +20,7 @@ use std::path::PathBuf;
 
 use ipnet::IpNet;
 
+use super::kept::{Kept, Names};
 use crate::bans::{BanList, BanListError, BanRecord, End, NetMap};
 use crate::enforce::{Change, Element, Until};
 
@@ -31,10 +32,12 @@ pub struct Remembered {
     /// The fleet's epoch at this host's last snapshot (None before the first).
     epoch: Option<String>,
     /// The list as this host last applied it: each entry's end and record
-    /// (as `ban.lua` wrote it; None until a snapshot has read it). Compact
-    /// (`NetMap`): with a million bans this is the largest table a host
+    /// (None until a snapshot has read it). Compact (`NetMap`, records as
+    /// `kept::Kept`): with a million bans this is the largest table a host
     /// keeps.
-    bans: NetMap<(End, Option<Box<str>>)>,
+    bans: NetMap<(End, Option<Kept>)>,
+    /// The rule, host and reason the records share.
+    names: Names,
     /// Reading the epoch was refused once (warned once).
     refused: bool,
     /// The embedded store's file this host joins Redis with and its active
@@ -178,7 +181,7 @@ impl Remembered {
                 .bans
                 .iter()
                 .filter(|(_, (u, _))| live(&u.until()))
-                .map(|(n, (u, rec))| (n, u.until(), rec.as_deref().map(str::to_owned)))
+                .map(|(n, (u, rec))| (n, u.until(), rec.and_then(|r| self.names.text(&r, u.until()))))
                 .collect();
             // Remembered as lost until written: a failure here retries.
             let written = list.restore(&back, host, now).await?;
@@ -233,7 +236,9 @@ impl Remembered {
                 Ok(recs) => {
                     for (net, rec) in some.iter().zip(recs) {
                         if let (Some(entry), Some(rec)) = (self.bans.get_mut(net), rec) {
-                            entry.1 = Some(rec.into_boxed_str());
+                            // A record that does not parse is written back
+                            // as restored, as one never read.
+                            entry.1 = Some(self.names.keep(&rec).unwrap_or(Kept::UNREADABLE));
                         }
                     }
                 }
@@ -297,8 +302,9 @@ mod tests {
                 until: Until::Permanent,
             },
         ]));
+        let kept = r.names.keep(r#"{"rule":"r"}"#).unwrap();
         r.bans.retain(|rec| {
-            rec.1 = Some("{}".into());
+            rec.1 = Some(kept);
             true
         });
         // A reconcile: `a` unchanged keeps its record, `b` banned anew loses it.
@@ -312,7 +318,7 @@ mod tests {
                 until: Until::At(20),
             },
         ]));
-        assert_eq!(r.bans.get(&a), Some(&(End::of(Until::At(10)), Some("{}".into()))));
+        assert_eq!(r.bans.get(&a), Some(&(End::of(Until::At(10)), Some(kept))));
         assert_eq!(r.bans.get(&b), Some(&(End::of(Until::At(20)), None)));
         r.observe(&Change::Remove(vec![a]));
         assert!(!r.bans.contains(&a) && r.bans.len() == 1);

@@ -24,6 +24,7 @@
 //! way the host reconciles at once.
 
 pub mod hot;
+mod kept;
 mod lost;
 mod story;
 
