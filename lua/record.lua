@@ -1,7 +1,8 @@
 -- record.lua: a ban's record, compact (docs/design.md §3, "The records").
--- Put in place of its line in ban.lua, unban.lua, restore.lua, canon.lua
--- and records.lua when they are embedded (a script cannot load another);
--- KEYS[2] is {prefix}:banrec in each.
+-- Put in place of its line in ban.lua, unban.lua, restore.lua and
+-- canon.lua when they are embedded (a script cannot load another); KEYS[2]
+-- is {prefix}:banrec in each. Many records are read by src/bans/list/record.rs
+-- (decode_record), which must agree with rec_slot and rec_decode here.
 -- A record is {rule, reason, host, since, count, hits} (its end is the
 -- list's score). Most are stored compact, ~30 B each with their share of
 -- the buckets:

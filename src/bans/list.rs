@@ -17,7 +17,7 @@ mod read;
 mod record;
 pub use memory::MemoryBans;
 pub(crate) use read::PAGE;
-pub use record::decode_record;
+pub use record::{decode_record, Names, RecordFields};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BanListError {
@@ -170,9 +170,9 @@ impl BanList {
                         let effect = Effect::parse(&effect).ok_or_else(|| BanListError::Reply(effect.clone()))?;
                         let was = parse_until(&was).ok_or_else(|| BanListError::Reply(was.clone()))?;
                         // The record as ban.lua wrote it (rule, host, start kept).
-                        let raw = record::read_records(con, keys, &[req.addr]).await?.pop().flatten();
-                        let rec = match raw.as_deref().filter(|r| record::is_record(r)) {
-                            Some(r) => decode_record(req.addr, until, Some(r)),
+                        let fields = record::read_records(con, keys, &[req.addr]).await?.pop().flatten();
+                        let rec = match fields {
+                            Some(f) => RecordFields::into_record(Some(f), req.addr, until),
                             None => req.record(now_ms, until_ms(until), count),
                         };
                         Ok((Outcome::Changed { rec, effect, was }, None))
@@ -248,14 +248,14 @@ impl BanList {
         }
     }
 
-    /// The records of `addrs` as JSON text (`lua/records.lua`: a compact
-    /// record decoded, a JSON one as written; None where there is none),
-    /// read 1,000 at a time.
+    /// The records of `addrs` as JSON text, the form `restore` takes (None
+    /// where there is none or it is damaged).
     pub async fn raw_records(&mut self, addrs: &[IpNet]) -> Result<Vec<Option<String>>, BanListError> {
         let BanList::Redis { con, keys } = self else {
             return Ok(vec![None; addrs.len()]);
         };
-        record::read_records(con, keys, addrs).await
+        let recs = record::read_records(con, keys, addrs).await?;
+        Ok(recs.into_iter().map(|r| r.map(|f| f.to_json())).collect())
     }
 
     /// Writes back `bans` (network, end, record as `ban.lua` wrote it) that
@@ -277,9 +277,11 @@ impl BanList {
             let mut cmd = RESTORE.cmd(&[&keys.bans(), &keys.records(), &keys.events()]);
             cmd.arg(host).arg(STREAM_MAXLEN);
             for (net, until, rec) in some {
-                let parsed = rec.as_deref().filter(|r| record::is_record(r));
-                let rec = match parsed {
-                    Some(r) => r.to_owned(),
+                let parsed = rec
+                    .as_deref()
+                    .and_then(|r| serde_json::from_str::<RecordFields>(r).ok());
+                let rec = match (&parsed, rec) {
+                    (Some(_), Some(r)) => r.clone(),
                     _ => serde_json::json!({
                         "rule": "", "reason": "restored after Redis lost the ban list", "host": host,
                         "since": now_ms, "until": match until { Until::At(t) => Some(*t), Until::Permanent => None },
@@ -293,7 +295,7 @@ impl BanList {
                 };
                 cmd.arg(AddrText(net).to_string())
                     .arg(until)
-                    .arg(parsed.map(record::rule_of).unwrap_or_default())
+                    .arg(parsed.map(|p| p.rule).unwrap_or_default())
                     .arg(rec);
             }
             let added: i64 = RESTORE.run(con, &cmd).await?;
@@ -409,7 +411,7 @@ impl BanList {
                 Ok(entries
                     .into_iter()
                     .zip(recs)
-                    .map(|((addr, until), rec)| decode_record(addr, until, rec.as_deref()))
+                    .map(|((addr, until), rec)| RecordFields::into_record(rec, addr, until))
                     .collect())
             }
         }

@@ -21,7 +21,7 @@ pub use keys::{slot, Keys, StateKey, ADDRESS_BUCKETS, STREAM_MAXLEN};
 pub use probe::{probe, Probe};
 pub(crate) use scripts::with_tier;
 pub use scripts::{
-    is_noscript, value_is_noscript, LuaScript, BAN, BANS_PAGE, CANON, PROBE, RECORDS, RECORD_LUA, RESTORE, UNBAN,
+    is_noscript, value_is_noscript, LuaScript, BAN, BANS_PAGE, CANON, PROBE, RECORD_LUA, RESTORE, UNBAN,
 };
 
 /// Connects now (fails if Redis does not answer); every command times out

@@ -46,9 +46,6 @@ pub static UNBAN: std::sync::LazyLock<LuaScript> =
 
 pub static CANON: std::sync::LazyLock<LuaScript> =
     std::sync::LazyLock::new(|| LuaScript::new("canon", with_record(include_str!("../../lua/canon.lua"))));
-/// `lua/records.lua`: the records of up to 1,000 members, as JSON text.
-pub static RECORDS: std::sync::LazyLock<LuaScript> =
-    std::sync::LazyLock::new(|| LuaScript::new("records", with_record(include_str!("../../lua/records.lua"))));
 /// `lua/bans_page.lua`: one page of the active list (`bans::list`'s read).
 pub static BANS_PAGE: std::sync::LazyLock<LuaScript> =
     std::sync::LazyLock::new(|| LuaScript::new("bans_page", include_str!("../../lua/bans_page.lua").to_owned()));

@@ -248,7 +248,7 @@ impl Redis {
     }
 
     /// The record of the ban of `addr` (as the list holds it) under the
-    /// prefix `fleetban`, as the library reads it (`lua/records.lua`: a
+    /// prefix `fleetban`, as the library reads it (`BanList::raw_records`: a
     /// compact record as JSON text, a JSON one as written); None without one.
     pub fn record_text(&self, addr: &str) -> Option<String> {
         let net = fleetban::addr::parse_member(addr).unwrap_or_else(|| panic!("{addr}: not a member"));
