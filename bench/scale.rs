@@ -313,40 +313,90 @@ fn nft_alone(ns: &NetNs) -> f64 {
     secs
 }
 
+/// The script that writes list members with a record each, as `ban.lua`
+/// does (`lua/record.lua`'s `rec_put`): a rule's ban by one of three
+/// hosts, its reason as `Limit::reason` words it. ARGV: end, now, then
+/// the members; KEYS: the list and `{fleetban}:banrec`.
+fn writer() -> String {
+    format!(
+        "{}\n{}",
+        fleetban::store::RECORD_LUA,
+        r#"
+local u, now = ARGV[1], tonumber(ARGV[2])
+for i = 3, #ARGV do
+  local m, hits = ARGV[i], 101 + i % 7
+  redis.call('ZADD', KEYS[1], u, m)
+  rec_put(m, {rule = 'nginx-scraper', reason = hits .. ' hits within 1m', host = 'web-' .. (1 + i % 3),
+    since = now, ['until'] = tonumber(u), count = 1, hits = hits})
+end
+return #ARGV - 2"#
+    )
+}
+
 /// Writes `n` list members and their records as `ban.lua` does, all ending
 /// at `until`; returns the list's last member.
 fn preload(redis: &Redis, n: u64, until: i64, shape: &str) -> String {
-    let script = r#"
-local n, u, shape, now = tonumber(ARGV[1]), ARGV[2], ARGV[3], tonumber(ARGV[4])
-for i = 0, n - 1 do
-  local m
-  if i % 4 == 3 then
-    m = string.format('2001:db8:%x:%x::/64', math.floor(i / 65536), i % 65536)
-  else
-    m = string.format('%d.%d.%d.%d', 100 + math.floor(i / 16777216) % 50, math.floor(i / 65536) % 256,
-      math.floor(i / 256) % 256, i % 256)
-  end
-  redis.call('ZADD', KEYS[1], u, m)
-  redis.call('HSET', KEYS[2], m, cjson.encode({rule = 'nginx-scraper', reason = '', host = 'web-1',
-    since = now, ['until'] = tonumber(u), count = 1, hits = 120}))
-end
-return n"#;
-    if shape == "net" {
-        return preload_nets(redis, n, until);
-    }
+    let members: Vec<String> = if shape == "net" {
+        nets(n).iter().map(ToString::to_string).collect()
+    } else {
+        (0..n).map(address).collect()
+    };
+    let sha = redis.cli(&["SCRIPT", "LOAD", &writer()]).trim().to_owned();
     let now = fleetban::now_ms().to_string();
-    redis.cli(&[
-        "EVAL",
-        script,
-        "2",
-        "{fleetban}:bans",
-        "{fleetban}:banrec",
-        &n.to_string(),
-        &until.to_string(),
-        shape,
-        &now,
-    ]);
+    let until = until.to_string();
+    // EVALSHA calls of 1,000 members each, through redis-cli's pipe.
+    let mut cmds = String::new();
+    for some in members.chunks(1000) {
+        let mut args = vec![
+            "EVALSHA",
+            &sha,
+            "2",
+            "{fleetban}:bans",
+            "{fleetban}:banrec",
+            &until,
+            &now,
+        ];
+        args.extend(some.iter().map(String::as_str));
+        cmds += &format!("*{}\r\n", args.len());
+        for a in args {
+            cmds += &format!("${}\r\n{a}\r\n", a.len());
+        }
+    }
+    let mut pipe = redis.cli_command();
+    let mut child = pipe
+        .arg("--pipe")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-cli --pipe");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(cmds.as_bytes())
+        .expect("pipe");
+    assert!(child.wait().expect("redis-cli").success());
+    assert_eq!(
+        redis.cli(&["ZCARD", "{fleetban}:bans"]).trim(),
+        n.to_string(),
+        "the list loaded"
+    );
     last_member(redis)
+}
+
+/// `addr` shape: the `i`-th member, 3/4 IPv4 addresses, 1/4 IPv6 /64s.
+fn address(i: u64) -> String {
+    if i % 4 == 3 {
+        format!("2001:db8:{:x}:{:x}::/64", i / 65536, i % 65536)
+    } else {
+        format!(
+            "{}.{}.{}.{}",
+            100 + (i / 16_777_216) % 50,
+            (i / 65536) % 256,
+            (i / 256) % 256,
+            i % 256
+        )
+    }
 }
 
 /// The list's last entry in its order (all share one end: by member).
@@ -361,8 +411,8 @@ fn last_member(redis: &Redis) -> String {
 
 /// `net` shape: networks (IPv4 /16-/31, IPv6 /32-/63), each written as
 /// its network address, none inside another (a ban inside a wider one is
-/// not put into nft: `enforce/cover.rs`), through redis-cli's pipe.
-fn preload_nets(redis: &Redis, n: u64, until: i64) -> String {
+/// not put into nft: `enforce/cover.rs`).
+fn nets(n: u64) -> Vec<ipnet::IpNet> {
     use std::collections::BTreeSet;
     let mut candidates = BTreeSet::new();
     let mut i: u64 = 0;
@@ -401,43 +451,7 @@ fn preload_nets(redis: &Redis, n: u64, until: i64) -> String {
             break kept;
         }
     };
-    let now = fleetban::now_ms();
-    let mut cmds = String::new();
-    for net in &nets {
-        let m = net.to_string();
-        let rec = format!(
-            "{{\"rule\":\"nginx-scraper\",\"reason\":\"\",\"host\":\"web-1\",\"since\":{now},\"until\":{until},\"count\":1,\"hits\":120}}"
-        );
-        for args in [
-            vec![
-                "ZADD".to_owned(),
-                "{fleetban}:bans".to_owned(),
-                until.to_string(),
-                m.clone(),
-            ],
-            vec!["HSET".to_owned(), "{fleetban}:banrec".to_owned(), m.clone(), rec],
-        ] {
-            cmds += &format!("*{}\r\n", args.len());
-            for a in args {
-                cmds += &format!("${}\r\n{a}\r\n", a.len());
-            }
-        }
-    }
-    let mut pipe = redis.cli_command();
-    let mut child = pipe
-        .arg("--pipe")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-cli --pipe");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(cmds.as_bytes())
-        .expect("pipe");
-    assert!(child.wait().expect("redis-cli").success());
-    last_member(redis)
+    nets
 }
 
 /// A well-mixed 64-bit value of `i` (splitmix64).

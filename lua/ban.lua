@@ -1,6 +1,7 @@
 -- Writes one ban atomically: ban list, record, event, offence count (DESIGN §3).
 -- KEYS[1] {prefix}:bans     ZSET  member = address or prefix, score = expiry ms (inf = permanent)
--- KEYS[2] {prefix}:banrec   HASH  address -> JSON record
+-- KEYS[2] {prefix}:banrec   the records (lua/record.lua: compact in
+--         {prefix}:banrec:N and :meta, or JSON in this HASH)
 -- KEYS[3] {prefix}:events   STREAM
 -- KEYS[4] {prefix}:off:ADDR STRING offence count, TTL forget_after
 -- KEYS[5] {prefix}:esc:RULE:NET ZSET  (escalate_network only) member =
@@ -26,7 +27,9 @@
 -- 'new'), 0 if a rule's ban found one active (effect 'active'), 2 for an
 -- operator's ban of an active one (effect 'kept', 'extended' or
 -- 'replaced'; was = the active ban's end). A damaged record (not a JSON
--- object) is no record: the ban is written anew, keeping the later end.
+-- object, or compact and unreadable) is no record: the ban is written
+-- anew, keeping the later end.
+-- record.lua: the records (lua/record.lua), put here when the script is embedded
 local addr = ARGV[1]
 local now = tonumber(ARGV[2])
 local duration = tonumber(ARGV[3])
@@ -40,7 +43,7 @@ local replace = ARGV[13] == '1'
 local old = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, 100)
 if #old > 0 then
   redis.call('ZREM', KEYS[1], unpack(old))
-  redis.call('HDEL', KEYS[2], unpack(old))
+  for _, m in ipairs(old) do rec_del(m) end
 end
 
 local function fmt(u)
@@ -57,19 +60,14 @@ elseif cur then
   cur = tonumber(cur)
   if cur and cur <= now then cur = nil end
 end
-local currec
+local currec, damaged
 if cur then
-  local rec = redis.call('HGET', KEYS[2], addr)
-  if rec then
-    local ok, r = pcall(cjson.decode, rec)
-    if ok and type(r) == 'table' then currec = r end
-  end
+  currec, damaged = rec_get(addr)
 end
 
 if mode == 'auto' and cur then
   -- Active: nothing new (with a damaged record, written anew below).
-  local rec = redis.call('HGET', KEYS[2], addr)
-  if not rec or currec then
+  if not damaged then
     local count = (currec and tonumber(currec['count'])) or 1
     return {0, fmt(cur), count, 'active', fmt(cur), ''}
   end
@@ -124,9 +122,8 @@ if cur then
 end
 
 local until_s = fmt(untl)
-local rec = cjson.encode({rule = rule, reason = reason, host = host, since = since,
+rec_put(addr, {rule = rule, reason = reason, host = host, since = since,
   ['until'] = (untl == 'inf') and cjson.null or untl, count = count, hits = hits})
-redis.call('HSET', KEYS[2], addr, rec)
 if effect ~= 'kept' then
   redis.call('ZADD', KEYS[1], until_s, addr)
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[12], '*', 'op', 'ban', 'addr', addr,
@@ -153,8 +150,8 @@ if mode == 'auto' and code == 1 and net and net ~= '' and KEYS[5] then
     if not active then
       local nu = now + tonumber(ARGV[17])
       net_until = fmt(nu)
-      redis.call('HSET', KEYS[2], net, cjson.encode({rule = ARGV[7], reason = ARGV[18],
-        host = ARGV[9], since = now, ['until'] = nu, count = 1, hits = 0}))
+      rec_put(net, {rule = ARGV[7], reason = ARGV[18],
+        host = ARGV[9], since = now, ['until'] = nu, count = 1, hits = 0})
       redis.call('ZADD', KEYS[1], net_until, net)
       redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[12], '*', 'op', 'ban', 'addr', net,
         'until', net_until, 'rule', ARGV[7], 'host', ARGV[9])

@@ -6,6 +6,7 @@
 -- KEYS[1] {prefix}:bans  KEYS[2] {prefix}:banrec
 -- ARGV pairs: member as found, member as fleetban writes it
 -- Returns how many members were rewritten.
+-- record.lua: the records (lua/record.lua), put here when the script is embedded
 local n = 0
 for i = 1, #ARGV, 2 do
   local raw, canon = ARGV[i], ARGV[i + 1]
@@ -13,11 +14,11 @@ for i = 1, #ARGV, 2 do
   if score then
     redis.call('ZADD', KEYS[1], 'GT', score, canon)
     redis.call('ZREM', KEYS[1], raw)
-    local rec = redis.call('HGET', KEYS[2], raw)
-    if rec and not redis.call('HGET', KEYS[2], canon) then
-      redis.call('HSET', KEYS[2], canon, rec)
+    local rec = rec_get(raw)
+    if rec and not rec_get(canon) then
+      rec_put(canon, rec)
     end
-    redis.call('HDEL', KEYS[2], raw)
+    rec_del(raw)
     n = n + 1
   end
 end

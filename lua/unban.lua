@@ -6,11 +6,12 @@
 -- spellings of addr that may be members (`::ffff:a.b.c.d` of an IPv4
 -- address, until a reconcile rewrote it; lua/canon.lua)
 -- Returns 1 if the address was banned, 0 otherwise.
+-- record.lua: the records (lua/record.lua), put here when the script is embedded
 local removed = redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
+rec_del(ARGV[1])
 for i = 4, #ARGV do
   removed = removed + redis.call('ZREM', KEYS[1], ARGV[i])
-  redis.call('HDEL', KEYS[2], ARGV[i])
+  rec_del(ARGV[i])
 end
 if removed > 1 then removed = 1 end
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'op', 'unban', 'addr', ARGV[1], 'host', ARGV[2])

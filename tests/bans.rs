@@ -73,8 +73,7 @@ fn escalation_is_the_same_in_redis_and_embedded() {
         escalation(&mut BanList::memory(None)).await;
     });
     // The record, the event and the offence count were written with the ban.
-    let rec: serde_json::Value =
-        serde_json::from_str(&redis.cli(&["HGET", "{fleetban}:banrec", "203.0.113.7"])).unwrap();
+    let rec: serde_json::Value = redis.record("203.0.113.7");
     assert_eq!(rec["count"], 3);
     assert_eq!(rec["hits"], 7);
     assert_eq!(redis.cli(&["GET", "{fleetban}:off:203.0.113.7"]), "3");

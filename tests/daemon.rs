@@ -70,8 +70,7 @@ fn a_scraper_is_banned_in_redis_and_nft_and_the_allowed_never() {
         (until - (now_ms() + 3_600_000) as f64).abs() < 60_000.0,
         "ban of about 1h, got {until}"
     );
-    let rec: serde_json::Value =
-        serde_json::from_str(&redis.cli(&["HGET", "{fleetban}:banrec", "203.0.113.7"])).unwrap();
+    let rec: serde_json::Value = redis.record("203.0.113.7");
     assert_eq!(rec["rule"], "scraper");
     assert_eq!(rec["host"], "test-host");
     assert_eq!(rec["hits"], 6);

@@ -220,8 +220,7 @@ fn the_daemon_bans_a_prober_by_distinct_paths_and_not_a_busy_page() {
     common::wait_until(Duration::from_secs(20), "every line read", || {
         d.status()["lines"].as_u64() == Some(240) && d.status()["redis"]["held_hits"] == 0
     });
-    let rec: serde_json::Value =
-        serde_json::from_str(&redis.cli(&["HGET", "{fleetban}:banrec", "203.0.113.7"])).expect("a record");
+    let rec: serde_json::Value = redis.record("203.0.113.7");
     assert_eq!(rec["hits"], 31, "{rec}");
     assert_eq!(
         redis.cli(&["ZSCORE", "{fleetban}:bans", "198.51.100.20"]),

@@ -176,7 +176,7 @@ fn the_daemon_bans_on_the_first_matching_request_with_hits_zero() {
         if let Some(redis) = &redis {
             let keys = redis.cli(&["--scan", "--pattern", "fleetban:win:*"]);
             assert!(keys.trim().is_empty(), "a window was written: {keys}");
-            let rec = redis.cli(&["HGET", "{fleetban}:banrec", "203.0.113.61"]);
+            let rec = redis.record_text("203.0.113.61").unwrap_or_default();
             assert!(rec.contains("\"hits\":1"), "{rec}");
             let status = d.status();
             assert_eq!(status["redis"]["round_trips"], 0, "the limiter asked Redis: {status}");

@@ -63,8 +63,7 @@ fn fifty_addresses_of_one_network_are_dropped_as_a_24_by_every_host_and_an_allow
     });
     // One ban, of the network, decided by the rule: no address of it alone.
     assert_eq!(fleet.redis.cli(&["ZCARD", "{fleetban}:bans"]), "1", "{}", fleet.logs());
-    let rec: serde_json::Value =
-        serde_json::from_str(&fleet.redis.cli(&["HGET", "{fleetban}:banrec", NETWORK])).expect("a JSON record");
+    let rec: serde_json::Value = fleet.redis.record(NETWORK);
     assert_eq!(rec["rule"], common::fleet::RULE, "{rec}");
     assert_eq!(rec["hits"], LIMIT + 1, "{rec}");
     assert_eq!(

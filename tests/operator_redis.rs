@@ -21,8 +21,7 @@ fn rebanning_never_shortens_a_ban_and_keeps_its_reason_over_redis() {
     let redis = Redis::start();
     let r = redis_rig(&redis, "");
     rebanning_never_shortens(&r);
-    let rec: serde_json::Value =
-        serde_json::from_str(&redis.cli(&["HGET", "{fleetban}:banrec", "198.51.100.7"])).unwrap();
+    let rec: serde_json::Value = redis.record("198.51.100.7");
     assert_eq!(
         (rec["reason"].as_str(), rec["rule"].as_str()),
         (Some("again"), Some("manual")),
@@ -127,8 +126,7 @@ fn ban_and_unban_while_redis_is_down_go_through_the_daemon_and_reach_redis_in_or
     wait_until(Duration::from_secs(10), "the queue empty", || {
         d.status()["redis"]["queued_bans"] == 0
     });
-    let rec: serde_json::Value =
-        serde_json::from_str(&redis.cli(&["HGET", "{fleetban}:banrec", "198.51.100.32"])).unwrap();
+    let rec: serde_json::Value = redis.record("198.51.100.32");
     assert_eq!(rec["reason"], "while down", "{rec}");
     // Banned then unbanned while down: written in that order, so not banned.
     assert_eq!(redis.cli(&["ZSCORE", "{fleetban}:bans", "198.51.100.31"]), "");

@@ -58,10 +58,9 @@ fn a_damaged_ban_record_is_replaced_by_the_next_ban_and_is_no_outage() {
 
     scrape(&r, &["203.0.113.95".into()]);
     wait_until(Duration::from_secs(10), "the damaged record replaced", || {
-        redis.cli(&["HGET", "{fleetban}:banrec", "203.0.113.95"]) != "not json"
+        redis.record_text("203.0.113.95").as_deref() != Some("not json")
     });
-    let rec: serde_json::Value = serde_json::from_str(&redis.cli(&["HGET", "{fleetban}:banrec", "203.0.113.95"]))
-        .unwrap_or_else(|e| panic!("record not JSON ({e}):\n{}", d.log_text()));
+    let rec = redis.record("203.0.113.95");
     assert_eq!(
         (rec["rule"].as_str(), rec["host"].as_str()),
         (Some("scraper"), Some("fault-host"))
@@ -188,10 +187,7 @@ fn a_ban_list_redis_lost_is_written_back_and_a_real_unban_still_works() {
         .iter()
         .map(|e| redis.cli(&["ZSCORE", "{fleetban}:bans", e]))
         .collect();
-    let recs: Vec<String> = banned
-        .iter()
-        .map(|e| redis.cli(&["HGET", "{fleetban}:banrec", e]))
-        .collect();
+    let recs: Vec<serde_json::Value> = banned.iter().map(|e| redis.record(e)).collect();
     // Each host has taken the fleet's epoch and the records (one reconcile).
     std::thread::sleep(Duration::from_millis(1500));
 
@@ -204,14 +200,9 @@ fn a_ban_list_redis_lost_is_written_back_and_a_real_unban_still_works() {
         });
         // The same fields and values (a host writes back what it kept,
         // not the text it read).
-        let json = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap_or_default();
         for (e, rec) in banned.iter().zip(&recs) {
-            assert!(json(rec).is_object(), "a record of {e} before the loss: {rec}");
-            assert_eq!(
-                json(&redis.cli(&["HGET", "{fleetban}:banrec", e])),
-                json(rec),
-                "the record of {e}"
-            );
+            assert!(rec.is_object(), "a record of {e} before the loss: {rec}");
+            assert_eq!(&redis.record(e), rec, "the record of {e}");
         }
         // Still enforced by both, across more reconciles.
         std::thread::sleep(Duration::from_millis(2500));

@@ -78,14 +78,12 @@ fn a_host_joining_redis_writes_its_embedded_bans_to_the_fleets_list() {
         assert!(in_set(&ns, a), "{a} lifted:\n{}", d.log_text());
     }
     // Records kept: who decided, and why.
-    let rec: serde_json::Value =
-        serde_json::from_str(&redis.cli(&["HGET", "{fleetban}:banrec", "203.0.113.50"])).unwrap();
+    let rec: serde_json::Value = redis.record("203.0.113.50");
     assert_eq!(
         (rec["rule"].as_str(), rec["host"].as_str()),
         (Some("scraper"), Some("mover"))
     );
-    let rec: serde_json::Value =
-        serde_json::from_str(&redis.cli(&["HGET", "{fleetban}:banrec", "198.51.100.1"])).unwrap();
+    let rec: serde_json::Value = redis.record("198.51.100.1");
     assert_eq!(
         (rec["rule"].as_str(), rec["reason"].as_str()),
         (Some("manual"), Some("by hand"))

@@ -14,8 +14,10 @@ use crate::store::{Keys, BAN, RESTORE, STREAM_MAXLEN, UNBAN};
 
 mod memory;
 mod read;
+mod record;
 pub use memory::MemoryBans;
 pub(crate) use read::PAGE;
+pub use record::{decode_record, Names, RecordFields};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BanListError {
@@ -168,16 +170,11 @@ impl BanList {
                         let effect = Effect::parse(&effect).ok_or_else(|| BanListError::Reply(effect.clone()))?;
                         let was = parse_until(&was).ok_or_else(|| BanListError::Reply(was.clone()))?;
                         // The record as ban.lua wrote it (rule, host, start kept).
-                        let rec: Option<String> = redis::cmd("HGET")
-                            .arg(keys.records())
-                            .arg(&addr)
-                            .query_async(con)
-                            .await?;
-                        let mut rec = rec
-                            .and_then(|s| serde_json::from_str::<RecordJson>(&s).ok())
-                            .map(|j| j.into_record(req.addr))
-                            .unwrap_or_else(|| req.record(now_ms, None, count));
-                        rec.until = until_ms(until);
+                        let fields = record::read_records(con, keys, &[req.addr]).await?.pop().flatten();
+                        let rec = match fields {
+                            Some(f) => RecordFields::into_record(Some(f), req.addr, until),
+                            None => req.record(now_ms, until_ms(until), count),
+                        };
                         Ok((Outcome::Changed { rec, effect, was }, None))
                     }
                 }
@@ -251,23 +248,14 @@ impl BanList {
         }
     }
 
-    /// The records of `addrs` as `ban.lua` wrote them (JSON text; None
-    /// where there is none), read 1,000 at a time.
+    /// The records of `addrs` as JSON text, the form `restore` takes (None
+    /// where there is none or it is damaged).
     pub async fn raw_records(&mut self, addrs: &[IpNet]) -> Result<Vec<Option<String>>, BanListError> {
         let BanList::Redis { con, keys } = self else {
             return Ok(vec![None; addrs.len()]);
         };
-        let mut out = Vec::with_capacity(addrs.len());
-        for some in addrs.chunks(1000) {
-            let mut cmd = redis::cmd("HMGET");
-            cmd.arg(keys.records());
-            for a in some {
-                cmd.arg(AddrText(a).to_string());
-            }
-            let recs: Vec<Option<String>> = cmd.query_async(con).await?;
-            out.extend(recs);
-        }
-        Ok(out)
+        let recs = record::read_records(con, keys, addrs).await?;
+        Ok(recs.into_iter().map(|r| r.map(|f| f.to_json())).collect())
     }
 
     /// Writes back `bans` (network, end, record as `ban.lua` wrote it) that
@@ -289,8 +277,10 @@ impl BanList {
             let mut cmd = RESTORE.cmd(&[&keys.bans(), &keys.records(), &keys.events()]);
             cmd.arg(host).arg(STREAM_MAXLEN);
             for (net, until, rec) in some {
-                let parsed = rec.as_deref().and_then(|r| serde_json::from_str::<RecordJson>(r).ok());
-                let rec = match (parsed.as_ref(), rec) {
+                let parsed = rec
+                    .as_deref()
+                    .and_then(|r| serde_json::from_str::<RecordFields>(r).ok());
+                let rec = match (&parsed, rec) {
                     (Some(_), Some(r)) => r.clone(),
                     _ => serde_json::json!({
                         "rule": "", "reason": "restored after Redis lost the ban list", "host": host,
@@ -416,35 +406,12 @@ impl BanList {
                 if entries.is_empty() {
                     return Ok(Vec::new());
                 }
-                let mut cmd = redis::cmd("HMGET");
-                cmd.arg(keys.records());
-                for (n, _) in &entries {
-                    cmd.arg(AddrText(n).to_string());
-                }
-                let recs: Vec<Option<String>> = cmd.query_async(con).await?;
+                let addrs: Vec<IpNet> = entries.iter().map(|(n, _)| *n).collect();
+                let recs = record::read_records(con, keys, &addrs).await?;
                 Ok(entries
                     .into_iter()
                     .zip(recs)
-                    .map(|((addr, until), rec)| {
-                        let mut r = rec
-                            .and_then(|s| serde_json::from_str::<RecordJson>(&s).ok())
-                            .map(|j| j.into_record(addr))
-                            .unwrap_or_else(|| BanRecord {
-                                addr,
-                                rule: String::new(),
-                                reason: String::new(),
-                                host: String::new(),
-                                since: 0,
-                                until: None,
-                                count: 0,
-                                hits: 0,
-                            });
-                        r.until = match until {
-                            Until::At(t) => Some(t),
-                            Until::Permanent => None,
-                        };
-                        r
-                    })
+                    .map(|((addr, until), rec)| RecordFields::into_record(rec, addr, until))
                     .collect())
             }
         }
@@ -457,38 +424,6 @@ impl BanList {
 pub fn embedded_bans(file: &std::path::Path, now_ms: i64) -> Option<Vec<BanRecord>> {
     let m = MemoryBans::load(Some(file.to_owned()));
     (!m.absent).then(|| m.active(now_ms).cloned().collect())
-}
-
-/// The record as `ban.lua` writes it (the address is the hash field).
-#[derive(serde::Deserialize)]
-struct RecordJson {
-    #[serde(default)]
-    rule: String,
-    #[serde(default)]
-    reason: String,
-    #[serde(default)]
-    host: String,
-    #[serde(default)]
-    since: i64,
-    #[serde(default)]
-    count: u32,
-    #[serde(default)]
-    hits: u32,
-}
-
-impl RecordJson {
-    fn into_record(self, addr: IpNet) -> BanRecord {
-        BanRecord {
-            addr,
-            rule: self.rule,
-            reason: self.reason,
-            host: self.host,
-            since: self.since,
-            until: None,
-            count: self.count,
-            hits: self.hits,
-        }
-    }
 }
 
 /// A ban's end as a record holds it (None: permanent).

@@ -20,7 +20,9 @@ pub use health::{heartbeat, is_oom, is_outage, Health};
 pub use keys::{slot, Keys, StateKey, ADDRESS_BUCKETS, STREAM_MAXLEN};
 pub use probe::{probe, Probe};
 pub(crate) use scripts::with_tier;
-pub use scripts::{is_noscript, value_is_noscript, LuaScript, BAN, BANS_PAGE, CANON, PROBE, RESTORE, UNBAN};
+pub use scripts::{
+    is_noscript, value_is_noscript, LuaScript, BAN, BANS_PAGE, CANON, PROBE, RECORD_LUA, RESTORE, UNBAN,
+};
 
 /// Connects now (fails if Redis does not answer); every command times out
 /// after `response_timeout` so a slow Redis is treated as a down one.

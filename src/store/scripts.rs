@@ -24,18 +24,33 @@ pub(crate) fn with_tier(src: &str) -> String {
     src.replacen(TIER_LINE, TIER, 1)
 }
 
+/// The line of the scripts that read or write ban records that stands for
+/// `lua/record.lua` (the records' encoding, [`RECORD_LUA`]).
+const RECORD_LINE: &str = "-- record.lua: the records (lua/record.lua), put here when the script is embedded\n";
+
+/// `lua/record.lua`: how a ban's record is stored (compact in buckets, or
+/// JSON), for the scripts here and for harnesses that write records as
+/// `ban.lua` does (its `rec_put`; `KEYS[2]` is `{prefix}:banrec`).
+pub const RECORD_LUA: &str = include_str!("../../lua/record.lua");
+
+/// `src` with [`RECORD_LUA`] in place of its [`RECORD_LINE`].
+fn with_record(src: &str) -> String {
+    assert_eq!(src.matches(RECORD_LINE).count(), 1, "one place for lua/record.lua");
+    src.replacen(RECORD_LINE, RECORD_LUA, 1)
+}
+
 pub static BAN: std::sync::LazyLock<LuaScript> =
-    std::sync::LazyLock::new(|| LuaScript::new("ban", include_str!("../../lua/ban.lua").to_owned()));
+    std::sync::LazyLock::new(|| LuaScript::new("ban", with_record(include_str!("../../lua/ban.lua"))));
 pub static UNBAN: std::sync::LazyLock<LuaScript> =
-    std::sync::LazyLock::new(|| LuaScript::new("unban", include_str!("../../lua/unban.lua").to_owned()));
+    std::sync::LazyLock::new(|| LuaScript::new("unban", with_record(include_str!("../../lua/unban.lua"))));
 
 pub static CANON: std::sync::LazyLock<LuaScript> =
-    std::sync::LazyLock::new(|| LuaScript::new("canon", include_str!("../../lua/canon.lua").to_owned()));
+    std::sync::LazyLock::new(|| LuaScript::new("canon", with_record(include_str!("../../lua/canon.lua"))));
 /// `lua/bans_page.lua`: one page of the active list (`bans::list`'s read).
 pub static BANS_PAGE: std::sync::LazyLock<LuaScript> =
     std::sync::LazyLock::new(|| LuaScript::new("bans_page", include_str!("../../lua/bans_page.lua").to_owned()));
 pub static RESTORE: std::sync::LazyLock<LuaScript> =
-    std::sync::LazyLock::new(|| LuaScript::new("restore", include_str!("../../lua/restore.lua").to_owned()));
+    std::sync::LazyLock::new(|| LuaScript::new("restore", with_record(include_str!("../../lua/restore.lua"))));
 
 /// `lua/probe.lua`: the commands fleetban needs that the user may not run
 /// (`fleetban check --online`, `store::probe`).

@@ -247,6 +247,37 @@ impl Redis {
         ping(&self.socket)
     }
 
+    /// The record of the ban of `addr` (as the list holds it) under the
+    /// prefix `fleetban`, as the library reads it (`BanList::raw_records`: a
+    /// compact record as JSON text, a JSON one as written); None without one.
+    pub fn record_text(&self, addr: &str) -> Option<String> {
+        let net = fleetban::addr::parse_member(addr).unwrap_or_else(|| panic!("{addr}: not a member"));
+        let rt = runtime();
+        let cfg = self.config("fleetban", Duration::from_secs(5));
+        let con = connect(&rt, &cfg, Duration::from_secs(5));
+        let mut list = fleetban::bans::BanList::redis(con, store::Keys::new("fleetban"));
+        let mut recs = rt
+            .block_on(list.raw_records(&[net]))
+            .unwrap_or_else(|e| panic!("reading the record of {addr}: {e}"));
+        recs.pop().flatten()
+    }
+
+    /// How many compact records the buckets `{fleetban}:banrec:N` hold.
+    pub fn compact_records(&self) -> u64 {
+        self.cli(&["--scan", "--pattern", "{fleetban}:banrec:*"])
+            .lines()
+            .filter(|k| !k.ends_with(":meta"))
+            .map(|k| self.cli(&["HLEN", k]).trim().parse::<u64>().expect("HLEN"))
+            .sum()
+    }
+
+    /// [`Redis::record_text`] parsed; panics without a record or with a
+    /// damaged one.
+    pub fn record(&self, addr: &str) -> serde_json::Value {
+        let text = self.record_text(addr).unwrap_or_else(|| panic!("no record of {addr}"));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("the record of {addr} is not JSON ({e}): {text:?}"))
+    }
+
     /// The library's config for this server (`RedisConfig::single` on its
     /// socket), keys under `prefix`, commands timing out after `timeout`.
     pub fn config(&self, prefix: &str, timeout: Duration) -> RedisConfig {
