@@ -20,7 +20,7 @@ mod valve;
 
 pub use apply::{Applied, BanCounters, Bans, Unbanned};
 pub use cache::BanCache;
-pub use list::{BanList, BanListError};
+pub use list::{BanList, BanListError, Cursor, Span};
 pub use networks::TopNetworks;
 pub use queue::{with_held, Held, QUEUE_CAP};
 pub use refuse::Unbannable;
