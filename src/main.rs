@@ -8,7 +8,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 mod commands;
 
 use commands::list::BanArgs;
-use commands::{check, completions, explain, list, manpage, run, status, test, top};
+use commands::{bans, check, completions, explain, list, manpage, run, status, test, top};
 
 #[derive(Parser)]
 #[command(
@@ -122,14 +122,39 @@ enum Command {
         interval: std::time::Duration,
     },
     /// Active bans, fleet-wide: address, rule, since, until, time left,
-    /// offence count, host, reason. On a single host whose daemon is
-    /// stopped: the list it saved (state_dir/bans.json), said on stderr.
+    /// offence count, host, reason. On a terminal, a list of more than
+    /// 1000 bans is shown as the 1000 ending last, its count and its ends;
+    /// piped, with --all or --json, every ban. On a single host whose
+    /// daemon is stopped: the list it saved (state_dir/bans.json), said on
+    /// stderr.
     Bans {
         #[command(flatten)]
         on: OperatorConfig,
-        /// JSON Lines, one ban each, RFC 3339 times, fields in a fixed order.
+        /// JSON Lines, one ban each, RFC 3339 times, fields in a fixed order;
+        /// every ban unless --limit is given.
         #[arg(long)]
         json: bool,
+        /// Every ban, on a terminal too (past 10000 bans in the list's
+        /// order, ending soonest first).
+        #[arg(long, conflicts_with = "limit")]
+        all: bool,
+        /// The N bans ending last (permanent ones first), then the count
+        /// and ends when there are more (0: those alone).
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
+        /// Also count the bans by kind, rule and host (reads every ban's
+        /// record: seconds at a million bans).
+        #[arg(long, conflicts_with = "json")]
+        summary: bool,
+        /// Only bans of this rule; repeat for several.
+        #[arg(long = "rule", value_name = "RULE")]
+        rules: Vec<String>,
+        /// Only bans decided by this host (its host_id); repeat for several.
+        #[arg(long = "host", value_name = "HOST")]
+        hosts: Vec<String>,
+        /// Only bans of this address or network, or inside it (e.g. 2001:db8::/32).
+        #[arg(long = "in", value_name = "ADDR|CIDR")]
+        within: Option<String>,
     },
     /// Ban an address or network on every host. An active ban is never
     /// shortened (the later end wins) unless --replace is given.
@@ -268,7 +293,27 @@ fn execute(command: Command) -> commands::Outcome {
         ),
         Command::Status { on, json } => status::status(&on.config, json),
         Command::Top { on, once, interval } => top::top(&on.config, once, interval),
-        Command::Bans { on, json } => list::bans(&on.config, json),
+        Command::Bans {
+            on,
+            json,
+            all,
+            limit,
+            summary,
+            rules,
+            hosts,
+            within,
+        } => bans::bans(
+            &on.config,
+            &bans::BansArgs {
+                json,
+                all,
+                limit,
+                summary,
+                rules,
+                hosts,
+                within,
+            },
+        ),
         Command::Ban {
             on,
             target,

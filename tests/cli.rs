@@ -208,6 +208,11 @@ fn bash_completes_rule_names_after_rule_from_the_configuration_given() {
         ["alpha-scraper"],
         "rule names, not the file alpha-file"
     );
+    assert_eq!(
+        bash_complete(&script, &[&bin, "bans", "-c", &cfg, "--rule", "be"]),
+        ["beta-login"],
+        "`bans --rule` too"
+    );
     // Another configuration, other names.
     let other = ConfigDir::new();
     other.write(&other.main_config(), &[Rule::new("gamma", &other.log, LIMIT)]);

@@ -520,6 +520,25 @@ impl Bans {
         self.list.records(now_ms).await
     }
 
+    /// The active bans that cover `net` or lie inside it, `net`'s own
+    /// among them (`fleetban unban`'s wider and narrower bans): the wider
+    /// looked up ([`BanList::covering`]), the narrower read from the pages
+    /// of the list with only their own records; an address has none.
+    pub async fn overlapping(&mut self, net: &IpNet, now_ms: i64) -> Result<Vec<BanRecord>, BanListError> {
+        let mut out = self.list.covering(net, now_ms).await?;
+        if net.prefix_len() < net.max_prefix_len() {
+            let mut cursor = super::Cursor::new(now_ms, super::list::PAGE);
+            while let Some((_, page)) = self
+                .list
+                .records_page(&mut cursor, |a| a != net && net.contains(a))
+                .await?
+            {
+                out.extend(page);
+            }
+        }
+        Ok(out)
+    }
+
     /// When [`Bans::recover`] has work: while Redis is down, or bans wait.
     pub fn next_attempt(&self) -> Option<tokio::time::Instant> {
         self.queue.as_ref().and_then(Queue::next_attempt)

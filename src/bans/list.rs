@@ -13,9 +13,12 @@ use crate::enforce::Until;
 use crate::store::{Keys, BAN, RESTORE, STREAM_MAXLEN, UNBAN};
 
 mod memory;
+mod query;
 mod read;
 mod record;
 pub use memory::MemoryBans;
+pub use query::Span;
+pub use read::Cursor;
 pub(crate) use read::PAGE;
 pub use record::{decode_record, Names, RecordFields};
 
@@ -393,26 +396,6 @@ impl BanList {
                     "Ban list entries read."
                 );
                 Ok(out)
-            }
-        }
-    }
-
-    /// The active bans with their records, for `fleetban bans`.
-    pub async fn records(&mut self, now_ms: i64) -> Result<Vec<BanRecord>, BanListError> {
-        let entries = self.active(now_ms).await?;
-        match self {
-            BanList::Memory(m) => Ok(m.active(now_ms).cloned().collect()),
-            BanList::Redis { con, keys } => {
-                if entries.is_empty() {
-                    return Ok(Vec::new());
-                }
-                let addrs: Vec<IpNet> = entries.iter().map(|(n, _)| *n).collect();
-                let recs = record::read_records(con, keys, &addrs).await?;
-                Ok(entries
-                    .into_iter()
-                    .zip(recs)
-                    .map(|((addr, until), rec)| RecordFields::into_record(rec, addr, until))
-                    .collect())
             }
         }
     }

@@ -22,7 +22,7 @@ mod valve;
 pub use crate::enforce::End;
 pub use apply::{Applied, BanCounters, Bans, Unbanned};
 pub use cache::{BanCache, SharedView};
-pub use list::{BanList, BanListError};
+pub use list::{BanList, BanListError, Cursor, Span};
 pub use netmap::NetMap;
 pub use networks::TopNetworks;
 pub use queue::{with_held, Held, QUEUE_CAP};

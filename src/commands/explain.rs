@@ -104,7 +104,16 @@ pub fn explain(path: &Path, addr: &str, json: bool) -> Outcome {
             let rt = runtime();
             rt.block_on(async {
                 let mut list = BanList::connect(r).await.with_context(|| format!("redis {}", r.url))?;
-                let records = list.records(now).await.map_err(failed)?;
+                // The bans of the target, of its key and of every network
+                // holding them: looked up, never the whole list read.
+                let mut records = list.covering(&net, now).await.map_err(failed)?;
+                if key != net {
+                    for r in list.covering(&key, now).await.map_err(failed)? {
+                        if !records.iter().any(|o| o.addr == r.addr) {
+                            records.push(r);
+                        }
+                    }
+                }
                 let mut by_key = Vec::new();
                 if let BanList::Redis { con, keys } = &mut list {
                     for k in &distinct {

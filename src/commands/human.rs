@@ -111,17 +111,29 @@ impl Table {
     }
 
     pub fn render(&self) -> String {
+        self.render_with(&mut vec![0; self.header.len()], true)
+    }
+
+    /// The rows (and the header when `header`), each column at least as
+    /// wide as `widths` says, which grow to this table's: a long listing
+    /// printed a page at a time keeps its columns as aligned as it can
+    /// without holding every row.
+    pub fn render_with(&self, widths: &mut Vec<usize>, header: bool) -> String {
         let n = self.header.len();
-        let width = |i: usize| {
-            std::iter::once(&self.header)
+        widths.resize(n, 0);
+        for (i, w) in widths.iter_mut().enumerate() {
+            let own = std::iter::once(&self.header)
                 .chain(&self.rows)
                 .map(|r| r.get(i).map_or(0, |c| c.chars().count()))
                 .max()
-                .unwrap_or(0)
-        };
-        let widths: Vec<usize> = (0..n).map(width).collect();
+                .unwrap_or(0);
+            *w = (*w).max(own);
+        }
         let mut out = String::new();
-        for r in std::iter::once(&self.header).chain(&self.rows) {
+        for r in std::iter::once(&self.header)
+            .skip(usize::from(!header))
+            .chain(&self.rows)
+        {
             let mut line = String::new();
             for (i, w) in widths.iter().enumerate() {
                 let cell = r.get(i).map_or("", String::as_str);

@@ -6,22 +6,18 @@
 //! an active one kept or extended (never shortened without `--replace`),
 //! a lift that a wider ban still overrides.
 
-use std::io::Write;
 use std::path::Path;
 
 use ipnet::IpNet;
-use serde::Serialize;
 
 use fleetban::addr::AddrText;
 use fleetban::bans::list::until_ms;
-use fleetban::bans::{
-    overlapping, parse_target, Applied, BanList, BanRecord, BanRequest, Bans, Effect, Mode, Unbannable,
-};
+use fleetban::bans::{overlapping, parse_target, Applied, BanList, BanRequest, Bans, Effect, Mode, Unbannable};
 use fleetban::config::Dur;
 use fleetban::control::{BanAnswer, Client, Cover, Request};
 use fleetban::enforce::Changes;
 
-use super::human::{local, relative, Table};
+use super::human::{local, relative};
 use super::{failed, load_for_cli, runtime, say, Failure, Outcome};
 
 pub struct BanArgs {
@@ -72,194 +68,9 @@ pub fn target(s: &str) -> Result<IpNet, Failure> {
     parse_target(s).map_err(Failure::Usage)
 }
 
-/// One line of `bans --json`, fields in this order (docs/design.md §6).
-#[derive(Serialize)]
-struct BanLine<'a> {
-    addr: String,
-    rule: &'a str,
-    reason: &'a str,
-    host: &'a str,
-    /// RFC 3339; null when not known (Redis down: this host's view).
-    since: Option<String>,
-    /// RFC 3339; null for a permanent ban.
-    until: Option<String>,
-    /// Whole seconds left; null for a permanent ban.
-    left_s: Option<i64>,
-    count: u32,
-    hits: u32,
-    /// False: the daemon holds it but the kernel does not (yet); null
-    /// when not known (read from Redis, not from the daemon).
-    enforced: Option<bool>,
-    /// Decided while Redis is down, not written to it yet (from the
-    /// daemon's queue); absent otherwise.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    queued: bool,
-    /// The never-banned networks it holds or lies in (loopback, `allow:`,
-    /// `proxies:`, this host's addresses): not dropped, whatever the ban
-    /// says (`verdict::cover`).
-    spared: Vec<String>,
-}
-
 /// `until` for people: `2026-12-01 19:20:05 CET (in 52m)`, or `forever`.
 pub fn until_human(until: Option<i64>, now: i64) -> String {
     until.map_or("forever".to_owned(), |t| format!("{} ({})", local(t), relative(t, now)))
-}
-
-pub fn bans(path: &Path, json: bool) -> Outcome {
-    let config = load_for_cli(path)?;
-    let now = fleetban::now_ms();
-    let from_daemon = || match Client::new(&config.control).call(&Request::Bans).map_err(failed)? {
-        fleetban::control::Response::Bans {
-            bans,
-            not_enforced,
-            local,
-            queued,
-        } => Ok((bans, Some(not_enforced), local, queued)),
-        other => Err(Failure::Runtime(anyhow::anyhow!(
-            "bad answer from the daemon: {other:?}"
-        ))),
-    };
-    type Listed = (Vec<BanRecord>, Option<Vec<String>>, bool, Vec<String>);
-    let (records, not_enforced, local_view, queued): Listed = match &config.redis {
-        Some(r) => {
-            let direct = runtime().block_on(async {
-                let list = BanList::connect(r).await.map_err(fleetban::bans::BanListError::from)?;
-                Bans::new(list, &config.host_id, Changes::default()).records(now).await
-            });
-            match direct {
-                Ok(records) => (records, None, false, Vec::new()),
-                Err(e) if e.is_outage() => {
-                    eprintln!(
-                        "Redis {} is down ({e}); asking the daemon for the bans this host enforces.",
-                        r.url
-                    );
-                    from_daemon().map_err(|d| {
-                        Failure::Runtime(anyhow::anyhow!(
-                            "Redis is down ({e}) and the daemon could not answer ({})",
-                            match d {
-                                Failure::Runtime(e) => super::once(&e),
-                                Failure::Usage(m) => m,
-                                Failure::Config(c) => c.to_string(),
-                            }
-                        ))
-                    })?
-                }
-                Err(e) => return Err(failed(e)),
-            }
-        }
-        // A single host whose daemon is stopped: the list it saved.
-        None => match Client::new(&config.control).call(&Request::Bans) {
-            Err(e) if e.not_running() => (super::saved_bans(&config, &e)?, None, false, Vec::new()),
-            Err(e) => return Err(failed(e)),
-            Ok(fleetban::control::Response::Bans {
-                bans,
-                not_enforced,
-                local,
-                queued,
-            }) => (bans, Some(not_enforced), local, queued),
-            Ok(other) => {
-                return Err(Failure::Runtime(anyhow::anyhow!(
-                    "bad answer from the daemon: {other:?}"
-                )))
-            }
-        },
-    };
-    let mut records = records;
-    records.sort_by(|a, b| a.since.cmp(&b.since).then_with(|| a.addr.cmp(&b.addr)));
-    let enforced = |r: &BanRecord| {
-        not_enforced
-            .as_ref()
-            .map(|n| !n.contains(&AddrText(&r.addr).to_string()))
-    };
-    // What each ban spares: the same set the daemon cuts its bans around.
-    let never = fleetban::verdict::NeverBanned::new(
-        &config.allow,
-        &config.proxies,
-        &fleetban::verdict::never::local_addresses(),
-    );
-    let is_queued = |r: &BanRecord| queued.contains(&AddrText(&r.addr).to_string());
-    let spared = |r: &BanRecord| -> Vec<fleetban::verdict::Why> { never.overlapping(&r.addr).collect() };
-    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    if json {
-        for r in &records {
-            let line = BanLine {
-                addr: AddrText(&r.addr).to_string(),
-                rule: &r.rule,
-                reason: &r.reason,
-                host: &r.host,
-                since: (r.since > 0).then(|| fleetban::rfc3339(r.since)),
-                until: r.until.map(fleetban::rfc3339),
-                left_s: r.until.map(|t| (t - now).max(0) / 1000),
-                count: r.count,
-                hits: r.hits,
-                enforced: enforced(r),
-                queued: is_queued(r),
-                spared: spared(r).iter().map(|w| AddrText(&w.net).to_string()).collect(),
-            };
-            let _ = writeln!(out, "{}", serde_json::to_string(&line).map_err(failed)?);
-        }
-    } else {
-        let mut t = Table::new(&["ADDRESS", "RULE", "SINCE", "UNTIL", "LEFT", "COUNT", "HOST", "REASON"]).right(5);
-        for r in &records {
-            let mut addr = AddrText(&r.addr).to_string();
-            if enforced(r) == Some(false) {
-                addr += " (not enforced)";
-            }
-            if is_queued(r) {
-                addr += " (queued)";
-            }
-            match (never.holding(&r.addr), spared(r).as_slice()) {
-                (_, []) => {}
-                (Some(w), _) => addr += &format!(" (never banned: {w})"),
-                (None, some) => {
-                    let nets: Vec<String> = some.iter().map(|w| AddrText(&w.net).to_string()).collect();
-                    addr += &format!(" (sparing {})", nets.join(", "));
-                }
-            }
-            t.row(vec![
-                addr,
-                if r.rule.is_empty() {
-                    "?".to_owned()
-                } else {
-                    r.rule.clone()
-                },
-                if r.since > 0 { local(r.since) } else { "-".to_owned() },
-                r.until.map_or("forever".to_owned(), local),
-                r.until.map_or("-".to_owned(), |u| relative(u, now)),
-                r.count.to_string(),
-                if r.host.is_empty() {
-                    "?".to_owned()
-                } else {
-                    r.host.clone()
-                },
-                r.reason.clone(),
-            ]);
-        }
-        if !t.is_empty() {
-            let _ = write!(out, "{}", t.render());
-        }
-        let _ = writeln!(out, "{} active ban(s)", records.len());
-    }
-    if local_view {
-        // stderr: the JSON lines stay JSON. Queued bans are not in Redis.
-        let others = records.len() - records.iter().filter(|r| is_queued(r)).count();
-        let mut said = "Redis is down: these are the bans this host enforces, from its daemon".to_owned();
-        if !queued.is_empty() {
-            said += &format!(
-                "; {} decided while it is down, queued: written to Redis when it answers",
-                queued.len()
-            );
-        }
-        if others > 0 {
-            said += &format!(
-                "; {} from before, whose rule, reason, start and offence count are in Redis",
-                others
-            );
-        }
-        eprintln!("{said}");
-    }
-    let _ = out.flush();
-    Ok(())
 }
 
 pub fn ban(path: &Path, args: &BanArgs) -> Outcome {
@@ -396,7 +207,7 @@ pub fn unban(path: &Path, t: &str, json: bool) -> Outcome {
                 let list = BanList::connect(r).await.map_err(fleetban::bans::BanListError::from)?;
                 let mut bans = Bans::new(list, &config.host_id, Changes::default());
                 let u = bans.unban(&net, &rules).await?;
-                let records = bans.records(fleetban::now_ms()).await?;
+                let records = bans.overlapping(&net, fleetban::now_ms()).await?;
                 Ok::<_, fleetban::bans::BanListError>((u, records))
             });
             match direct {

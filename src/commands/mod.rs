@@ -2,6 +2,7 @@
 //! (the library does the work). Every command returns `Result<(), Failure>`;
 //! `main` prints a failure once and exits with its code.
 
+pub mod bans;
 pub mod check;
 pub mod completions;
 pub mod explain;
@@ -70,8 +71,15 @@ pub fn saved_bans(
     config: &Config,
     why: &fleetban::control::ControlError,
 ) -> Result<Vec<fleetban::bans::BanRecord>, Failure> {
+    let mut list = saved_list(config, why)?;
+    runtime().block_on(list.records(fleetban::now_ms())).map_err(failed)
+}
+
+/// The list behind [`saved_bans`], said on stderr, for a caller already
+/// in the runtime.
+pub fn saved_list(config: &Config, why: &fleetban::control::ControlError) -> Result<fleetban::bans::BanList, Failure> {
     let file = config.state_dir.join("bans.json");
-    let mut list = fleetban::bans::BanList::memory(Some(file.clone()));
+    let list = fleetban::bans::BanList::memory(Some(file.clone()));
     if list.lost_at_start() {
         return Err(Failure::Runtime(anyhow::anyhow!(
             "{why}; and the list it saved, {}, cannot be read",
@@ -83,7 +91,7 @@ pub fn saved_bans(
         config.control.display(),
         file.display()
     );
-    runtime().block_on(list.records(fleetban::now_ms())).map_err(failed)
+    Ok(list)
 }
 
 impl From<anyhow::Error> for Failure {

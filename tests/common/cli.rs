@@ -1,6 +1,7 @@
 //! The `fleetban` command line as an operator runs it against a config
-//! (`fleetban ban|unban|bans|status|check|test ... -c FILE`), and the daemon's
-//! control socket read directly: the one place tests ask the daemon how it is.
+//! (`fleetban ban|unban|bans|status|check|test ... -c FILE`), piped or on a
+//! terminal of its own (a pty), and the daemon's control socket read
+//! directly: the one place tests ask the daemon how it is.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -68,6 +69,50 @@ pub fn cli(cfg: &Path, args: &[&str]) -> CliOutput {
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8(out.stdout).unwrap_or_else(|e| panic!("fleetban {args:?}: stdout not UTF-8: {e}")),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// As [`cli`], with stdout a terminal (a pty the test opens; stderr
+/// piped): what a person at a terminal sees, line ends as `\n`.
+pub fn cli_on_terminal(cfg: &Path, args: &[&str]) -> CliOutput {
+    use std::io::Read;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let (mut master, mut slave) = (-1, -1);
+    // SAFETY: openpty writes two descriptors it opened into the ints given;
+    // null name, termios and size are allowed.
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: both are open descriptors this function owns from here on.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    let mut child = Command::new(fleetban_bin())
+        .args(args)
+        .arg("-c")
+        .arg(cfg)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(slave))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run fleetban {args:?}: {e}"));
+    // The only other end is the child's: reading ends (EIO) when it exits.
+    let mut screen = Vec::new();
+    let _ = std::fs::File::from(master).read_to_end(&mut screen);
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut stderr);
+    }
+    let status = child.wait().expect("wait for fleetban");
+    CliOutput {
+        code: status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&screen).replace("\r\n", "\n"),
+        stderr,
     }
 }
 

@@ -44,7 +44,7 @@ pub mod receiver;
 mod redis;
 pub mod replay;
 pub use access_log::{append, combined_line, combined_lines, now_ms};
-pub use cli::{cli, control_status, fleetban_test_json, CliOutput};
+pub use cli::{cli, cli_on_terminal, control_status, fleetban_test_json, CliOutput};
 pub use config::{rules_yaml, ConfigDir, MainConfig, Rule};
 pub use daemon::{anon_mb, parse_rfc3339_us, proc_status_kb, rss_mb, strip_ansi, Daemon, NotifySocket};
 pub use http::{Answer, Checker};

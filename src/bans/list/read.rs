@@ -26,12 +26,65 @@ pub(super) async fn active(
     page: usize,
 ) -> Result<(Vec<(IpNet, Until)>, Vec<Respelled>), BanListError> {
     let (mut out, mut respelled) = (Vec::new(), Vec::new());
-    // The member and score the previous page ended with, as Redis wrote them.
-    let mut last: Option<(Vec<u8>, Vec<u8>)> = None;
-    loop {
+    let mut cursor = Cursor::new(now_ms, page);
+    while let Some((o, r)) = cursor.next(con, keys).await? {
+        out.extend(o);
+        respelled.extend(r);
+    }
+    Ok((out, respelled))
+}
+
+/// Where a paged read of the active list stands: a caller that handles
+/// each page and lets it go (`fleetban bans` at 1,000,000) holds one page.
+#[derive(Debug, Clone)]
+pub struct Cursor {
+    /// Entries ending at or before it are not active.
+    now_ms: i64,
+    /// Entries per page.
+    page: usize,
+    /// The member and score the previous page ended with, as Redis wrote
+    /// them; None before the first page.
+    last: Option<(Vec<u8>, Vec<u8>)>,
+    /// The last page was read.
+    done: bool,
+}
+
+impl Cursor {
+    /// A read of the entries active at `now_ms`, `page` at a time.
+    pub fn new(now_ms: i64, page: usize) -> Cursor {
+        Cursor {
+            now_ms,
+            page: page.max(1),
+            last: None,
+            done: false,
+        }
+    }
+
+    /// When the entries it reads must end after (unix ms).
+    pub fn now_ms(&self) -> i64 {
+        self.now_ms
+    }
+
+    /// Marks the read done; whether it was already (a list read in one
+    /// page: the embedded one).
+    pub(super) fn finish(&mut self) -> bool {
+        std::mem::replace(&mut self.done, true)
+    }
+
+    /// The next page's entries (and members in another spelling), or None
+    /// after the last.
+    pub(super) async fn next(
+        &mut self,
+        con: &mut crate::store::Conn,
+        keys: &Keys,
+    ) -> Result<Option<(Vec<(IpNet, Until)>, Vec<Respelled>)>, BanListError> {
+        if self.done {
+            return Ok(None);
+        }
+        let page = self.page;
         let mut cmd = BANS_PAGE.cmd(&[&keys.bans()]);
-        cmd.arg(now_ms);
-        match &last {
+        cmd.arg(self.now_ms);
+        match &self.last {
             Some((member, score)) => cmd.arg(member.as_slice()).arg(score.as_slice()),
             None => cmd.arg("").arg(""),
         };
@@ -43,7 +96,7 @@ pub(super) async fn active(
         };
         // A page that starts again at its cursor's score (the cursor's
         // member went meanwhile) repeats what was read: skipped.
-        let seen = last.as_ref().map_or(0, |(member, score)| {
+        let seen = self.last.as_ref().map_or(0, |(member, score)| {
             items
                 .chunks_exact(2)
                 .take_while(|p| bytes(&p[1]) == Some(score) && bytes(&p[0]).is_some_and(|m| m <= member.as_slice()))
@@ -57,13 +110,12 @@ pub(super) async fn active(
                 "the ban list changed under a paged read; reading it again".to_owned(),
             ));
         }
-        let (o, r) = validate(&items[seen * 2..]);
-        out.extend(o);
-        respelled.extend(r);
+        let found = validate(&items[seen * 2..]);
         if !full {
-            return Ok((out, respelled));
+            self.done = true;
+            return Ok(Some(found));
         }
-        last = match items {
+        self.last = match items {
             [.., m, s] => match (bytes(m), bytes(s)) {
                 (Some(m), Some(s)) => Some((m.to_vec(), s.to_vec())),
                 _ => {
@@ -72,8 +124,12 @@ pub(super) async fn active(
                     ))
                 }
             },
-            _ => return Ok((out, respelled)),
+            _ => {
+                self.done = true;
+                None
+            }
         };
+        Ok(Some(found))
     }
 }
 

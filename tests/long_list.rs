@@ -1,0 +1,373 @@
+//! `fleetban bans` on a list too long to print on a terminal (issue 27):
+//! a redis-server of the test's own holds thousands of bans with their
+//! records (each its own start, end, rule and host). On a terminal, and
+//! with `--limit N` anywhere, the bans ending last and the list's count
+//! and ends; `--summary` the counts by kind, rule and host, which are the
+//! list's; `--all`, `--json` and a pipe every ban, each once (also past the
+//! length that is sorted, streamed a page at a time); `--rule`, `--host`
+//! and `--in` keep exactly the bans they name.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use common::operator::redis_rig;
+use common::{cli, cli_on_terminal, now_ms, ConfigDir, Redis};
+
+const RULES: [&str; 3] = ["scraper", "login", "manual"];
+
+/// The `i`th ban of [`preload`]: 1 in 4 an IPv6 /64, 1 in 20 (of the
+/// others) an IPv4 /24, the rest IPv4 addresses.
+fn member(i: u64) -> String {
+    if i % 4 == 3 {
+        format!("2001:db8:{:x}::/64", i)
+    } else if i % 20 == 1 {
+        format!("10.{}.{}.0/24", i / 256, i % 256)
+    } else {
+        format!("100.0.{}.{}", i / 256, i % 256)
+    }
+}
+
+fn rule(i: u64) -> &'static str {
+    RULES[(i % 3) as usize]
+}
+
+fn host(i: u64) -> String {
+    format!("web-{}", i % 5 + 1)
+}
+
+/// `n` active bans with records as `ban.lua` writes them: the `i`th
+/// started `(n - i) / 10` seconds before `t0` (the last is the newest), ends two
+/// hours after its start plus `i % 7` seconds.
+fn preload(redis: &Redis, n: u64, t0: i64) {
+    let script = "local n, t0 = tonumber(ARGV[1]), tonumber(ARGV[2]) \
+        local rules = {'scraper', 'login', 'manual'} \
+        for i = 0, n - 1 do \
+          local m \
+          if i % 4 == 3 then m = string.format('2001:db8:%x::/64', i) \
+          elseif i % 20 == 1 then m = string.format('10.%d.%d.0/24', math.floor(i / 256), i % 256) \
+          else m = string.format('100.0.%d.%d', math.floor(i / 256), i % 256) end \
+          local since = t0 - (n - i) * 100 \
+          local u = since + 7200000 + (i % 7) * 1000 \
+          redis.call('ZADD', KEYS[1], u, m) \
+          redis.call('HSET', KEYS[2], m, cjson.encode({rule = rules[i % 3 + 1], reason = 'r' .. i, \
+            host = 'web-' .. (i % 5 + 1), since = since, ['until'] = u, count = 1, hits = 10})) \
+        end return n";
+    redis.cli(&[
+        "EVAL",
+        script,
+        "2",
+        "{fleetban}:bans",
+        "{fleetban}:banrec",
+        &n.to_string(),
+        &t0.to_string(),
+    ]);
+    assert_eq!(redis.cli(&["ZCARD", "{fleetban}:bans"]), n.to_string());
+}
+
+/// The `k` bans of [`preload`]'s `n` ending last, oldest first (as
+/// `bans` shows them). Ends are `i * 100 + (i % 7) * 1000` ms apart from a
+/// common origin, all distinct.
+fn ending_last(n: u64, k: u64) -> Vec<String> {
+    let mut by_end: Vec<u64> = (0..n).collect();
+    by_end.sort_by_key(|&i| i * 100 + (i % 7) * 1000);
+    let mut last: Vec<u64> = by_end[(n - k) as usize..].to_vec();
+    last.sort_unstable();
+    last.into_iter().map(member).collect()
+}
+
+/// The lines a long list seen without reading it ends with.
+fn assert_span(out: &str, n: u64, shown: u64) {
+    let head = if shown == 0 {
+        format!("{n} active ban(s); list them with --all, --json or --limit N")
+    } else {
+        format!(
+            "{n} active ban(s); the {shown} ending last shown (every one: --all or --json; another number: --limit N)"
+        )
+    };
+    assert!(out.lines().any(|l| l == head), "no line {head:?} in:\n{}", tail(out));
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("  ending:  soonest ") && l.contains(", latest ")),
+        "{}",
+        tail(out)
+    );
+    assert!(
+        out.lines()
+            .any(|l| l == "  kinds, rules and hosts: --summary (reads every ban's record)"),
+        "{}",
+        tail(out)
+    );
+}
+
+/// A rig over `n` preloaded bans.
+fn long_list(n: u64) -> (Redis, ConfigDir) {
+    let redis = Redis::start();
+    preload(&redis, n, now_ms());
+    let r = redis_rig(&redis, "");
+    (redis, r)
+}
+
+/// The addresses of the table rows of `bans` output, in order.
+fn rows(out: &str) -> Vec<String> {
+    out.lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|w| w.parse::<ipnet::IpNet>().is_ok() || w.parse::<std::net::IpAddr>().is_ok())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every line of `bans --json`, parsed.
+fn json_lines(out: &str) -> Vec<serde_json::Value> {
+    out.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+/// The summary lines `bans` ends with for bans `0..n` (the kinds, rules
+/// and hosts lines, counted here from the preload's own rules).
+fn summary_lines(which: impl Iterator<Item = u64>) -> Vec<String> {
+    let (mut kinds, mut rules, mut hosts) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+    for i in which {
+        let kind = if i % 4 == 3 {
+            "IPv6 /64s"
+        } else if i % 20 == 1 {
+            "IPv4 /24s"
+        } else {
+            "IPv4 addresses"
+        };
+        *kinds.entry(kind).or_insert(0u64) += 1;
+        *rules.entry(rule(i).to_owned()).or_insert(0u64) += 1;
+        *hosts.entry(host(i)).or_insert(0u64) += 1;
+    }
+    // Largest first, ties by name (as the command orders them).
+    let order = |m: BTreeMap<String, u64>, count_first: bool| {
+        let mut v: Vec<(String, u64)> = m.into_iter().collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        v.iter()
+            .map(|(k, n)| {
+                if count_first {
+                    format!("{n} {k}")
+                } else {
+                    format!("{k} {n}")
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let kinds = kinds.into_iter().map(|(k, n)| (k.to_owned(), n)).collect();
+    vec![
+        format!("  kinds:   {}", order(kinds, true)),
+        format!("  rules:   {}", order(rules, false)),
+        format!("  hosts:   {}", order(hosts, false)),
+    ]
+}
+
+fn assert_summary(out: &str, which: impl Iterator<Item = u64>) {
+    for line in summary_lines(which) {
+        assert!(out.lines().any(|l| l == line), "no line {line:?} in:\n{}", tail(out));
+    }
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("  ending:  soonest ") && l.contains(", latest ")),
+        "{}",
+        tail(out)
+    );
+}
+
+/// The last lines of a long output, for failure messages.
+fn tail(out: &str) -> String {
+    let lines: Vec<&str> = out.lines().collect();
+    lines[lines.len().saturating_sub(12)..].join("\n")
+}
+
+#[test]
+fn with_a_limit_bans_shows_the_bans_ending_last_then_the_count_and_ends() {
+    let n = 5_000;
+    let (_redis, r) = long_list(n);
+    let out = cli(&r.cfg, &["bans", "--limit", "100"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    assert_eq!(rows(&out.stdout), ending_last(n, 100), "{}", tail(&out.stdout));
+    assert!(out.stdout.starts_with("ADDRESS "), "{}", &out.stdout[..200]);
+    assert_span(&out.stdout, n, 100);
+
+    // With the counts of every ban: the same rows, the list's counts.
+    let out = cli(&r.cfg, &["bans", "--limit", "100", "--summary"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    assert_eq!(rows(&out.stdout), ending_last(n, 100), "{}", tail(&out.stdout));
+    assert!(
+        out.stdout.lines().any(|l| l
+            == "5000 active ban(s); the 100 ending last shown (every one: --all or --json; another number: --limit N)"),
+        "{}",
+        tail(&out.stdout)
+    );
+    assert_summary(&out.stdout, 0..n);
+
+    // The count and ends alone.
+    let out = cli(&r.cfg, &["bans", "--limit", "0"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    assert!(rows(&out.stdout).is_empty(), "{}", out.stdout);
+    assert!(out.stdout.starts_with("5000 active ban(s); "), "{}", out.stdout);
+    assert_span(&out.stdout, n, 0);
+    let out = cli(&r.cfg, &["bans", "--limit", "0", "--summary"]);
+    assert_summary(&out.stdout, 0..n);
+
+    // As JSON lines, nothing else on stdout.
+    let out = cli(&r.cfg, &["bans", "--limit", "3", "--json"]);
+    let lines = json_lines(&out.stdout);
+    let addrs: Vec<&str> = lines.iter().map(|l| l["addr"].as_str().unwrap()).collect();
+    assert_eq!(addrs, ending_last(n, 3));
+    let i = (0..n).find(|&i| member(i) == addrs[2]).unwrap();
+    assert_eq!(
+        (lines[2]["rule"].as_str(), lines[2]["host"].as_str()),
+        (Some(rule(i)), Some(host(i).as_str()))
+    );
+
+    // A list no longer than the limit is printed whole, as it always was.
+    let out = cli(&r.cfg, &["bans", "--limit", "5000"]);
+    assert_eq!(rows(&out.stdout), (0..n).map(member).collect::<Vec<_>>());
+    assert!(
+        out.stdout.lines().any(|l| l == "5000 active ban(s)"),
+        "{}",
+        tail(&out.stdout)
+    );
+}
+
+#[test]
+fn on_a_terminal_a_long_list_is_the_thousand_ending_last_and_its_count_and_ends() {
+    let n = 5_000;
+    let (_redis, r) = long_list(n);
+    let screen = cli_on_terminal(&r.cfg, &["bans"]);
+    assert_eq!(screen.code, 0, "{}", screen.text());
+    let screen = screen.stdout;
+    assert_eq!(rows(&screen), ending_last(n, 1000), "{}", tail(&screen));
+    assert_span(&screen, n, 1000);
+
+    // Piped, the same command prints every ban (scripts see no change).
+    let out = cli(&r.cfg, &["bans"]);
+    assert_eq!(rows(&out.stdout).len() as u64, n, "{}", tail(&out.stdout));
+}
+
+#[test]
+fn all_and_json_print_every_ban_once_oldest_first() {
+    let n = 5_000;
+    let (_redis, r) = long_list(n);
+    let every: Vec<String> = (0..n).map(member).collect();
+    let out = cli(&r.cfg, &["bans", "--all"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    assert_eq!(rows(&out.stdout), every, "{}", tail(&out.stdout));
+    assert!(
+        out.stdout.lines().any(|l| l == "5000 active ban(s)"),
+        "{}",
+        tail(&out.stdout)
+    );
+    assert_summary(&out.stdout, 0..n);
+
+    let out = cli(&r.cfg, &["bans", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    let lines = json_lines(&out.stdout);
+    let addrs: Vec<&str> = lines.iter().map(|l| l["addr"].as_str().unwrap()).collect();
+    assert_eq!(addrs, every);
+    for (i, l) in lines.iter().enumerate() {
+        let i = i as u64;
+        assert_eq!(
+            (l["rule"].as_str(), l["host"].as_str()),
+            (Some(rule(i)), Some(host(i).as_str()))
+        );
+        assert_eq!(l["reason"], format!("r{i}"));
+    }
+}
+
+#[test]
+fn past_the_sorted_length_every_ban_streams_once_in_the_lists_order() {
+    // More than bans.rs's SORTED_UP_TO (10,000) and three pages of 4,096.
+    let n = 12_345;
+    let (_redis, r) = long_list(n);
+    let out = cli(&r.cfg, &["bans", "--json"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    let lines = json_lines(&out.stdout);
+    assert_eq!(lines.len() as u64, n);
+    let addrs: BTreeSet<&str> = lines.iter().map(|l| l["addr"].as_str().unwrap()).collect();
+    let every: Vec<String> = (0..n).map(member).collect();
+    assert_eq!(addrs, every.iter().map(String::as_str).collect::<BTreeSet<_>>());
+    // The list's order: by end, soonest first.
+    let ends: Vec<&str> = lines.iter().map(|l| l["until"].as_str().unwrap()).collect();
+    assert!(ends.windows(2).all(|w| w[0] <= w[1]), "not by end");
+
+    let out = cli(&r.cfg, &["bans", "--all"]);
+    assert_eq!(out.code, 0, "{}", out.text());
+    let listed = rows(&out.stdout);
+    assert_eq!(listed.len() as u64, n);
+    assert_eq!(listed.iter().collect::<BTreeSet<_>>().len() as u64, n);
+    assert_eq!(out.stdout.matches("ADDRESS ").count(), 1, "one header");
+    assert!(
+        out.stdout.lines().any(|l| l == "12345 active ban(s)"),
+        "{}",
+        tail(&out.stdout)
+    );
+    assert_summary(&out.stdout, 0..n);
+}
+
+#[test]
+fn rule_host_and_in_keep_exactly_the_bans_they_name() {
+    let n = 5_000;
+    let (_redis, r) = long_list(n);
+    let listed = |args: &[&str]| -> Vec<String> {
+        let mut all = vec!["bans", "--json"];
+        all.extend_from_slice(args);
+        let out = cli(&r.cfg, &all);
+        assert_eq!(out.code, 0, "{}", out.text());
+        json_lines(&out.stdout)
+            .iter()
+            .map(|l| l["addr"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let want = |keep: &dyn Fn(u64) -> bool| -> Vec<String> { (0..n).filter(|&i| keep(i)).map(member).collect() };
+
+    assert_eq!(listed(&["--rule", "login"]), want(&|i| rule(i) == "login"));
+    assert_eq!(
+        listed(&["--rule", "login", "--rule", "manual"]),
+        want(&|i| rule(i) != "scraper")
+    );
+    assert_eq!(
+        listed(&["--host", "web-2", "--rule", "scraper"]),
+        want(&|i| host(i) == "web-2" && rule(i) == "scraper")
+    );
+    let inside: ipnet::IpNet = "100.0.3.0/24".parse().unwrap();
+    let got = listed(&["--in", "100.0.3.0/24"]);
+    assert_eq!(
+        got,
+        want(&|i| member(i).parse::<std::net::IpAddr>().is_ok_and(|a| inside.contains(&a)))
+    );
+    assert_eq!(
+        got.len(),
+        179,
+        "the addresses in 100.0.3.0/24, none of the IPv6 or 10.x /24 bans"
+    );
+    assert_eq!(
+        listed(&["--in", "2001:db8::/32", "--host", "web-1"]),
+        want(&|i| i % 4 == 3 && host(i) == "web-1")
+    );
+    assert!(listed(&["--rule", "no-such-rule"]).is_empty());
+
+    // For people: how many match of how many, and the summary of those.
+    let out = cli(&r.cfg, &["bans", "--rule", "login", "--limit", "10"]);
+    let matched = (0..n).filter(|&i| rule(i) == "login").count();
+    assert!(
+        out.stdout.lines().any(|l| l.starts_with(&format!(
+            "{matched} of 5000 active ban(s) match; the 10 ending last shown"
+        ))),
+        "{}",
+        tail(&out.stdout)
+    );
+    let mut login: Vec<u64> = (0..n).filter(|&i| rule(i) == "login").collect();
+    login.sort_by_key(|&i| i * 100 + (i % 7) * 1000);
+    let mut last: Vec<u64> = login[matched - 10..].to_vec();
+    last.sort_unstable();
+    assert_eq!(rows(&out.stdout), last.into_iter().map(member).collect::<Vec<_>>());
+    assert_summary(&out.stdout, (0..n).filter(|&i| rule(i) == "login"));
+
+    // A target that is not a network is refused as `ban` refuses it.
+    let out = cli(&r.cfg, &["bans", "--in", "100.0.3.1/24"]);
+    assert_eq!(out.code, 2, "{}", out.text());
+}
