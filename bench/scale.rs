@@ -42,10 +42,10 @@ fn main() {
     let shape = std::env::var("SCALE_SHAPE").unwrap_or_else(|_| "addr".to_owned());
     let one_by_one: usize = env("ONE_BY_ONE", 10);
     let redis = Redis::start();
-    let before = used_memory(&redis);
+    let before = redis.used_memory();
     let until = fleetban::now_ms() + 3_600_000;
     let last = preload(&redis, n, until, &shape);
-    let after = used_memory(&redis);
+    let after = redis.used_memory();
     println!(
         "Redis memory: {:.1} MB for {n} bans ({shape}): {:.0} B per ban (list member, record, expiry)",
         (after - before) as f64 / 1e6,
@@ -460,15 +460,6 @@ fn splitmix(i: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
-}
-
-fn used_memory(redis: &Redis) -> i64 {
-    redis
-        .cli(&["INFO", "memory"])
-        .lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("used_memory")
 }
 
 /// B's nft transactions so far (seconds), from its debug lines

@@ -58,15 +58,6 @@ fn rule_ban(addr: IpNet, i: u32) -> BanRequest {
     }
 }
 
-fn used_memory(redis: &Redis) -> i64 {
-    redis
-        .cli(&["INFO", "memory"])
-        .lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("used_memory in INFO memory")
-}
-
 fn list(redis: &Redis, rt: &tokio::runtime::Runtime) -> BanList {
     let con = common::connect(
         rt,
@@ -90,7 +81,7 @@ fn an_active_ban_costs_redis_at_most_150_bytes_at_100000_bans() {
     let redis = Redis::start();
     let rt = common::runtime();
     let mut bans = list(&redis, &rt);
-    let before = used_memory(&redis);
+    let before = redis.used_memory();
     let now = now_ms();
     // Eight connections at once: the round trips overlap.
     const LANES: u32 = 8;
@@ -119,7 +110,7 @@ fn an_active_ban_costs_redis_at_most_150_bytes_at_100000_bans() {
     // Redis shrinks its key tables, grown by the offence counts, within
     // a few of its 100 ms crons.
     std::thread::sleep(Duration::from_secs(1));
-    let per_ban = (used_memory(&redis) - before) / i64::from(BANS);
+    let per_ban = (redis.used_memory() - before) / i64::from(BANS);
     eprintln!("Redis memory: {per_ban} B per ban at {BANS} bans");
     assert!(
         per_ban <= MAX_BYTES_PER_BAN,

@@ -161,6 +161,15 @@ impl Redis {
         cmd
     }
 
+    /// Redis's `used_memory` (INFO memory), in bytes.
+    pub fn used_memory(&self) -> i64 {
+        self.cli(&["INFO", "memory"])
+            .lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("used_memory in INFO memory")
+    }
+
     /// Runs `redis-cli -s SOCKET --raw ARGS...` and returns its stdout without
     /// the final newline. Error replies come back as text ("ERR ..."), since
     /// redis-cli exits 0 for them; a redis-cli that fails (no server, the
