@@ -224,19 +224,30 @@ fn start(redis: &Redis, ns_tag: &str, id: &str, last: &str, n: u64) -> (NetNs, H
         std::thread::sleep(Duration::from_millis(2));
     }
     let answered = answered.expect("/check never answered 403 for the last entry");
-    // The kernel's sets: the first sync's transaction, or (if the first read
-    // failed) a reconcile's, logged with the count it added.
+    // The kernel's sets: the transactions that load the pages as they are
+    // read and the first sync's (or, from an older build, the first sync's
+    // alone), each logged with the count it added; in nft once they sum to
+    // the list.
     let mut in_nft = None;
     for _ in 0..6_000 {
         let text = d.log_text();
-        if let Some(l) = text.lines().map(strip_ansi).find(|l| {
-            l.contains("nft transaction applied")
-                && l.split_whitespace()
-                    .find_map(|w| w.strip_prefix("added="))
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .is_some_and(|a| a >= n)
-        }) {
-            in_nft = Some(parse_rfc3339_us(l.split_whitespace().next().unwrap_or_default()));
+        let mut added = 0;
+        for l in text
+            .lines()
+            .map(strip_ansi)
+            .filter(|l| l.contains("nft transaction applied"))
+        {
+            added += l
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("added="))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+            if added >= n {
+                in_nft = Some(parse_rfc3339_us(l.split_whitespace().next().unwrap_or_default()));
+                break;
+            }
+        }
+        if in_nft.is_some() {
             break;
         }
         std::thread::sleep(Duration::from_millis(100));

@@ -380,11 +380,25 @@ impl BanList {
     /// The active entries: (network, expiry). Members that are not an
     /// address or network are skipped with a warning, never returned.
     pub async fn active(&mut self, now_ms: i64) -> Result<Vec<(IpNet, Until)>, BanListError> {
+        self.active_each(now_ms, &mut |_| {}).await
+    }
+
+    /// As [`BanList::active`], showing each page to `on_page` as it is
+    /// read (the whole list at once for the embedded store).
+    pub async fn active_each(
+        &mut self,
+        now_ms: i64,
+        on_page: &mut read::OnPage<'_>,
+    ) -> Result<Vec<(IpNet, Until)>, BanListError> {
         match self {
-            BanList::Memory(m) => Ok(m.active(now_ms).map(|r| (r.addr, r.until())).collect()),
+            BanList::Memory(m) => {
+                let out: Vec<_> = m.active(now_ms).map(|r| (r.addr, r.until())).collect();
+                on_page(&out);
+                Ok(out)
+            }
             BanList::Redis { con, keys } => {
                 let started = std::time::Instant::now();
-                let (out, respelled) = read::active(con, keys, now_ms, read::PAGE).await?;
+                let (out, respelled) = read::active(con, keys, now_ms, read::PAGE, on_page).await?;
                 let read = crate::took(started.elapsed());
                 if !respelled.is_empty() {
                     read::canonicalize(con, keys, &respelled).await?;

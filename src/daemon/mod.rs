@@ -96,12 +96,19 @@ pub(crate) fn trim_heap() {
 /// keeps live scatters over its own arena and pins partly used pages there:
 /// measured with 100,000 bans, RSS 26.2-33.3 MB from start to start with the
 /// default, 27.0-27.3 MB in 9 of 10 starts with two arenas (BENCHMARKS.md).
+///
+/// And blocks of 128 KiB and more always mapped on their own, returned
+/// whole when freed: glibc's default raises that threshold to the largest
+/// block freed so far, after which the start's pages of the list (160 kB
+/// each) came from the heap between long-lived tables and pinned it: with
+/// 1,000,000 bans 67 MB of RSS held free.
 /// Called before any other thread starts.
 fn limit_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt takes two integers; it only sets glibc's tunable.
+    // SAFETY: mallopt takes two integers; it only sets glibc's tunables.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
     }
 }
 
@@ -149,11 +156,19 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     let tracker = TaskTracker::new();
 
     let mut enforcer = config.firewall.enforcer(opts.dry_run)?;
-    // nft's listing and table creation run while the ban list is read: at
-    // 100k bans both take tens of ms.
+    // nft's listing and table creation run while the ban list is read (at
+    // 100k bans both take tens of ms), then the list's pages go into nft
+    // as they are read (`start::preload`).
+    let (early, mut pages) = tokio::sync::mpsc::unbounded_channel();
+    let never = own.current();
     let init = tokio::spawn(async move {
         let r = enforcer.init(crate::now_ms()).await;
-        (enforcer, r)
+        // What the kernel kept, before the list's pages join it.
+        let kept = start::kernel_kept(&enforcer);
+        if r.is_ok() {
+            start::preload(&mut enforcer, &mut pages, &never).await;
+        }
+        (enforcer, r, kept)
     });
     let read_started = std::time::Instant::now();
 
@@ -164,7 +179,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     let (updates_tx, updates_rx) = tokio::sync::mpsc::unbounded_channel();
     let (ours, all) = (vec![enf_tx.clone()], vec![enf_tx, updates_tx]);
     let store = tokio::select! {
-        s = start::open(&config, &opts, Changes::to(ours), Changes::to(all)) => s,
+        s = start::open(&config, &opts, Changes::to(ours), Changes::to(all), early) => s,
         _ = &mut shutdown => return Ok(()),
     };
     let start::Store {
@@ -180,7 +195,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     // only queues (never waits on a target).
     let notifier = crate::notify::Notifier::start(&config.notify, config.ipv6_prefix, &tracker, token.clone());
     let mut bans = bans.with_notify(notifier.clone());
-    let (mut enforcer, init) = match init.await {
+    let (mut enforcer, init, mut kept) = match init.await {
         Ok(done) => done,
         // Only a panic in init (a bug) gets here: keep it a panic.
         Err(e) => std::panic::resume_unwind(e.into_panic()),
@@ -189,13 +204,13 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
 
     // A host new to the embedded store keeps what its firewall enforces.
     let initial = match bans.absent_at_start() {
-        true => start::adopt_kernel(&enforcer, &mut bans, initial),
+        true => start::adopt_kernel(std::mem::take(&mut kept), &mut bans, initial),
         false => initial,
     };
     // With Redis: a list lost while this host was down gets its set back.
     let mut fleet = fleet;
     let initial = match fleet.as_mut() {
-        Some((f, _)) => start::after_a_loss(&enforcer, f, initial).await,
+        Some((f, _)) => start::after_a_loss(kept, f, initial).await,
         None => initial,
     };
     // First sync: the kernel set equals the list before anything else runs.

@@ -32,7 +32,7 @@ pub(crate) const DELETE_MARGIN_MS: i64 = 1_000;
 /// (~2 s at 100k elements) and transaction latency.
 pub(crate) const GONE_MARGIN_MS: i64 = 5_000;
 /// Ends closer than this count as equal (beyond what a listing leaves
-/// unknown, `Slot::slack`): a transaction lands a little after its
+/// unknown, `Book::slack`): a transaction lands a little after its
 /// timeouts were computed, and re-adding 100k elements to move their ends
 /// by a second is not worth a transaction (docs/design.md §3, "Reconciling").
 pub(crate) const REFRESH_TOLERANCE_MS: i64 = 5_000;
@@ -89,25 +89,113 @@ impl fmt::Display for Span {
     }
 }
 
-/// One applied element: where its span ends and when it expires.
+/// One applied element, beside its span's start: where the span ends and
+/// when it expires, in 12 bytes (a book of 1,000,000 elements).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Slot {
-    pub hi: IpAddr,
-    /// When it expires (8 bytes: a book of 1,000,000 elements).
     pub end: End,
-    /// How much later than `until` the kernel's end may be (ms): read from
-    /// a listing, `until` is its start plus `expires`, and the kernel
-    /// counted down while nft listed (1M elements: tens of seconds); 0 for
-    /// an element this process put in. Without it a slow listing made
-    /// every element look shortened and re-added them all.
-    pub slack: u32,
-    /// The last plan that keeps this element (`Book::mark`, wrapping).
-    pub kept: u32,
+    /// The span's prefix length, or [`RANGE`]: a span that is no prefix,
+    /// its end in [`Applied::ranges`].
+    len: u8,
+    /// Read from the kernel's last listing: its end may be up to
+    /// [`Book::slack`] later than `until`.
+    listed: bool,
+    /// Kept by the plan under way (`Book::plan` clears it after).
+    kept: bool,
 }
+
+/// [`Slot::len`] of a span that is no prefix (only from a listing of a
+/// table another program changed).
+const RANGE: u8 = u8::MAX;
 
 impl Slot {
     pub fn until(&self) -> Until {
         self.end.until()
+    }
+}
+
+/// What the kernel holds: span start -> slot. Spans are disjoint, and
+/// prefixes but for a rare range.
+#[derive(Clone, Debug, Default)]
+struct Applied {
+    slots: BTreeMap<IpAddr, Slot>,
+    /// The ends of the spans that are no prefix.
+    ranges: BTreeMap<IpAddr, IpAddr>,
+}
+
+impl Applied {
+    fn span(&self, lo: IpAddr, slot: &Slot) -> Span {
+        let hi = match slot.len {
+            RANGE => self.ranges.get(&lo).copied().unwrap_or(lo),
+            len => IpNet::new(lo, len).map_or(lo, |n| n.broadcast()),
+        };
+        Span { lo, hi }
+    }
+
+    fn insert(&mut self, span: Span, end: End, listed: bool) {
+        let len = match span.as_net() {
+            Some(net) => {
+                self.ranges.remove(&span.lo);
+                net.prefix_len()
+            }
+            None => {
+                self.ranges.insert(span.lo, span.hi);
+                RANGE
+            }
+        };
+        let slot = Slot {
+            end,
+            len,
+            listed,
+            kept: false,
+        };
+        self.slots.insert(span.lo, slot);
+    }
+
+    fn remove(&mut self, lo: &IpAddr) {
+        if self.slots.remove(lo).is_some_and(|s| s.len == RANGE) {
+            self.ranges.remove(lo);
+        }
+    }
+
+    /// The slot of exactly `span`.
+    fn exact(&self, span: Span) -> Option<&Slot> {
+        self.slots.get(&span.lo).filter(|s| self.span(span.lo, s).hi == span.hi)
+    }
+
+    fn exact_mut(&mut self, span: Span) -> Option<&mut Slot> {
+        self.exact(span)?;
+        self.slots.get_mut(&span.lo)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (Span, &Slot)> + '_ {
+        self.slots.iter().map(|(&lo, s)| (self.span(lo, s), s))
+    }
+
+    /// Applied spans that overlap `span`.
+    fn overlapping(&self, span: Span) -> impl Iterator<Item = (Span, Slot)> + '_ {
+        let before = self
+            .slots
+            .range(..span.lo)
+            .next_back()
+            .map(|(&lo, s)| (self.span(lo, s), *s))
+            .filter(move |(s, _)| s.is_v4() == span.is_v4() && s.hi >= span.lo);
+        before.into_iter().chain(
+            self.slots
+                .range(span.lo..=span.hi)
+                .map(|(&lo, s)| (self.span(lo, s), *s)),
+        )
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&Slot) -> bool) {
+        let ranges = &mut self.ranges;
+        self.slots.retain(|lo, s| {
+            let k = keep(s);
+            if !k && s.len == RANGE {
+                ranges.remove(lo);
+            }
+            k
+        });
     }
 }
 
@@ -132,14 +220,14 @@ fn life(until: Until, now: i64) -> Life {
 }
 
 /// Whether the kernel's element (`slot`) already ends as `want` says: its
-/// end lies in `[until, until + slack]`, and `want` within
+/// end lies in `[until, until + slack]` (`slack`: [`Book::slack`] for an
+/// element read from a listing, else 0), and `want` within
 /// [`REFRESH_TOLERANCE_MS`] of that window. Only an end really moved
 /// (extended, shortened) is re-added, not one the kernel counted down.
-fn same_until(slot: &Slot, want: Until) -> bool {
+fn same_until(slot: &Slot, want: Until, slack: u32) -> bool {
+    let slack = if slot.listed { i64::from(slack) } else { 0 };
     match (slot.until(), want) {
-        (Until::At(x), Until::At(y)) => {
-            y > x - REFRESH_TOLERANCE_MS && y < x + i64::from(slot.slack) + REFRESH_TOLERANCE_MS
-        }
+        (Until::At(x), Until::At(y)) => y > x - REFRESH_TOLERANCE_MS && y < x + slack + REFRESH_TOLERANCE_MS,
         (a, b) => a == b,
     }
 }
@@ -180,16 +268,19 @@ impl Plan {
 pub(crate) struct Book {
     /// What callers want enforced; nets truncated, none expired at last plan.
     desired: BTreeMap<IpNet, End>,
-    /// What the kernel holds: span start -> slot. Spans are disjoint.
-    applied: BTreeMap<IpAddr, Slot>,
+    /// What the kernel holds. A plan marks what it keeps in place
+    /// (`Slot::kept`) rather than in a set of kept elements: it allocates
+    /// nothing in proportion to the bans (one ban on top of 100k used to
+    /// allocate and free ~8 MB, which the allocator kept).
+    applied: Applied,
     /// From the last committed plan.
     wake: Option<i64>,
-    /// Numbers the plans: an applied slot whose `kept` equals the current
-    /// plan's number stays. A mark in place rather than a set of kept
-    /// elements: a plan allocates nothing in proportion to the bans (one
-    /// ban on top of 100k used to allocate and free ~8 MB, which the
-    /// allocator kept).
-    mark: u32,
+    /// How much later than `until` the end of an element read from the
+    /// last listing may be (ms): its `until` is the listing's start plus
+    /// `expires`, and the kernel counted down while nft listed (1M
+    /// elements: tens of seconds). Without it a slow listing made every
+    /// element look shortened and re-added them all.
+    slack: u32,
 }
 
 impl Book {
@@ -216,9 +307,7 @@ impl Book {
     /// Replaces the wanted bans; returns how many input elements were expired.
     pub fn set_desired(&mut self, elems: &[Element], now: i64) -> usize {
         let mut expired = 0;
-        // Built in bulk (sorted once, last of equal nets wins, as inserting
-        // one by one would): 100k bans at start.
-        self.desired = elems
+        let wanted: Vec<(IpNet, End)> = elems
             .iter()
             .filter_map(|e| {
                 let n = normalize(e, now);
@@ -226,26 +315,40 @@ impl Book {
                 n.map(|(net, until)| (net, End::of(until)))
             })
             .collect();
+        // Built in bulk (sorted once, last of equal nets wins, as inserting
+        // one by one would): 100k bans at start. The old table goes first,
+        // so that the new one's nodes take its place in the heap rather
+        // than leave it a hole as large (a million bans: 27 MB).
+        self.desired = BTreeMap::new();
+        self.desired = wanted.into_iter().collect();
         expired
     }
 
     /// Replaces the applied state with the kernel's elements, their ends
     /// as a listing that began at their `until`'s base and took
-    /// `listing_ms` estimates them (see `Slot::slack`).
+    /// `listing_ms` estimates them (see `Book::slack`).
     pub fn load_applied(&mut self, elems: &[(Span, Until)], listing_ms: i64) {
-        let slack = u32::try_from((listing_ms.max(0)).saturating_add(EXPIRES_GRAIN_MS)).unwrap_or(u32::MAX);
-        self.applied = elems
+        self.slack = u32::try_from((listing_ms.max(0)).saturating_add(EXPIRES_GRAIN_MS)).unwrap_or(u32::MAX);
+        // The old table goes first (as in `set_desired`).
+        self.applied = Applied::default();
+        let ranges = &mut self.applied.ranges;
+        self.applied.slots = elems
             .iter()
             .map(|(s, u)| {
-                (
-                    s.lo,
-                    Slot {
-                        hi: s.hi,
-                        end: End::of(*u),
-                        slack,
-                        kept: 0,
-                    },
-                )
+                let len = match s.as_net() {
+                    Some(net) => net.prefix_len(),
+                    None => {
+                        ranges.insert(s.lo, s.hi);
+                        RANGE
+                    }
+                };
+                let slot = Slot {
+                    end: End::of(*u),
+                    len,
+                    listed: true,
+                    kept: false,
+                };
+                (s.lo, slot)
             })
             .collect();
     }
@@ -254,8 +357,8 @@ impl Book {
     /// bans). A range that is not a prefix becomes the prefixes covering it.
     pub fn desire_applied(&mut self) {
         self.desired.clear();
-        for (&lo, slot) in &self.applied {
-            for net in span_nets(Span { lo, hi: slot.hi }) {
+        for (span, slot) in self.applied.iter() {
+            for net in span_nets(span) {
                 self.desired.insert(net, slot.end);
             }
         }
@@ -281,7 +384,7 @@ impl Book {
     }
 
     pub fn applied_len(&self) -> usize {
-        self.applied.len()
+        self.applied.slots.len()
     }
 
     pub fn desired_len(&self) -> usize {
@@ -299,11 +402,10 @@ impl Book {
             Until::At(t) => t > now,
             Until::Permanent => true,
         });
-        self.applied.retain(|_, s| life(s.until(), now) != Life::Gone);
+        self.applied.retain(|s| life(s.until(), now) != Life::Gone);
 
         let mut plan = Plan::default();
-        self.mark = self.mark.wrapping_add(1);
-        let mark = self.mark;
+        let slack = self.slack;
         // The cover: sorted by (network, prefix length), a net is inside some
         // kept net iff it is inside the last kept one (prefixes nest or are
         // disjoint), so one pass finds it.
@@ -325,9 +427,9 @@ impl Book {
             }
             top = Some((net, until));
             let span = Span::of(&net);
-            if let Some(slot) = self.applied.get_mut(&span.lo).filter(|s| s.hi == span.hi) {
-                slot.kept = mark;
-                if same_until(slot, until) {
+            if let Some(slot) = self.applied.exact_mut(span) {
+                slot.kept = true;
+                if same_until(slot, until, slack) {
                     plan.stats.unchanged += 1;
                 } else {
                     plan.add.push((net, until));
@@ -336,7 +438,7 @@ impl Book {
                 continue;
             }
             let mut blocked = false;
-            for (_, slot) in overlapping(&self.applied, span) {
+            for (_, slot) in self.applied.overlapping(span) {
                 if let (Life::Dying, Until::At(t)) = (life(slot.until(), now), slot.until()) {
                     blocked = true;
                     plan.wake = earliest(plan.wake, t + GONE_MARGIN_MS);
@@ -346,15 +448,14 @@ impl Book {
                 plan.stats.deferred += 1;
                 // Keep what already drops part of it, as long as it is wanted.
                 wanted_overlaps.clear();
-                wanted_overlaps.extend(overlapping(&self.applied, span).filter_map(|(lo, slot)| {
-                    Span { lo, hi: slot.hi }
-                        .as_net()
+                wanted_overlaps.extend(self.applied.overlapping(span).filter_map(|(s, _)| {
+                    s.as_net()
                         .is_some_and(|n| self.desired.contains_key(&n))
-                        .then_some(lo)
+                        .then_some(s.lo)
                 }));
                 for lo in &wanted_overlaps {
-                    if let Some(slot) = self.applied.get_mut(lo) {
-                        slot.kept = mark;
+                    if let Some(slot) = self.applied.slots.get_mut(lo) {
+                        slot.kept = true;
                     }
                 }
             } else {
@@ -363,10 +464,13 @@ impl Book {
             }
         }
 
-        for (&lo, slot) in &self.applied {
-            if slot.kept != mark && life(slot.until(), now) == Life::Live {
-                plan.delete.push(Span { lo, hi: slot.hi });
+        for (span, slot) in self.applied.iter() {
+            if !slot.kept && life(slot.until(), now) == Life::Live {
+                plan.delete.push(span);
             }
+        }
+        for slot in self.applied.slots.values_mut() {
+            slot.kept = false;
         }
         plan.stats.removed = plan.delete.len();
         plan
@@ -395,8 +499,8 @@ impl Book {
                 return None;
             }
             let span = Span::of(&net);
-            let exact = self.applied.get(&span.lo).filter(|s| s.hi == span.hi);
-            if overlapping(&self.applied, span).any(|(lo, s)| lo != span.lo || s.hi != span.hi) {
+            let exact = self.applied.exact(span);
+            if self.applied.overlapping(span).any(|(s, _)| s != span) {
                 return None;
             }
             let wanted = match self.desired.get(&net).map(|e| e.until()) {
@@ -407,7 +511,7 @@ impl Book {
                 return None;
             }
             match (wanted, exact) {
-                (Some(until), Some(slot)) if same_until(slot, until) => plan.stats.unchanged += 1,
+                (Some(until), Some(slot)) if same_until(slot, until, self.slack) => plan.stats.unchanged += 1,
                 (Some(until), Some(_)) => {
                     plan.add.push((net, until));
                     plan.stats.refreshed += 1;
@@ -457,31 +561,56 @@ impl Book {
             }
             top = Some(*net);
             let span = Span::of(net);
-            if self.applied.get(&span.lo).is_none_or(|s| s.hi != span.hi) {
+            if self.applied.exact(span).is_none() {
                 out.push(*net);
             }
         }
         out
     }
 
+    /// Adds `elems` to the wanted bans and plans adding those of them
+    /// that nothing applied overlaps, recording them as applied at once
+    /// (so that nested nets of one call are not both planned); the caller
+    /// re-reads the kernel if nft refuses the plan. The rest wait for
+    /// [`Book::plan`]. The start's pages, while the list is still read
+    /// (`NftEnforcer::preload`).
+    pub fn plan_preload(&mut self, elems: &[Element], now: i64) -> Plan {
+        let mut plan = Plan {
+            wake: self.wake,
+            ..Plan::default()
+        };
+        for e in elems {
+            let Some((net, until)) = normalize(e, now) else {
+                continue;
+            };
+            let end = End::of(until);
+            self.desired.insert(net, end);
+            let span = Span::of(&net);
+            if self.applied.overlapping(span).next().is_none() {
+                self.applied.insert(span, end, false);
+                plan.add.push((net, until));
+                plan.stats.added += 1;
+            }
+        }
+        plan
+    }
+
     /// Records a plan the kernel accepted.
     pub fn commit(&mut self, plan: &Plan) {
-        if self.applied.is_empty() && plan.delete.is_empty() {
-            // A load into empty sets (the start): built in bulk.
-            self.applied = plan
+        if self.applied.slots.is_empty() && plan.delete.is_empty() {
+            // A load into empty sets: built in bulk.
+            self.applied.ranges.clear();
+            self.applied.slots = plan
                 .add
                 .iter()
                 .map(|&(net, until)| {
-                    let span = Span::of(&net);
-                    (
-                        span.lo,
-                        Slot {
-                            hi: span.hi,
-                            end: End::of(until),
-                            slack: 0,
-                            kept: 0,
-                        },
-                    )
+                    let slot = Slot {
+                        end: End::of(until),
+                        len: net.prefix_len(),
+                        listed: false,
+                        kept: false,
+                    };
+                    (net.network(), slot)
                 })
                 .collect();
             self.wake = plan.wake;
@@ -491,39 +620,22 @@ impl Book {
             self.applied.remove(&span.lo);
         }
         for &(net, until) in &plan.add {
-            let span = Span::of(&net);
-            self.applied.insert(
-                span.lo,
-                Slot {
-                    hi: span.hi,
-                    end: End::of(until),
-                    slack: 0,
-                    kept: 0,
-                },
-            );
+            self.applied.insert(Span::of(&net), End::of(until), false);
         }
         self.wake = plan.wake;
     }
 
+    /// Rebuilds what is applied in bulk (a B-tree filled one element at a
+    /// time keeps its nodes about 3/4 full): after the start's preloads,
+    /// whose wanted bans the first sync's `set_desired` rebuilds.
+    pub fn compact(&mut self) {
+        self.applied.slots = std::mem::take(&mut self.applied.slots).into_iter().collect();
+    }
+
     #[cfg(test)]
     fn applied_spans(&self) -> Vec<String> {
-        self.applied
-            .iter()
-            .map(|(&lo, s)| Span { lo, hi: s.hi }.to_string())
-            .collect()
+        self.applied.iter().map(|(span, _)| span.to_string()).collect()
     }
-}
-
-/// Applied slots whose span overlaps `span`.
-fn overlapping(applied: &BTreeMap<IpAddr, Slot>, span: Span) -> impl Iterator<Item = (IpAddr, Slot)> + '_ {
-    let before = applied
-        .range(..span.lo)
-        .next_back()
-        .filter(move |(lo, s)| lo.is_ipv4() == span.is_v4() && s.hi >= span.lo);
-    before
-        .into_iter()
-        .chain(applied.range(span.lo..=span.hi))
-        .map(|(&lo, &s)| (lo, s))
 }
 
 /// The prefixes that exactly make up a span.
@@ -755,6 +867,46 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_preload_adds_what_nothing_applied_overlaps_and_the_first_sync_does_the_rest() {
+        let mut b = Book::default();
+        b.load_applied(&[(Span::of(&net("10.0.0.0/24")), at(H))], 0);
+        b.desire_applied();
+        let plan = b.plan_preload(
+            &[
+                // Inside the applied /24, inside the /16 of the same call,
+                // ended: none is added.
+                el("10.0.0.5", at(H)),
+                el("10.1.0.0/16", at(H)),
+                el("10.1.2.3", at(2 * H)),
+                el("10.2.0.1", at(-1)),
+                el("10.3.0.1", Until::Permanent),
+            ],
+            NOW,
+        );
+        let added: Vec<String> = plan.add.iter().map(|(n, _)| n.to_string()).collect();
+        assert_eq!(added, ["10.1.0.0/16", "10.3.0.1/32"]);
+        assert_eq!(b.applied_spans(), ["10.0.0.0/24", "10.1.0.0/16", "10.3.0.1"]);
+        b.compact();
+        assert_eq!(b.applied_spans(), ["10.0.0.0/24", "10.1.0.0/16", "10.3.0.1"]);
+        // The first sync wants the list read: the /24 is no ban of it.
+        let list = [
+            el("10.0.0.5", at(H)),
+            el("10.1.0.0/16", at(H)),
+            el("10.1.2.3", at(2 * H)),
+            el("10.3.0.1", Until::Permanent),
+        ];
+        b.set_desired(&list, NOW);
+        let plan = b.plan(NOW);
+        assert_eq!(plan.stats.unchanged, 2, "what the preload put in stays");
+        b.commit(&plan);
+        let del: Vec<String> = plan.delete.iter().map(ToString::to_string).collect();
+        let add: Vec<String> = plan.add.iter().map(|(n, _)| Span::of(n).to_string()).collect();
+        assert_eq!(del, ["10.0.0.0/24"]);
+        assert_eq!(add, ["10.0.0.5"]);
+        assert_eq!(b.applied_spans(), ["10.0.0.5", "10.1.0.0/16", "10.3.0.1"]);
+    }
+
+    #[test]
     fn replace_all_removes_stale_and_foreign_ranges() {
         let mut b = Book::default();
         let range = span_from("10.9.0.1".parse().unwrap(), "10.9.0.5".parse().unwrap()).unwrap();
@@ -797,7 +949,7 @@ pub(crate) mod tests {
             }
             now += rnd(20_000) as i64;
             step(&mut b, now);
-            let spans: Vec<Span> = b.applied.iter().map(|(&lo, s)| Span { lo, hi: s.hi }).collect();
+            let spans: Vec<Span> = b.applied.iter().map(|(span, _)| span).collect();
             for w in spans.windows(2) {
                 assert!(w[0].hi < w[1].lo, "overlap {} {}", w[0], w[1]);
             }

@@ -249,6 +249,27 @@ impl Enforcer {
         }
     }
 
+    /// Between `init` and the start's first `replace_all`, while the list
+    /// is still read: puts those of `elems` that nothing in the kernel
+    /// overlaps into it, in one transaction, and returns how many (the
+    /// `replace_all` that follows does the rest). Nothing once the
+    /// bookkeeping may be wrong (a transaction failed); the dry run logs
+    /// only the `replace_all`.
+    pub async fn preload(&mut self, elems: &[Element], now_ms: i64) -> Result<usize, EnforceError> {
+        match self {
+            Enforcer::Nft(e) => e.preload(elems, now_ms).await,
+            Enforcer::Log(_) => Ok(0),
+        }
+    }
+
+    /// The start's preloads are over: what they filled one element at a
+    /// time is rebuilt in bulk (less memory).
+    pub fn preloaded(&mut self) {
+        if let Enforcer::Nft(e) = self {
+            e.preloaded();
+        }
+    }
+
     /// Adds (or extends) bans, in one nft transaction.
     pub async fn add(&mut self, elems: &[Element], now_ms: i64) -> Result<(), EnforceError> {
         match self {

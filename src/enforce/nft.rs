@@ -134,6 +134,28 @@ impl NftEnforcer {
         Ok(())
     }
 
+    /// See [`super::Enforcer::preload`]. The book is the kernel's after
+    /// `init`'s listing and after each preload that nft took, so the
+    /// `replace_all` that follows trusts it (`fresh`) rather than listing
+    /// a million elements again.
+    pub async fn preload(&mut self, elems: &[Element], now_ms: i64) -> Result<usize, EnforceError> {
+        if self.stale || self.fresh.is_none() {
+            return Ok(0);
+        }
+        let plan = self.book.plan_preload(elems, now_ms);
+        if let Err(e) = self.transact(&plan, now_ms).await {
+            // What the kernel took is unknown: the next apply lists it.
+            (self.stale, self.fresh) = (true, None);
+            return Err(e);
+        }
+        self.fresh = Some(Instant::now());
+        Ok(plan.add.len())
+    }
+
+    pub fn preloaded(&mut self) {
+        self.book.compact();
+    }
+
     pub async fn add(&mut self, elems: &[Element], now_ms: i64) -> Result<(), EnforceError> {
         self.update(elems, &[], now_ms).await
     }
@@ -315,7 +337,7 @@ impl NftEnforcer {
         self.stale = true;
         let t = self.opts.table.clone();
         // `now` is when the listing began: each `expires` was read later,
-        // by up to its whole duration (`Slot::slack`).
+        // by up to its whole duration (`Book::slack`).
         let started = Instant::now();
         let listed = self.run("list table", &["-j", "list", "table", "inet", &t], None).await;
         let took = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);

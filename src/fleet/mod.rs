@@ -38,10 +38,11 @@ use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
 
 use crate::bans::{list::parse_until, with_held, BanList, Held};
-use crate::enforce::{Change, Changes, Element};
+use crate::enforce::{Change, Changes, Element, Until};
 use crate::limit::FleetNews;
 use crate::ratelog::Retry;
 use crate::store::Keys;
+use ipnet::IpNet;
 use tokio::sync::mpsc::UnboundedSender;
 
 /// How long one XREAD waits for events before looping (to notice shutdown
@@ -96,6 +97,9 @@ pub struct FleetSync {
     pub story: Story,
     /// Counts each failed step among the host's Redis errors (`status`).
     pub health: crate::store::Health,
+    /// Where the next snapshot's pages go as they are read (the start's:
+    /// nft loads them meanwhile, `daemon::start::preload`); taken by it.
+    pub early: Option<UnboundedSender<Vec<Element>>>,
 }
 
 impl FleetSync {
@@ -129,7 +133,18 @@ impl FleetSync {
             }
         };
         let id = self.newest_id(&self.keys.events()).await?;
-        let entries = self.list.active(crate::now_ms()).await.map_err(redis_error)?;
+        let early = self.early.take();
+        let mut show = |page: &[(IpNet, Until)]| {
+            if let Some(tx) = &early {
+                let _ = tx.send(page.iter().map(|&(net, until)| Element { net, until }).collect());
+            }
+        };
+        let entries = self
+            .list
+            .active_each(crate::now_ms(), &mut show)
+            .await
+            .map_err(redis_error)?;
+        drop(early);
         self.listed = entries.len();
         let entries = entries.into_iter().map(|(net, until)| Element { net, until }).collect();
         let entries = self
@@ -239,7 +254,22 @@ impl FleetSync {
                     }
                 }
             }
-            let opts = StreamReadOptions::default().block(BLOCK_MS).count(1000);
+            // Records a snapshot left unread, a page per turn: the stream
+            // is read between pages, without waiting.
+            let mut opts = StreamReadOptions::default().count(1000);
+            if self.remembered.records_unread() {
+                if let Err(e) = self.remembered.read_records(&mut self.list).await {
+                    tracing::debug!(error = %e, "Reading ban records failed; read again at the next reconcile.");
+                    (next_reconcile, missed) = (tokio::time::Instant::now(), true);
+                }
+                if !self.remembered.records_unread() {
+                    // The replies of every page are freed: their pages go back.
+                    crate::daemon::trim_heap();
+                }
+            }
+            if !self.remembered.records_unread() {
+                opts = opts.block(BLOCK_MS);
+            }
             let (events, marks) = (self.keys.events(), self.keys.marks());
             let stream = [events.as_str(), marks.as_str()];
             let from = [last_id.clone(), self.marks_id.clone()];
