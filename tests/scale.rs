@@ -39,6 +39,85 @@ fn a_list_longer_than_one_reply_can_carry_is_loaded_whole() {
     assert!(applied.contains(&format!("bans={n}")), "{applied}\n{}", tail(&log));
 }
 
+/// The start loads the list's pages into nft as they are read
+/// (`daemon::start::preload`, only bans enforced whole that nothing in the
+/// kernel overlaps), and the first sync after the read finishes the cover:
+/// the kernel ends up holding exactly what one transaction of the whole
+/// list used to put in. 10,000 bans (three pages); a /24 holding an
+/// allowed address (cut around it), an address inside a /16 (left out
+/// while the /16 drops it), and an element the kernel kept from a ban the
+/// list no longer has (deleted).
+#[test]
+fn a_start_loads_the_pages_as_they_are_read_and_the_first_sync_finishes_the_cover() {
+    let redis = Redis::start();
+    let until = common::now_ms() + 3_600_000;
+    let ns = common::NetNs::new("preload");
+    let r = ConfigDir::new();
+    let main = r
+        .main_config()
+        .host_id("preload")
+        .allow("[10.213.0.7]")
+        .redis(&redis.url(), "");
+    r.write(
+        &main,
+        &[Rule::new("scraper", &r.log, "{ hits: 3, window: 60s }").ban("1h")],
+    );
+    // A first run leaves 192.0.2.99 in the kernel; the list then loses it.
+    redis.cli(&["ZADD", "{fleetban}:bans", &until.to_string(), "192.0.2.99"]);
+    let mut first = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    wait_until(Duration::from_secs(60), "the first run's list applied", || {
+        first.log_text().contains("Ban list applied")
+    });
+    first.stop(Duration::from_secs(10));
+    redis.cli(&["DEL", "{fleetban}:bans"]);
+    let n = 10_000;
+    redis.preload_bans(n, until);
+    for m in ["10.213.0.0/24", "10.214.0.0/16", "10.214.3.3"] {
+        redis.cli(&["ZADD", "{fleetban}:bans", &until.to_string(), m]);
+    }
+
+    let d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    wait_until(Duration::from_secs(120), "the list applied", || {
+        d.log_text().contains("Ban list applied")
+    });
+    let log = d.log_text();
+    assert!(
+        log.contains("Ban list loaded into nftables while it was read"),
+        "{}",
+        tail(&log)
+    );
+    let v4: std::collections::BTreeSet<String> = common::nft_bans(&ns, "fleetban", "v4")
+        .into_iter()
+        .map(|(e, _)| e)
+        .collect();
+    for i in (0..n).filter(|i| i % 4 != 3) {
+        let a = format!(
+            "{}.{}.{}.{}",
+            100 + i / 16_777_216 % 50,
+            i / 65536 % 256,
+            i / 256 % 256,
+            i % 256
+        );
+        assert!(v4.contains(&a), "{a} not in nft");
+    }
+    assert!(v4.contains("10.214.0.0/16"));
+    assert!(!v4.contains("10.214.3.3"), "inside the /16: left out");
+    assert!(!v4.contains("192.0.2.99"), "no longer in the list: deleted");
+    assert!(!v4.contains("10.213.0.0/24") && !v4.contains("10.213.0.7"));
+    assert!(
+        v4.contains("10.213.0.128/25") && v4.contains("10.213.0.6"),
+        "the /24 cut around the allowed address"
+    );
+    // The addresses, the /16 and the /24's eight pieces.
+    assert_eq!(
+        v4.len() as u64,
+        n / 4 * 3 + 1 + 8,
+        "{:?}",
+        v4.iter().filter(|e| !e.starts_with("100.")).collect::<Vec<_>>()
+    );
+    assert_eq!(common::nft_bans(&ns, "fleetban", "v6").len() as u64, n / 4);
+}
+
 fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(20)..].join("\n")

@@ -109,6 +109,9 @@ impl FleetSync {
     /// windows); a registration refused (an ACL without SADD) is a warning,
     /// not a failed reconcile.
     pub async fn snapshot(&mut self) -> Result<(String, Vec<Element>), redis::RedisError> {
+        // Taken first: whichever way this returns, the pages' receiver
+        // learns the read is over (the start waits for it).
+        let early = self.early.take();
         // The marks stream's position before the hosts are counted: a host
         // that registers after the count announces itself after this id
         // (SADD, then XADD), so it is read as an arrival, never missed.
@@ -133,7 +136,6 @@ impl FleetSync {
             }
         };
         let id = self.newest_id(&self.keys.events()).await?;
-        let early = self.early.take();
         let mut show = |page: &[(IpNet, Until)]| {
             if let Some(tx) = &early {
                 let _ = tx.send(page.iter().map(|&(net, until)| Element { net, until }).collect());
