@@ -32,7 +32,7 @@ pub struct Remembered {
     /// The fleet's epoch at this host's last snapshot (None before the first).
     epoch: Option<String>,
     /// The list as this host last applied it: each entry's end and record
-    /// (None until a snapshot has read it). Compact (`NetMap`, records as
+    /// (`Kept::UNREAD` until a snapshot has read it). Compact (`NetMap`, records as
     /// `kept::Kept`): with a million bans this is the largest table a host
     /// keeps.
     bans: NetMap<(End, Kept)>,
