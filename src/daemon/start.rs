@@ -147,10 +147,7 @@ pub async fn open(
     if let Some(bans) = crate::bans::list::embedded_bans(&file, crate::now_ms()) {
         fleet.remembered.joining(file, bans);
     }
-    let snapshot = fleet.snapshot().await;
-    // The start's preload ends with this read, whatever came of it.
-    fleet.early = None;
-    let (last_id, initial) = match snapshot {
+    let (last_id, initial) = match fleet.snapshot().await {
         Ok((id, list)) => {
             health.succeeded();
             (id, Some(list))

@@ -132,14 +132,16 @@ impl Applied {
         Span { lo, hi }
     }
 
-    fn insert(&mut self, span: Span, end: End, listed: bool) {
+    /// `span`'s slot, at its start; a span that is no prefix keeps its
+    /// end in `ranges` (a field apart, for builders of `slots` in bulk).
+    fn entry(ranges: &mut BTreeMap<IpAddr, IpAddr>, span: Span, end: End, listed: bool) -> (IpAddr, Slot) {
         let len = match span.as_net() {
             Some(net) => {
-                self.ranges.remove(&span.lo);
+                ranges.remove(&span.lo);
                 net.prefix_len()
             }
             None => {
-                self.ranges.insert(span.lo, span.hi);
+                ranges.insert(span.lo, span.hi);
                 RANGE
             }
         };
@@ -149,7 +151,12 @@ impl Applied {
             listed,
             kept: false,
         };
-        self.slots.insert(span.lo, slot);
+        (span.lo, slot)
+    }
+
+    fn insert(&mut self, span: Span, end: End, listed: bool) {
+        let (lo, slot) = Applied::entry(&mut self.ranges, span, end, listed);
+        self.slots.insert(lo, slot);
     }
 
     fn remove(&mut self, lo: &IpAddr) {
@@ -334,22 +341,7 @@ impl Book {
         let ranges = &mut self.applied.ranges;
         self.applied.slots = elems
             .iter()
-            .map(|(s, u)| {
-                let len = match s.as_net() {
-                    Some(net) => net.prefix_len(),
-                    None => {
-                        ranges.insert(s.lo, s.hi);
-                        RANGE
-                    }
-                };
-                let slot = Slot {
-                    end: End::of(*u),
-                    len,
-                    listed: true,
-                    kept: false,
-                };
-                (s.lo, slot)
-            })
+            .map(|(s, u)| Applied::entry(ranges, *s, End::of(*u), true))
             .collect();
     }
 
@@ -600,18 +592,11 @@ impl Book {
         if self.applied.slots.is_empty() && plan.delete.is_empty() {
             // A load into empty sets: built in bulk.
             self.applied.ranges.clear();
+            let ranges = &mut self.applied.ranges;
             self.applied.slots = plan
                 .add
                 .iter()
-                .map(|&(net, until)| {
-                    let slot = Slot {
-                        end: End::of(until),
-                        len: net.prefix_len(),
-                        listed: false,
-                        kept: false,
-                    };
-                    (net.network(), slot)
-                })
+                .map(|&(net, until)| Applied::entry(ranges, Span::of(&net), End::of(until), false))
                 .collect();
             self.wake = plan.wake;
             return;

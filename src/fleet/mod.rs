@@ -146,6 +146,7 @@ impl FleetSync {
             .active_each(crate::now_ms(), &mut show)
             .await
             .map_err(redis_error)?;
+        // The list is read: the start's preload may end.
         drop(early);
         self.listed = entries.len();
         let entries = entries.into_iter().map(|(net, until)| Element { net, until }).collect();
