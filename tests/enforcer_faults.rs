@@ -196,6 +196,67 @@ fn a_ban_nft_refused_is_reported_not_enforced_and_retried_until_it_is() {
     assert!(set_has(&ns, "203.0.113.82"));
 }
 
+/// The "nft transaction applied" debug lines' `via=` words, in order.
+fn transactions_via(log: &str) -> Vec<String> {
+    log.lines()
+        .filter(|l| l.contains("nft transaction applied"))
+        .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("via=")))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn a_ban_runs_through_libnftables_in_process_and_a_refusal_there_is_retried_from_a_listing() {
+    let ns = NetNs::new("libnft");
+    let r = rig();
+    let d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    let reply = ban_reply(&r, "203.0.113.81");
+    assert_eq!(enforced(&reply), Some(true), "{reply:?}");
+    assert!(set_has(&ns, "203.0.113.81"));
+    // The table's creation and the ban: both small, both in this process.
+    let via = transactions_via(&d.log_text());
+    assert!(
+        via.len() >= 2 && via.iter().all(|v| v == "libnftables"),
+        "{via:?}:\n{}",
+        d.log_text()
+    );
+
+    // Someone deletes the element under the daemon: its unban's delete is
+    // refused by the kernel, in process; the daemon lists and plans again.
+    let out = ns.run(&["nft", "delete", "element", "inet", "fleetban", "v4", "{ 203.0.113.81 }"]);
+    assert!(out.status.success(), "{out:?}");
+    let (removed, queued, _) = Client::new(&r.control)
+        .unban(ipnet::IpNet::from("203.0.113.81".parse::<std::net::IpAddr>().unwrap()))
+        .unwrap();
+    assert!(removed && !queued);
+    wait_until(Duration::from_secs(5), "the refused delete logged", || {
+        d.log_text().contains("nft transaction failed; re-reading the kernel")
+    });
+    let log = d.log_text();
+    let refused = log
+        .lines()
+        .find(|l| l.contains("nft transaction failed; re-reading the kernel"))
+        .unwrap_or_else(|| panic!("no refusal logged:\n{log}"));
+    assert!(
+        refused.contains("(libnftables)") && refused.contains("No such file or directory"),
+        "the kernel's answer, as nft words it: {refused}"
+    );
+    assert_eq!(
+        d.status()["firewall"]["failing"],
+        false,
+        "the retry found nothing left to do"
+    );
+
+    // The context answers again after a refusal (its buffers are its own).
+    let reply = ban_reply(&r, "203.0.113.82");
+    assert_eq!(enforced(&reply), Some(true), "{reply:?}");
+    assert!(set_has(&ns, "203.0.113.82") && !set_has(&ns, "203.0.113.81"));
+    assert_eq!(
+        transactions_via(&d.log_text()).last().map(String::as_str),
+        Some("libnftables")
+    );
+}
+
 #[test]
 fn out_of_descriptors_the_control_socket_waits_instead_of_spinning_and_recovers() {
     let r = ConfigDir::new();

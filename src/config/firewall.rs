@@ -16,14 +16,15 @@ pub struct FirewallConfig {
 impl FirewallConfig {
     /// The firewall this section asks for (`log` on a dry run). The nft
     /// binary is `nft`, or `$FLEETBAN_NFT` (tests, unusual installs: a
-    /// path, run as argv, never as a shell string).
+    /// path, run as argv, never as a shell string, for every command: the
+    /// in-process libnftables is the system nft's).
     pub fn enforcer(&self, dry_run: bool) -> Result<Enforcer, EnforceError> {
         if dry_run || self.backend == Backend::Log {
             return Ok(Enforcer::log());
         }
-        let command = match std::env::var("FLEETBAN_NFT") {
-            Ok(p) if !p.is_empty() => vec![p],
-            _ => vec!["nft".to_owned()],
+        let (command, library) = match std::env::var("FLEETBAN_NFT") {
+            Ok(p) if !p.is_empty() => (vec![p], false),
+            _ => (vec!["nft".to_owned()], true),
         };
         Enforcer::nft(NftOptions {
             table: self.table.clone(),
@@ -33,6 +34,7 @@ impl FirewallConfig {
             },
             ports: self.ports.clone(),
             command,
+            library,
         })
     }
 }

@@ -8,7 +8,8 @@
 //! live in `bans`). Two implementations share one bookkeeping:
 //!
 //! - [`NftEnforcer`] (`nft.rs`) runs `nft -f -` with a generated ruleset, one
-//!   transaction per call, and reads the kernel back with `nft -j list table`.
+//!   transaction per call, and reads the kernel back with `nft -j list table`;
+//!   small commands go through libnftables in this process (`libnft.rs`).
 //! - [`LogEnforcer`] (`log.rs`) is the dry run: it logs what it would do.
 //!
 //! The bookkeeping (`cover.rs`) is pure: it keeps what callers want (desired)
@@ -25,6 +26,7 @@ mod block;
 mod change;
 mod cover;
 pub use cover::MAX_TIMEOUT_MS;
+mod libnft;
 mod listing;
 mod log;
 mod nft;
@@ -113,6 +115,12 @@ pub struct NftOptions {
     pub ports: Vec<u16>,
     /// argv prefix that runs nft (`["nft"]`; tests use `ip netns exec NS nft`).
     pub command: Vec<String>,
+    /// Small commands (a transaction of a few hundred bans, the table
+    /// check) run through libnftables in this process, in its network
+    /// namespace, instead of `command` (`libnft.rs`); `command` stays for
+    /// listings and large transactions, and for all when the library is
+    /// missing. Only when `command` is the system's nft.
+    pub library: bool,
 }
 
 impl Default for NftOptions {
@@ -122,6 +130,7 @@ impl Default for NftOptions {
             action: Action::Drop,
             ports: Vec::new(),
             command: vec!["nft".to_owned()],
+            library: false,
         }
     }
 }

@@ -1,5 +1,9 @@
 //! The nftables enforcer: one `nft -f -` transaction per call.
 //!
+//! Small commands run through libnftables in this process (`libnft.rs`,
+//! when `NftOptions::library` and the library loads): the same text, the
+//! same transaction, without starting a program.
+//!
 //! Each call updates the wanted bans, plans against what the kernel is
 //! believed to hold (`cover`), renders the plan (`script`) and pipes it to
 //! nft. If nft refuses (an element expired under us, someone deleted the
@@ -16,6 +20,7 @@
 
 use std::collections::BTreeSet;
 use std::process::Stdio;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tokio::io::AsyncWriteExt;
@@ -24,6 +29,7 @@ use tracing::{debug, info, warn};
 
 use super::block::{self, BlockApplied, BlockState, Length};
 use super::cover::{Book, Plan};
+use super::libnft::{self, Context};
 use super::listing::{self, KernelView};
 use super::script::{self, Preamble};
 use super::{Element, EnforceError, NftOptions, ReconcileStats};
@@ -34,6 +40,9 @@ const NFT_TIMEOUT: Duration = Duration::from_secs(120);
 const FRESH_FOR: Duration = Duration::from_secs(10);
 /// How much of nft's stderr an error keeps.
 const STDERR_CAP: usize = 4096;
+/// The largest transaction run in this process (`libnft.rs`): ~1,000
+/// elements, a few MB of libnftables' objects in this heap at most.
+const LIBRARY_MAX: usize = 64 * 1024;
 
 /// Keeps `table inet T` in the kernel equal to the wanted bans.
 pub struct NftEnforcer {
@@ -200,7 +209,10 @@ impl NftEnforcer {
     /// reload) it is re-created with every wanted ban and the stats of that
     /// load are returned.
     pub async fn check(&mut self, now_ms: i64) -> Result<Option<ReconcileStats>, EnforceError> {
-        let out = self.run("list chains", &["-j", "list", "chains", "inet"], None).await?;
+        let out = self
+            .run("list chains", &["-j", "list", "chains", "inet"], None)
+            .await?
+            .out;
         let present = listing::has_chain(&out, &self.opts).map_err(|detail| EnforceError::Listing {
             table: self.opts.table.clone(),
             detail,
@@ -217,7 +229,7 @@ impl NftEnforcer {
     /// Whether nft runs and lists the tables, and whether ours is among
     /// them (`fleetban check --online`); changes nothing.
     pub async fn probe(&mut self) -> Result<bool, EnforceError> {
-        let out = self.run("list tables", &["list", "tables"], None).await?;
+        let out = self.run("list tables", &["list", "tables"], None).await?.out;
         let want = format!("table inet {}", self.opts.table);
         Ok(String::from_utf8_lossy(&out).lines().any(|l| l.trim() == want))
     }
@@ -318,7 +330,7 @@ impl NftEnforcer {
         let started = Instant::now();
         let (text, created) = script::render(&self.opts, self.preamble.as_ref(), plan, now, &self.lengths);
         let render = crate::took(started.elapsed());
-        self.run("transaction", &["-f", "-"], Some(text)).await?;
+        let via = self.run("transaction", &["-f", "-"], Some(text)).await?.via;
         self.preamble = None;
         self.lengths.extend(created);
         debug!(
@@ -327,6 +339,7 @@ impl NftEnforcer {
             deleted = plan.delete.len(),
             took = %crate::took(started.elapsed()),
             render = %render,
+            via = %via,
             "nft transaction applied"
         );
         Ok(())
@@ -339,7 +352,10 @@ impl NftEnforcer {
         // `now` is when the listing began: each `expires` was read later,
         // by up to its whole duration (`Book::slack`).
         let started = Instant::now();
-        let listed = self.run("list table", &["-j", "list", "table", "inet", &t], None).await;
+        let listed = self
+            .run("list table", &["-j", "list", "table", "inet", &t], None)
+            .await
+            .map(|r| r.out);
         let took = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
         let view = match listed {
             Ok(out) => listing::parse(&out, &self.opts, now).map_err(|detail| EnforceError::Listing {
@@ -359,8 +375,65 @@ impl NftEnforcer {
         Ok(())
     }
 
+    /// Runs `nft <args...>`, feeding `stdin`; returns its output. Through
+    /// libnftables when `in_process` says so, else `<command...> <args...>`.
+    async fn run(&self, what: &'static str, args: &[&str], stdin: Option<String>) -> Result<Ran, EnforceError> {
+        if let Some((ctx, text, json)) = self.in_process(args, stdin.as_deref()) {
+            let call = tokio::task::spawn_blocking(move || {
+                let mut ctx = ctx.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                ctx.run(&text, json)
+            });
+            let answer = tokio::time::timeout(NFT_TIMEOUT, call)
+                .await
+                .map_err(|_| EnforceError::Timeout {
+                    what,
+                    after: NFT_TIMEOUT,
+                })?
+                .map_err(|e| EnforceError::Spawn {
+                    program: "libnftables".to_owned(),
+                    source: std::io::Error::other(e),
+                })?;
+            return match answer {
+                Ok(out) => Ok(Ran {
+                    out,
+                    via: "libnftables",
+                }),
+                Err(stderr) => Err(EnforceError::Nft {
+                    what,
+                    status: "libnftables".to_owned(),
+                    stderr: cap(&stderr),
+                }),
+            };
+        }
+        let out = self.run_program(what, args, stdin).await?;
+        Ok(Ran { out, via: "nft" })
+    }
+
+    /// The libnftables context and the command for `nft <args...>`, when
+    /// `library_command` takes it and the library loads.
+    fn in_process(&self, args: &[&str], stdin: Option<&str>) -> Option<(&'static Mutex<Context>, String, bool)> {
+        if !self.opts.library {
+            return None;
+        }
+        let (text, json) = library_command(args, stdin)?;
+        let ctx = match libnft::shared() {
+            Ok(ctx) => ctx,
+            Err(why) => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| info!(reason = why, "Running the nft program for every nftables command."));
+                return None;
+            }
+        };
+        Some((ctx, text, json))
+    }
+
     /// Runs `<command...> <args...>`, feeding `stdin`; returns stdout.
-    async fn run(&self, what: &'static str, args: &[&str], stdin: Option<String>) -> Result<Vec<u8>, EnforceError> {
+    async fn run_program(
+        &self,
+        what: &'static str,
+        args: &[&str],
+        stdin: Option<String>,
+    ) -> Result<Vec<u8>, EnforceError> {
         let (program, prefix) = self.opts.command.split_first().ok_or(EnforceError::EmptyCommand)?;
         let spawn_err = |source| EnforceError::Spawn {
             program: program.clone(),
@@ -401,6 +474,26 @@ impl NftEnforcer {
     }
 }
 
+/// `nft <args...>` (with `stdin`) as libnftables' command text and its
+/// `-j`, when it is small enough to run in this process: a transaction of
+/// at most `LIBRARY_MAX` bytes, the chain and table lists. A table's
+/// listing is as long as the table: always the program's.
+fn library_command(args: &[&str], stdin: Option<&str>) -> Option<(String, bool)> {
+    match (args, stdin) {
+        (["-f", "-"], Some(text)) if text.len() <= LIBRARY_MAX => Some((text.to_owned(), false)),
+        (["-j", "list", "chains", "inet"], None) => Some(("list chains inet".to_owned(), true)),
+        (["list", "tables"], None) => Some(("list tables".to_owned(), false)),
+        _ => None,
+    }
+}
+
+/// What a command printed, and which nft ran it: `libnftables` (in this
+/// process) or `nft` (the program).
+struct Ran {
+    out: Vec<u8>,
+    via: &'static str,
+}
+
 /// nft's answer for a table (or element) that does not exist.
 fn is_enoent(stderr: &str) -> bool {
     stderr.contains("No such file or directory")
@@ -416,4 +509,29 @@ fn cap(stderr: &str) -> String {
         end -= 1;
     }
     format!("{} ... ({} more bytes)", &s[..end], s.len() - end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_transactions_and_the_short_lists_run_in_process_a_table_listing_never() {
+        let one = "add element inet fleetban v4 { 192.0.2.1 timeout 3600000ms }\n";
+        assert_eq!(library_command(&["-f", "-"], Some(one)), Some((one.to_owned(), false)));
+        let long = one.repeat(LIBRARY_MAX / one.len() + 1);
+        assert_eq!(library_command(&["-f", "-"], Some(&long)), None, "a large transaction");
+        assert_eq!(
+            library_command(&["-j", "list", "chains", "inet"], None),
+            Some(("list chains inet".to_owned(), true))
+        );
+        assert_eq!(
+            library_command(&["list", "tables"], None),
+            Some(("list tables".to_owned(), false))
+        );
+        assert_eq!(
+            library_command(&["-j", "list", "table", "inet", "fleetban"], None),
+            None
+        );
+    }
 }
