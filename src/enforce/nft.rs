@@ -383,16 +383,10 @@ impl NftEnforcer {
                 let mut ctx = ctx.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 ctx.run(&text, json)
             });
-            let answer = tokio::time::timeout(NFT_TIMEOUT, call)
-                .await
-                .map_err(|_| EnforceError::Timeout {
-                    what,
-                    after: NFT_TIMEOUT,
-                })?
-                .map_err(|e| EnforceError::Spawn {
-                    program: "libnftables".to_owned(),
-                    source: std::io::Error::other(e),
-                })?;
+            let answer = within(what, call).await?.map_err(|e| EnforceError::Spawn {
+                program: "libnftables".to_owned(),
+                source: std::io::Error::other(e),
+            })?;
             return match answer {
                 Ok(out) => Ok(Ran {
                     out,
@@ -456,13 +450,7 @@ impl NftEnforcer {
             }
         };
         let both = async { tokio::join!(write, child.wait_with_output()).1 };
-        let output = tokio::time::timeout(NFT_TIMEOUT, both)
-            .await
-            .map_err(|_| EnforceError::Timeout {
-                what,
-                after: NFT_TIMEOUT,
-            })?
-            .map_err(spawn_err)?;
+        let output = within(what, both).await?.map_err(spawn_err)?;
         if !output.status.success() {
             return Err(EnforceError::Nft {
                 what,
@@ -472,6 +460,17 @@ impl NftEnforcer {
         }
         Ok(output.stdout)
     }
+}
+
+/// `call`'s output, or a timeout after `NFT_TIMEOUT` (nft is killed, or
+/// libnftables' call left to finish behind the context's lock).
+async fn within<T>(what: &'static str, call: impl std::future::Future<Output = T>) -> Result<T, EnforceError> {
+    tokio::time::timeout(NFT_TIMEOUT, call)
+        .await
+        .map_err(|_| EnforceError::Timeout {
+            what,
+            after: NFT_TIMEOUT,
+        })
 }
 
 /// `nft <args...>` (with `stdin`) as libnftables' command text and its
