@@ -212,18 +212,26 @@ fn start(redis: &Redis, ns_tag: &str, id: &str, last: &str, n: u64) -> (NetNs, H
     let host = Host::new(id, redis);
     let t0 = now_us();
     let started = Instant::now();
-    let d = Daemon::start(Some(&ns), &host.cfg, &host.control);
     // The socket exists once the endpoint serves; a 403 for the list's last
-    // entry says the view holds it.
-    let mut answered = None;
-    for _ in 0..60_000 {
-        if check(&host.http, last) == Some(403) {
-            answered = Some(started.elapsed());
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    let answered = answered.expect("/check never answered 403 for the last entry");
+    // entry says the view holds it. Asked from the spawn on, beside the
+    // wait for the control socket (which comes later in a start).
+    let asker = {
+        let (socket, last) = (host.http.clone(), last.to_owned());
+        std::thread::spawn(move || {
+            for _ in 0..60_000 {
+                if check(&socket, &last) == Some(403) {
+                    return Some(started.elapsed());
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            None
+        })
+    };
+    let d = Daemon::start(Some(&ns), &host.cfg, &host.control);
+    let answered = asker
+        .join()
+        .expect("the /check asker")
+        .expect("/check never answered 403 for the last entry");
     // The kernel's sets: the transactions that load the pages as they are
     // read and the first sync's (or, from an older build, the first sync's
     // alone), each logged with the count it added; in nft once they sum to

@@ -1,8 +1,9 @@
 //! The enforcer against a kernel and a host that do not stay as they were
 //! left: the table flushed away under a running daemon, nft refusing or
 //! hanging, descriptors exhausted, a second daemon on the same state, an
-//! address added to the host after the start. Real daemon, nft in network
-//! namespaces the tests create, the embedded store (no Redis) unless said.
+//! address added to the host after the start, a start held up in nft.
+//! Real daemon, nft in network namespaces the tests create, the embedded
+//! store (no Redis) unless said.
 
 mod common;
 
@@ -255,6 +256,60 @@ fn a_ban_runs_through_libnftables_in_process_and_a_refusal_there_is_retried_from
         transactions_via(&d.log_text()).last().map(String::as_str),
         Some("libnftables")
     );
+}
+
+#[test]
+fn check_answers_from_the_list_read_while_the_first_sync_is_held_up_in_nft() {
+    let redis = common::Redis::start();
+    let until = (common::now_ms() + 600_000).to_string();
+    // An address, and a /24 around an allowed address: the start's pages
+    // put the address in nft; the /24 is the first sync's (cut around it).
+    redis.cli(&[
+        "ZADD",
+        "{fleetban}:bans",
+        &until,
+        "203.0.113.200",
+        &until,
+        "198.51.100.0/24",
+    ]);
+    let ns = NetNs::new("syncheld");
+    let r = ConfigDir::new();
+    let sock = r.path().join("http.sock");
+    let main = r
+        .main_config()
+        .host_id("held")
+        .allow("[198.51.100.77]")
+        .redis(&redis.url(), "")
+        .http(&format!("{{ listen: '{}' }}", sock.display()));
+    r.write(
+        &main,
+        &[Rule::new("scraper", &r.log, "{ hits: 5, window: 60s }").ban("1h")],
+    );
+    let shim = NftShim::new();
+    shim.hang_if("198.51.100.");
+    let d = Daemon::spawn(Some(&ns), &r.cfg, &r.control, &shim.env());
+
+    wait_until(Duration::from_secs(10), "the endpoint up", || {
+        std::os::unix::net::UnixStream::connect(&sock).is_ok()
+    });
+    let mut c = common::Checker::unix(&sock);
+    assert_eq!(c.check("203.0.113.200").status, 403);
+    assert_eq!(c.check("198.51.100.9").status, 403);
+    assert_eq!(c.check("198.51.100.77").status, 204, "allowed, inside the /24");
+    assert_eq!(c.check("203.0.113.201").status, 204);
+    // The first sync was still waiting in nft all along.
+    assert!(shim.hanging(), "the first sync's transaction is held");
+    assert!(!d.log_text().contains("Ban list applied."), "{}", d.log_text());
+
+    shim.release_if();
+    let d = d.wait_up();
+    assert!(d.log_text().contains("Ban list applied."));
+    let v4 = nft_bans(&ns, "fleetban", "v4");
+    assert!(
+        v4.iter().any(|(e, _)| e == "198.51.100.128/25"),
+        "the cut /24 in nft: {v4:?}"
+    );
+    assert!(set_has(&ns, "203.0.113.200"));
 }
 
 #[test]

@@ -115,6 +115,9 @@ fn a_host_leaving_redis_keeps_the_bans_it_enforces() {
     // The same state_dir, `redis:` removed.
     r.write(&r.main_config().host_id("leaver"), &rules(&r));
     let d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    // The host's view (the pipeline's and `/check`'s) holds them from the
+    // start, as nft does: not the empty list it read.
+    assert_eq!(d.status()["bans_active"], 3, "{}", d.log_text());
     wait_until(Duration::from_secs(10), "the daemon's list", || {
         let out = cli(&r.cfg, &["bans", "--json"]);
         out.code == 0 && banned.iter().all(|a| out.stdout.contains(&format!("\"addr\":\"{a}\"")))

@@ -163,9 +163,9 @@ impl Bans {
         self.list.adopt(elems, &self.host, now_ms)
     }
 
-    /// Takes `view` as this host's view of the list (built at start).
-    pub fn set_view(&mut self, view: BanCache) {
-        drop(self.cache.swap(view));
+    /// The start's view was put in place through [`Self::view`] (the first
+    /// sync builds it): its bans are counted.
+    pub fn view_built(&self) {
         self.publish_active();
     }
 

@@ -191,6 +191,11 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         initial,
     } = store;
     tracing::debug!(took = %crate::took(read_started.elapsed()), "Ban list read.");
+    // This host's view of the list, built while nft's load goes on: the
+    // endpoint serves from it once the start knows the list stays as read.
+    let early_view = initial.as_ref().map(|list| {
+        tokio::task::block_in_place(|| crate::bans::BanCache::built(list.iter().map(|e| (e.net, e.until))))
+    });
     // `notify:`: each target's sender runs on its own task; the ban owner
     // only queues (never waits on a target).
     let notifier = crate::notify::Notifier::start(&config.notify, config.ipv6_prefix, &tracker, token.clone());
@@ -203,29 +208,65 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     init?;
 
     // A host new to the embedded store keeps what its firewall enforces.
-    let initial = match bans.absent_at_start() {
+    let (initial, adopted) = match bans.absent_at_start() {
         true => start::adopt_kernel(std::mem::take(&mut kept), &mut bans, initial),
-        false => initial,
+        false => (initial, false),
     };
     // With Redis: a list lost while this host was down gets its set back.
     let mut fleet = fleet;
-    let initial = match fleet.as_mut() {
+    let (initial, written_back) = match fleet.as_mut() {
         Some((f, _)) => start::after_a_loss(kept, f, initial).await,
-        None => initial,
+        None => (initial, false),
     };
+    // The view built from the list as read stands unless the list grew.
+    let early_view = early_view.filter(|_| !adopted && !written_back);
+    // The decision endpoint serves from the start's view as soon as it is
+    // built, while the first sync plans the kernel's set; the blocklists
+    // join it once read, below.
+    let http_counters = Arc::new(crate::http::HttpCounters::default());
+    let (view_built, view_ready) = tokio::sync::oneshot::channel();
+    let (nets_tx, endpoint_blocks) = tokio::sync::watch::channel(Arc::default());
+    if let Some(http) = &config.http {
+        let listener = match crate::http::bind(http).await {
+            Ok(l) => l,
+            Err(e) => {
+                token.cancel();
+                return Err(DaemonError::Http(http.listen.clone(), e));
+            }
+        };
+        let decisions = Arc::new(crate::http::Decisions::new(bans.view(), own.current()));
+        let endpoint = crate::http::Endpoint {
+            decisions: decisions.clone(),
+            deny_status: http.deny_status,
+            counters: http_counters.clone(),
+            proxies: crate::addr::NetSet::new(&config.proxies),
+        };
+        let (listen, deny_status) = (http.listen.clone(), http.deny_status);
+        let (never, tasks, token) = (own.subscribe(), tracker.clone(), token.clone());
+        tracker.spawn(async move {
+            // The start failed before its view was built: nothing to serve.
+            if view_ready.await.is_err() {
+                return;
+            }
+            tracing::info!(%listen, deny_status, "Decision endpoint on GET /check.");
+            tasks.spawn(crate::http::follow(decisions, never, endpoint_blocks, token.clone()));
+            crate::http::serve(listener, endpoint, token).await;
+        });
+    }
     // First sync: the kernel set equals the list before anything else runs.
-    let (applied, view, asked) = start::first_sync(&mut enforcer, initial, &own.current()).await;
-    bans.set_view(view);
-    let decisions = config
-        .http
-        .as_ref()
-        .map(|_| Arc::new(crate::http::Decisions::new(bans.view(), own.current())));
+    let (applied, asked) = start::first_sync(
+        &mut enforcer,
+        initial,
+        &own.current(),
+        (early_view, bans.view(), view_built),
+    )
+    .await;
+    bans.view_built();
     tracing::info!(bans = applied, rules = config.rules.len(), "Ban list applied.");
     // The list's reply, its copies and the transaction's text are freed now.
     trim_heap();
 
     let names: Vec<String> = config.rules.iter().map(|r| r.name.clone()).collect();
-    let http_counters = Arc::new(crate::http::HttpCounters::default());
     let mut stats = Stats::new(
         &names,
         config.max_bans_per_minute,
@@ -277,7 +318,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
             w
         }
     };
-    let (nets_tx, endpoint_blocks) = tokio::sync::watch::channel(wanted.nets.clone());
+    nets_tx.send_replace(wanted.nets.clone());
     let (blocks_tx, blocks_rx) = tokio::sync::watch::channel(wanted);
     let (blocklist_reload_tx, blocklist_reload_rx) = tokio::sync::mpsc::unbounded_channel();
     tracker.spawn(blocklist::run(
@@ -315,30 +356,6 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
         tracing::info!(%addr, "Prometheus metrics on /metrics.");
         tracker.spawn(metrics::serve(listener, stats.clone(), token.clone()));
     }
-    if let (Some(http), Some(decisions)) = (&config.http, decisions) {
-        let listener = match crate::http::bind(http).await {
-            Ok(l) => l,
-            Err(e) => {
-                token.cancel();
-                return Err(DaemonError::Http(http.listen.clone(), e));
-            }
-        };
-        tracing::info!(listen = %http.listen, deny_status = http.deny_status, "Decision endpoint on GET /check.");
-        tracker.spawn(crate::http::follow(
-            decisions.clone(),
-            own.subscribe(),
-            endpoint_blocks,
-            token.clone(),
-        ));
-        let endpoint = crate::http::Endpoint {
-            decisions,
-            deny_status: http.deny_status,
-            counters: http_counters,
-            proxies: crate::addr::NetSet::new(&config.proxies),
-        };
-        tracker.spawn(crate::http::serve(listener, endpoint, token.clone()));
-    }
-
     let scanner = Scanner::new(
         Mode::Live,
         Plan::new(&config.rules, &config.proxies)?,

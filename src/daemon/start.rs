@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::Options;
-use crate::bans::{BanCache, BanList, Bans};
+use crate::bans::{BanCache, BanList, Bans, SharedView};
 use crate::config::{Config, RedisConfig};
 use crate::enforce::{Changes, Element, Enforcer, Until};
 use crate::fleet::{hot::Publisher, FleetSync};
@@ -228,51 +228,70 @@ pub async fn preload(enforcer: &mut Enforcer, pages: &mut UnboundedReceiver<Vec<
 }
 
 /// The first sync: the kernel's set takes `initial`, each ban as its cover
-/// under `never` (as the enforcer task puts every later one), while this
-/// host's view of the list is built on another thread. The number of bans
-/// applied, the view (every ban of the list: what is enforced for an
-/// address is `verdict::verdict` over it), and the bans not put in whole.
+/// under `never` (as the enforcer task puts every later one). This host's
+/// view of the list (every ban of the list: what is enforced for an
+/// address is `verdict::verdict` over it) goes into the shared view: the
+/// one built from the list as read when given (`view.0`, the list stayed
+/// so), else one built on another thread while the sync runs; `view.2`
+/// is told as soon as it is there (the endpoint serves from then on).
+/// The number of bans applied and the bans not put in whole; the view is
+/// in place when it returns.
 pub async fn first_sync(
     enforcer: &mut Enforcer,
     initial: Option<Vec<Element>>,
     never: &crate::verdict::NeverBanned,
-) -> (usize, BanCache, super::enforcer::Asked) {
+    view: (Option<BanCache>, SharedView, tokio::sync::oneshot::Sender<()>),
+) -> (usize, super::enforcer::Asked) {
+    let (built, shared, ready) = view;
     let mut asked = super::enforcer::Asked::default();
     let Some(list) = initial else {
-        return (0, BanCache::default(), asked);
+        let _ = ready.send(());
+        return (0, asked);
     };
-    let copy: Vec<_> = list.iter().map(|e| (e.net, e.until)).collect();
-    let view = tokio::task::spawn_blocking(move || {
-        let mut view = BanCache::default();
-        view.replace(copy);
-        view
-    });
+    let filled = match built {
+        Some(built) => {
+            drop(shared.swap(built));
+            let _ = ready.send(());
+            None
+        }
+        None => {
+            let copy: Vec<_> = list.iter().map(|e| (e.net, e.until)).collect();
+            Some(tokio::task::spawn_blocking(move || {
+                drop(shared.swap(BanCache::built(copy)));
+                let _ = ready.send(());
+            }))
+        }
+    };
     let n = list.len();
     let elems = super::enforcer::covered(list, never, &mut 0, &mut asked, None);
     if let Err(e) = enforcer.replace_all(&elems, crate::now_ms()).await {
         tracing::warn!(error = %e, "Applying the ban list at start failed; the next reconcile retries.");
     }
-    match view.await {
-        Ok(view) => (n, view, asked),
+    if let Some(Err(e)) = match filled {
+        Some(f) => Some(f.await),
+        None => None,
+    } {
         // Only a panic in the view (a bug) gets here: keep it a panic.
-        Err(e) => std::panic::resume_unwind(e.into_panic()),
+        std::panic::resume_unwind(e.into_panic());
     }
+    (n, asked)
 }
 
 /// With Redis, after [`Enforcer::init`]: if the list read at start is one
 /// Redis lost while this host was down, what the nft set kept is written
 /// back; if it could not be read, the fleet sync takes what the set kept
 /// as the list to write back should the first snapshot that works find it
-/// lost. `initial` as the first sync is to apply it.
+/// lost. `initial` as the first sync is to apply it, and whether it grew
+/// (written back).
 pub async fn after_a_loss(
     kept: Vec<Element>,
     fleet: &mut FleetSync,
     initial: Option<Vec<Element>>,
-) -> Option<Vec<Element>> {
+) -> (Option<Vec<Element>>, bool) {
     match initial {
         None => {
             fleet.remembered.resume(kept);
-            None
+            (None, false)
         }
         Some(list) if fleet.remembered.take_lost_while_down() && !kept.is_empty() => {
             let fallback = list.clone();
@@ -281,14 +300,14 @@ pub async fn after_a_loss(
                 .write_back_kept(&mut fleet.list, &fleet.host, kept, list)
                 .await
             {
-                Ok(list) => Some(list),
+                Ok(list) => (Some(list), true),
                 Err(e) => {
                     tracing::warn!(error = %e, "Writing back the bans the nft set kept failed; the list is taken as Redis has it.");
-                    Some(fallback)
+                    (Some(fallback), false)
                 }
             }
         }
-        other => other,
+        other => (other, false),
     }
 }
 
@@ -307,19 +326,23 @@ pub fn kernel_kept(enforcer: &Enforcer) -> Vec<Element> {
 /// A host on the embedded store that starts without `bans.json` (it ran
 /// on Redis, or the file was removed) takes what its firewall kept as its
 /// list, rather than lifting it; said once with the count. `initial` (the
-/// empty list read) or the bans taken.
-pub fn adopt_kernel(kept: Vec<Element>, bans: &mut Bans, initial: Option<Vec<Element>>) -> Option<Vec<Element>> {
+/// empty list read) or the bans taken, and whether it took any.
+pub fn adopt_kernel(
+    kept: Vec<Element>,
+    bans: &mut Bans,
+    initial: Option<Vec<Element>>,
+) -> (Option<Vec<Element>>, bool) {
     let now = crate::now_ms();
     let n = bans.adopt(&kept, now);
     if n == 0 {
-        return initial;
+        return (initial, false);
     }
     tracing::warn!(count = n,
         "No bans.json in state_dir: kept the bans the firewall's set holds as this host's list (it left Redis, or the file was removed); `fleetban unban` lifts them.");
     let mut list = initial.unwrap_or_default();
     let known: std::collections::HashSet<_> = list.iter().map(|e| e.net).collect();
     list.extend(kept.into_iter().filter(|e| !known.contains(&e.net)));
-    Some(list)
+    (Some(list), true)
 }
 
 /// Logs the server's ZSET listpack threshold and warns for each sliding

@@ -36,7 +36,7 @@ impl Daemon {
         control: &Path,
         env: &[(&str, &str)],
     ) -> Daemon {
-        Daemon::launch(program, ns, config, control, env, None)
+        Daemon::launch(program, ns, config, control, env, None, true)
     }
 
     /// [`Daemon::start_with_env`] with `RLIMIT_NOFILE` set to `nofile`
@@ -49,7 +49,7 @@ impl Daemon {
         env: &[(&str, &str)],
         nofile: u64,
     ) -> Daemon {
-        Daemon::launch(&fleetban_bin(), ns, config, control, env, Some(nofile))
+        Daemon::launch(&fleetban_bin(), ns, config, control, env, Some(nofile), true)
     }
 
     fn launch(
@@ -59,6 +59,7 @@ impl Daemon {
         control: &Path,
         env: &[(&str, &str)],
         nofile: Option<u64>,
+        wait: bool,
     ) -> Daemon {
         let log = config.with_extension("log");
         let err = std::fs::File::create(&log).unwrap();
@@ -94,12 +95,28 @@ impl Daemon {
             }
         }
         let child = cmd.spawn().expect("spawn fleetban run");
-        let mut d = Daemon {
+        let d = Daemon {
             child: Some(child),
             config: config.to_path_buf(),
             log,
             control: control.to_path_buf(),
         };
+        if wait {
+            d.wait_up()
+        } else {
+            d
+        }
+    }
+
+    /// [`Daemon::start_with_env`] without waiting for the control socket:
+    /// a test that looks at the start itself, then calls `wait_up`.
+    pub fn spawn(ns: Option<&NetNs>, config: &Path, control: &Path, env: &[(&str, &str)]) -> Daemon {
+        Daemon::launch(&fleetban_bin(), ns, config, control, env, None, false)
+    }
+
+    /// Waits until the control socket answers (20 s at most).
+    pub fn wait_up(mut self) -> Daemon {
+        let d = &mut self;
         let start = Instant::now();
         loop {
             if d.status_opt().is_some() {
@@ -115,7 +132,7 @@ impl Daemon {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        d
+        self
     }
 
     /// Runs `fleetban run -c config` expecting it to exit by itself within

@@ -32,7 +32,8 @@ fn shim_program() -> PathBuf {
 /// An nft that a test can make fail or hang: the daemon's environment
 /// (`FLEETBAN_NFT` and what the shim reads) and its control folder.
 /// `fail()`: every transaction is refused until `heal()`; `hang()`: every
-/// call waits until `release()`.
+/// call waits until `release()`; `hang_if(text)`: the transactions holding
+/// `text`, until `release_if()`.
 pub struct NftShim {
     pub ctl: tempfile::TempDir,
     program: String,
@@ -89,6 +90,16 @@ impl NftShim {
 
     pub fn release(&self) {
         self.flag("hang", false)
+    }
+
+    /// Every transaction whose text contains `text` waits until
+    /// `release_if()`; the others run.
+    pub fn hang_if(&self, text: &str) {
+        std::fs::write(self.ctl.path().join("hang-if"), text).unwrap()
+    }
+
+    pub fn release_if(&self) {
+        self.flag("hang-if", false)
     }
 
     /// Whether an nft call is waiting in the shim now.
