@@ -341,6 +341,10 @@ const HANG_WRAPPER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/common/nf
 fn under_systemd_the_watchdog_restarts_a_daemon_whose_nft_hangs() {
     let s = Service::boot(&[(Path::new(HANG_WRAPPER), "/usr/local/sbin/nft")]);
     s.drop_in("watchdog.conf", TEST_WATCHDOG);
+    // nft as a program for every command (a ban's transaction would run in
+    // the daemon's process, through libnftables, which no wrapper can
+    // hang); the watchdog watches the enforcer's call either way.
+    s.drop_in("nft.conf", "[Service]\nEnvironment=FLEETBAN_NFT=/usr/local/sbin/nft\n");
     s.systemctl(&["start", UNIT]);
     let pid = s.main_pid();
 

@@ -163,8 +163,8 @@ impl Bans {
         self.list.adopt(elems, &self.host, now_ms)
     }
 
-    /// The start's view was put in place through [`Self::view`] (the first
-    /// sync builds it): its bans are counted.
+    /// The start's view was put in place through [`Self::view`]
+    /// (`daemon::start::first_sync`): its bans are counted.
     pub fn view_built(&self) {
         self.publish_active();
     }

@@ -267,12 +267,11 @@ pub async fn first_sync(
     if let Err(e) = enforcer.replace_all(&elems, crate::now_ms()).await {
         tracing::warn!(error = %e, "Applying the ban list at start failed; the next reconcile retries.");
     }
-    if let Some(Err(e)) = match filled {
-        Some(f) => Some(f.await),
-        None => None,
-    } {
-        // Only a panic in the view (a bug) gets here: keep it a panic.
-        std::panic::resume_unwind(e.into_panic());
+    if let Some(filled) = filled {
+        if let Err(e) = filled.await {
+            // Only a panic in the view (a bug) gets here: keep it a panic.
+            std::panic::resume_unwind(e.into_panic());
+        }
     }
     (n, asked)
 }
