@@ -9,9 +9,11 @@
 //! objects and a listing's JSON in the caller's heap (hundreds of MB for a
 //! million elements), which this long-lived process would keep.
 //!
-//! One context serves the process and is never freed: libnftables 1.0.x
-//! keeps tables (marks, realms) in globals that freeing a context
-//! releases. A context is not thread-safe, so each call holds a lock; it
+//! One context serves the process and is never freed: one is all the
+//! daemon needs, and no two contexts then share what libnftables keeps
+//! process-wide (older versions kept their name tables in globals that a
+//! context's creation and freeing set up and tore down). A context is not
+//! thread-safe, so each call holds a lock; it
 //! runs on a blocking thread, and its netlink socket belongs to the network
 //! namespace the process was in when the context was made.
 //!
