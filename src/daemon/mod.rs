@@ -193,9 +193,7 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     tracing::debug!(took = %crate::took(read_started.elapsed()), "Ban list read.");
     // This host's view of the list, built while nft's load goes on: the
     // endpoint serves from it once the start knows the list stays as read.
-    let early_view = initial.as_ref().map(|list| {
-        tokio::task::block_in_place(|| crate::bans::BanCache::built(list.iter().map(|e| (e.net, e.until))))
-    });
+    let early_view = initial.as_deref().map(start::view_of);
     // `notify:`: each target's sender runs on its own task; the ban owner
     // only queues (never waits on a target).
     let notifier = crate::notify::Notifier::start(&config.notify, config.ipv6_prefix, &tracker, token.clone());

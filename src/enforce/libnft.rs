@@ -115,7 +115,7 @@ impl Context {
 
     /// Runs `text` as `nft -f -` does (one transaction), or a command such
     /// as `list chains inet`; `json` as `nft -j`.
-    pub(super) fn run(&mut self, text: &str, json: bool) -> Answer {
+    pub(super) fn run(&mut self, text: String, json: bool) -> Answer {
         let Ok(text) = CString::new(text) else {
             return Err("the command holds a NUL byte".to_owned());
         };

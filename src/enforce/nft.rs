@@ -378,10 +378,16 @@ impl NftEnforcer {
     /// Runs `nft <args...>`, feeding `stdin`; returns its output. Through
     /// libnftables when `in_process` says so, else `<command...> <args...>`.
     async fn run(&self, what: &'static str, args: &[&str], stdin: Option<String>) -> Result<Ran, EnforceError> {
-        if let Some((ctx, text, json)) = self.in_process(args, stdin.as_deref()) {
+        if let Some((ctx, cmd)) = self.in_process(args, stdin.as_deref()) {
+            // The transaction's text itself, not a copy (it becomes the
+            // library's C string).
+            let (text, json) = match cmd {
+                LibraryCommand::Stdin => (stdin.unwrap_or_default(), false),
+                LibraryCommand::Text(text, json) => (text.to_owned(), json),
+            };
             let call = tokio::task::spawn_blocking(move || {
                 let mut ctx = ctx.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                ctx.run(&text, json)
+                ctx.run(text, json)
             });
             let answer = within(what, call).await?.map_err(|e| EnforceError::Spawn {
                 program: "libnftables".to_owned(),
@@ -405,11 +411,11 @@ impl NftEnforcer {
 
     /// The libnftables context and the command for `nft <args...>`, when
     /// `library_command` takes it and the library loads.
-    fn in_process(&self, args: &[&str], stdin: Option<&str>) -> Option<(&'static Mutex<Context>, String, bool)> {
+    fn in_process(&self, args: &[&str], stdin: Option<&str>) -> Option<(&'static Mutex<Context>, LibraryCommand)> {
         if !self.opts.library {
             return None;
         }
-        let (text, json) = library_command(args, stdin)?;
+        let cmd = library_command(args, stdin)?;
         let ctx = match libnft::shared() {
             Ok(ctx) => ctx,
             Err(why) => {
@@ -418,7 +424,7 @@ impl NftEnforcer {
                 return None;
             }
         };
-        Some((ctx, text, json))
+        Some((ctx, cmd))
     }
 
     /// Runs `<command...> <args...>`, feeding `stdin`; returns stdout.
@@ -473,15 +479,24 @@ async fn within<T>(what: &'static str, call: impl std::future::Future<Output = T
         })
 }
 
-/// `nft <args...>` (with `stdin`) as libnftables' command text and its
-/// `-j`, when it is small enough to run in this process: a transaction of
-/// at most `LIBRARY_MAX` bytes, the chain and table lists. A table's
-/// listing is as long as the table: always the program's.
-fn library_command(args: &[&str], stdin: Option<&str>) -> Option<(String, bool)> {
+/// What libnftables runs for an `nft <args...>`.
+#[derive(Debug, PartialEq)]
+enum LibraryCommand {
+    /// The transaction on stdin (`-f -`).
+    Stdin,
+    /// A command, and whether as `nft -j`.
+    Text(&'static str, bool),
+}
+
+/// `nft <args...>` (with `stdin`) as libnftables' command, when it is
+/// small enough to run in this process: a transaction of at most
+/// `LIBRARY_MAX` bytes, the chain and table lists. A table's listing is as
+/// long as the table: always the program's.
+fn library_command(args: &[&str], stdin: Option<&str>) -> Option<LibraryCommand> {
     match (args, stdin) {
-        (["-f", "-"], Some(text)) if text.len() <= LIBRARY_MAX => Some((text.to_owned(), false)),
-        (["-j", "list", "chains", "inet"], None) => Some(("list chains inet".to_owned(), true)),
-        (["list", "tables"], None) => Some(("list tables".to_owned(), false)),
+        (["-f", "-"], Some(text)) if text.len() <= LIBRARY_MAX => Some(LibraryCommand::Stdin),
+        (["-j", "list", "chains", "inet"], None) => Some(LibraryCommand::Text("list chains inet", true)),
+        (["list", "tables"], None) => Some(LibraryCommand::Text("list tables", false)),
         _ => None,
     }
 }
@@ -517,16 +532,16 @@ mod tests {
     #[test]
     fn small_transactions_and_the_short_lists_run_in_process_a_table_listing_never() {
         let one = "add element inet fleetban v4 { 192.0.2.1 timeout 3600000ms }\n";
-        assert_eq!(library_command(&["-f", "-"], Some(one)), Some((one.to_owned(), false)));
+        assert_eq!(library_command(&["-f", "-"], Some(one)), Some(LibraryCommand::Stdin));
         let long = one.repeat(LIBRARY_MAX / one.len() + 1);
         assert_eq!(library_command(&["-f", "-"], Some(&long)), None, "a large transaction");
         assert_eq!(
             library_command(&["-j", "list", "chains", "inet"], None),
-            Some(("list chains inet".to_owned(), true))
+            Some(LibraryCommand::Text("list chains inet", true))
         );
         assert_eq!(
             library_command(&["list", "tables"], None),
-            Some(("list tables".to_owned(), false))
+            Some(LibraryCommand::Text("list tables", false))
         );
         assert_eq!(
             library_command(&["-j", "list", "table", "inet", "fleetban"], None),
