@@ -35,11 +35,7 @@ impl BanCache {
 
     /// A view of `entries`.
     pub fn built(entries: impl IntoIterator<Item = (IpNet, Until)>) -> BanCache {
-        let mut c = BanCache::default();
-        for (n, u) in entries {
-            c.insert(n, u);
-        }
-        c
+        BanCache(entries.into_iter().map(|(n, u)| (n, End::of(u))).collect())
     }
 
     /// When the last ban covering the client `key` ends (its own, or a wider

@@ -131,15 +131,17 @@ impl Remembered {
                 }
             }
             Change::Replace(elems) => {
-                let mut next = NetMap::default();
-                for e in elems {
-                    let end = End::of(e.until);
-                    let rec = match self.bans.remove(&e.net) {
-                        Some((u, rec)) if u == end => rec,
-                        _ => Kept::UNREAD,
-                    };
-                    next.insert(e.net, (end, rec));
-                }
+                let next: NetMap<(End, Kept)> = elems
+                    .iter()
+                    .map(|e| {
+                        let end = End::of(e.until);
+                        let rec = match self.bans.get(&e.net) {
+                            Some(&(u, rec)) if u == end => rec,
+                            _ => Kept::UNREAD,
+                        };
+                        (e.net, (end, rec))
+                    })
+                    .collect();
                 self.bans = next;
             }
         }
