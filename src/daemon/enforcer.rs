@@ -436,11 +436,7 @@ async fn follow_never(enforcer: &mut Enforcer, asked: &mut Asked, never: &NeverB
     let now = crate::now_ms();
     // (ban, end, what the kernel was given for it)
     let mut changed: Vec<(IpNet, Until, Vec<IpNet>)> = asked.0.drain().map(|(b, (u, p))| (b, u, p)).collect();
-    let whole: Vec<(IpNet, Until)> = enforcer
-        .wanted_until()
-        .filter(|(n, _)| never.overlaps(n))
-        .map(|(n, u)| (*n, u))
-        .collect();
+    let whole: Vec<(IpNet, Until)> = enforcer.wanted_until().filter(|(n, _)| never.overlaps(n)).collect();
     // A piece of a split ban is wanted too: only a ban put in whole is taken here.
     let pieces: std::collections::HashSet<IpNet> = changed.iter().flat_map(|(_, _, p)| p.iter().copied()).collect();
     for (n, u) in whole {

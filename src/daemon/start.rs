@@ -308,7 +308,7 @@ pub fn kernel_kept(enforcer: &Enforcer) -> Vec<Element> {
     enforcer
         .wanted_until()
         .filter(|(_, u)| *u > Until::At(now))
-        .map(|(net, until)| Element { net: *net, until })
+        .map(|(net, until)| Element { net, until })
         .collect()
 }
 

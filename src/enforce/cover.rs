@@ -22,6 +22,7 @@ use std::net::IpAddr;
 
 use ipnet::{IpNet, Ipv4Subnets, Ipv6Subnets};
 
+use super::tree::Tree;
 use super::{Element, End, ReconcileStats, Until};
 
 /// An applied element is not deleted from this long before its end: the
@@ -55,10 +56,6 @@ impl Span {
             lo: net.network(),
             hi: net.broadcast(),
         }
-    }
-
-    pub fn is_v4(&self) -> bool {
-        self.lo.is_ipv4()
     }
 
     /// The span as a prefix, if it is one.
@@ -118,7 +115,7 @@ impl Slot {
 /// prefixes but for a rare range.
 #[derive(Clone, Debug, Default)]
 struct Applied {
-    slots: BTreeMap<IpAddr, Slot>,
+    slots: Tree<IpAddr, Slot>,
     /// The ends of the spans that are no prefix.
     ranges: BTreeMap<IpAddr, IpAddr>,
 }
@@ -176,21 +173,20 @@ impl Applied {
     }
 
     fn iter(&self) -> impl Iterator<Item = (Span, &Slot)> + '_ {
-        self.slots.iter().map(|(&lo, s)| (self.span(lo, s), s))
+        self.slots.iter().map(|(lo, s)| (self.span(lo, s), s))
     }
 
     /// Applied spans that overlap `span`.
     fn overlapping(&self, span: Span) -> impl Iterator<Item = (Span, Slot)> + '_ {
         let before = self
             .slots
-            .range(..span.lo)
-            .next_back()
-            .map(|(&lo, s)| (self.span(lo, s), *s))
-            .filter(move |(s, _)| s.is_v4() == span.is_v4() && s.hi >= span.lo);
+            .before(&span.lo)
+            .map(|(lo, s)| (self.span(lo, s), *s))
+            .filter(move |(s, _)| s.hi >= span.lo);
         before.into_iter().chain(
             self.slots
-                .range(span.lo..=span.hi)
-                .map(|(&lo, s)| (self.span(lo, s), *s)),
+                .range(&span.lo, &span.hi)
+                .map(|(lo, s)| (self.span(lo, s), *s)),
         )
     }
 
@@ -199,7 +195,7 @@ impl Applied {
         self.slots.retain(|lo, s| {
             let k = keep(s);
             if !k && s.len == RANGE {
-                ranges.remove(lo);
+                ranges.remove(&lo);
             }
             k
         });
@@ -274,7 +270,7 @@ impl Plan {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Book {
     /// What callers want enforced; nets truncated, none expired at last plan.
-    desired: BTreeMap<IpNet, End>,
+    desired: Tree<IpNet, End>,
     /// What the kernel holds. A plan marks what it keeps in place
     /// (`Slot::kept`) rather than in a set of kept elements: it allocates
     /// nothing in proportion to the bans (one ban on top of 100k used to
@@ -326,7 +322,7 @@ impl Book {
         // one by one would): 100k bans at start. The old table goes first,
         // so that the new one's nodes take its place in the heap rather
         // than leave it a hole as large (a million bans: 27 MB).
-        self.desired = BTreeMap::new();
+        self.desired = Tree::default();
         self.desired = wanted.into_iter().collect();
         expired
     }
@@ -366,12 +362,12 @@ impl Book {
         self.desired.contains_key(net)
     }
 
-    pub fn desired_nets(&self) -> impl Iterator<Item = &IpNet> {
+    pub fn desired_nets(&self) -> impl Iterator<Item = IpNet> + '_ {
         self.desired.keys()
     }
 
     /// The wanted bans with their ends.
-    pub fn desired(&self) -> impl Iterator<Item = (&IpNet, Until)> {
+    pub fn desired(&self) -> impl Iterator<Item = (IpNet, Until)> + '_ {
         self.desired.iter().map(|(n, e)| (n, e.until()))
     }
 
@@ -403,7 +399,7 @@ impl Book {
         // disjoint), so one pass finds it.
         let mut top: Option<(IpNet, Until)> = None;
         let mut wanted_overlaps: Vec<IpAddr> = Vec::new();
-        for (&net, end) in &self.desired {
+        for (net, end) in self.desired.iter() {
             let until = end.until();
             if let Some((top, top_until)) = top {
                 if top.contains(&net) {
@@ -533,11 +529,7 @@ impl Book {
     /// ordered by (address, prefix length): the nets inside `net` come
     /// right after it, so the next one tells.
     fn covers_another(&self, net: &IpNet) -> bool {
-        use std::ops::Bound::{Excluded, Unbounded};
-        self.desired
-            .range((Excluded(*net), Unbounded))
-            .next()
-            .is_some_and(|(k, _)| net.contains(k))
+        self.desired.after(net).is_some_and(|(k, _)| net.contains(&k))
     }
 
     /// Wanted nets the kernel is not believed to hold: neither applied as
@@ -548,13 +540,13 @@ impl Book {
         let mut out = Vec::new();
         let mut top: Option<IpNet> = None;
         for net in self.desired.keys() {
-            if top.is_some_and(|t| t.contains(net)) {
+            if top.is_some_and(|t| t.contains(&net)) {
                 continue;
             }
-            top = Some(*net);
-            let span = Span::of(net);
+            top = Some(net);
+            let span = Span::of(&net);
             if self.applied.exact(span).is_none() {
-                out.push(*net);
+                out.push(net);
             }
         }
         out
@@ -614,7 +606,7 @@ impl Book {
     /// time keeps its nodes about 3/4 full): after the start's preloads,
     /// whose wanted bans the first sync's `set_desired` rebuilds.
     pub fn compact(&mut self) {
-        self.applied.slots = std::mem::take(&mut self.applied.slots).into_iter().collect();
+        self.applied.slots = std::mem::take(&mut self.applied.slots).rebuilt();
     }
 
     #[cfg(test)]
@@ -940,8 +932,8 @@ pub(crate) mod tests {
             }
             // Every live wanted net is inside some applied span, unless deferred
             // or waiting for its cover to go (both bounded by wake).
-            for (n, until) in &b.desired {
-                let s = Span::of(n);
+            for (n, until) in b.desired.iter() {
+                let s = Span::of(&n);
                 let inside = spans.iter().any(|a| a.lo <= s.lo && s.hi <= a.hi);
                 assert!(inside || b.wake.is_some(), "{n} until {until:?} not enforced at {now}");
             }

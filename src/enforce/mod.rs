@@ -31,6 +31,7 @@ mod listing;
 mod log;
 mod nft;
 mod script;
+mod tree;
 
 use std::time::Duration;
 
@@ -402,12 +403,12 @@ impl Enforcer {
     }
 
     /// The bans wanted (covered ones included), in order.
-    pub fn wanted(&self) -> impl Iterator<Item = &ipnet::IpNet> {
+    pub fn wanted(&self) -> impl Iterator<Item = ipnet::IpNet> + '_ {
         self.book().desired_nets()
     }
 
     /// The bans wanted with their ends (covered ones included), in order.
-    pub fn wanted_until(&self) -> impl Iterator<Item = (&ipnet::IpNet, Until)> {
+    pub fn wanted_until(&self) -> impl Iterator<Item = (ipnet::IpNet, Until)> + '_ {
         self.book().desired()
     }
 
