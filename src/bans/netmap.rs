@@ -63,16 +63,13 @@ impl<K: Key + Ord, V: Copy> Length<K, V> {
 
     /// A table of `entries`, sorted and exactly sized; of equal keys the
     /// last wins (as inserting them one by one would).
-    fn built(len: u8, mut entries: Vec<(K, V)>) -> Self {
-        // Stable: equal keys stay in their order, and the last is kept.
-        entries.sort_by_key(|e| e.0);
-        let mut base: Vec<(K, V)> = Vec::with_capacity(entries.len());
-        for e in entries {
-            match base.last_mut() {
-                Some(last) if last.0 == e.0 => *last = e,
-                _ => base.push(e),
-            }
-        }
+    fn built(len: u8, mut base: Vec<(K, V)>) -> Self {
+        // In place, no second copy of a million entries: reversed, then
+        // sorted stably, the last given of equal keys comes first, and is
+        // the one `dedup` keeps.
+        base.reverse();
+        base.sort_by_key(|e| e.0);
+        base.dedup_by_key(|e| e.0);
         base.shrink_to_fit();
         let mut l = Length::new(len);
         l.gone = vec![0; base.len().div_ceil(64)];
@@ -190,17 +187,16 @@ impl<K: Key + Ord, V: Copy> Length<K, V> {
         }
     }
 
-    /// `base` becomes every live entry, `recent` empty. The old tables are
-    /// freed before the new one grows no further than its exact size.
+    /// `base` becomes every live entry, `recent` empty: one merge into a
+    /// table allocated at its exact size.
     fn rebuild(&mut self) {
         let mut recent: Vec<(K, V)> = std::mem::take(&mut self.recent).into_iter().collect();
         recent.sort_unstable_by_key(|e| e.0);
         let old = std::mem::take(&mut self.base);
-        let gone = std::mem::take(&mut self.gone);
         let mut base = Vec::with_capacity(old.len() - self.removed + recent.len());
         let mut recent = recent.into_iter().peekable();
         for (i, e) in old.into_iter().enumerate() {
-            if gone[i / 64] & (1 << (i % 64)) != 0 {
+            if self.is_gone(i) {
                 continue;
             }
             while let Some(r) = recent.next_if(|r| r.0 < e.0) {
