@@ -10,6 +10,8 @@
 //!   for an address: decided once, read by nft, `/check`, `explain` and `test`.
 //! - `enforce`: nftables (or a log, for dry runs); the only module that runs nft.
 //! - `ratelog`: one warning per period for what repeats ([`ratelog::Every`]).
+//! - `sorted`: what the compact tables of long ban lists share (sorted vectors,
+//!   removals marked in a bitset, the merge that rebuilds them).
 //! - `config`: the YAML files, validated, with file:line:column errors.
 //! - `detect`: the per-line loop: which requests are hits, for which rule and client.
 //! - `store`: the Redis connection and its health, key names, the Lua scripts.
@@ -42,6 +44,7 @@ pub mod notify;
 pub mod parse;
 pub mod ratelog;
 pub mod replay;
+mod sorted;
 pub mod source;
 pub mod store;
 pub mod verdict;

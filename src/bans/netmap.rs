@@ -12,6 +12,8 @@ use std::hash::Hash;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
+use crate::sorted::{merged, sorted_last_wins, Gone};
+
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// The entries of one prefix length of one family, keyed by the masked
@@ -34,9 +36,7 @@ struct Length<K, V> {
     /// against a hash table's ~0.13). About a byte an entry.
     index: Vec<u32>,
     bits: u32,
-    /// One bit per entry of `base`: removed since the last rebuild.
-    gone: Vec<u64>,
-    removed: usize,
+    gone: Gone,
     recent: Map<K, V>,
 }
 
@@ -55,25 +55,17 @@ impl<K: Key + Ord, V: Copy> Length<K, V> {
             base: Vec::new(),
             index: Vec::new(),
             bits: 0,
-            gone: Vec::new(),
-            removed: 0,
+            gone: Gone::default(),
             recent: Map::default(),
         }
     }
 
     /// A table of `entries`, sorted and exactly sized; of equal keys the
     /// last wins (as inserting them one by one would).
-    fn built(len: u8, mut base: Vec<(K, V)>) -> Self {
-        // In place, no second copy of a million entries: reversed, then
-        // sorted stably, the last given of equal keys comes first, and is
-        // the one `dedup` keeps.
-        base.reverse();
-        base.sort_by_key(|e| e.0);
-        base.dedup_by_key(|e| e.0);
-        base.shrink_to_fit();
+    fn built(len: u8, base: Vec<(K, V)>) -> Self {
         let mut l = Length::new(len);
-        l.gone = vec![0; base.len().div_ceil(64)];
-        l.base = base;
+        l.base = sorted_last_wins(base);
+        l.gone = Gone::new(l.base.len());
         l.reindex();
         l
     }
@@ -111,27 +103,14 @@ impl<K: Key + Ord, V: Copy> Length<K, V> {
         }
     }
 
-    fn is_gone(&self, i: usize) -> bool {
-        self.gone[i / 64] & (1 << (i % 64)) != 0
-    }
-
-    fn set_gone(&mut self, i: usize, gone: bool) {
-        let bit = 1 << (i % 64);
-        match gone {
-            true => self.gone[i / 64] |= bit,
-            false => self.gone[i / 64] &= !bit,
-        }
-    }
-
     /// The index in `base` of `key`'s live entry.
     fn live(&self, key: &K) -> Option<usize> {
         let i = self.find(key).ok()?;
-        // No removal since the rebuild: the bits are not read (a cache miss).
-        (self.removed == 0 || !self.is_gone(i)).then_some(i)
+        (!self.gone.is(i)).then_some(i)
     }
 
     fn len(&self) -> usize {
-        self.base.len() - self.removed + self.recent.len()
+        self.base.len() - self.gone.count() + self.recent.len()
     }
 
     fn get(&self, key: &K) -> Option<&V> {
@@ -154,9 +133,8 @@ impl<K: Key + Ord, V: Copy> Length<K, V> {
             return Some(std::mem::replace(old, v));
         }
         match self.find(&key) {
-            Ok(i) if self.is_gone(i) => {
-                self.set_gone(i, false);
-                self.removed -= 1;
+            Ok(i) if self.gone.is(i) => {
+                self.gone.unmark(i);
                 self.base[i].1 = v;
                 None
             }
@@ -174,15 +152,14 @@ impl<K: Key + Ord, V: Copy> Length<K, V> {
             return Some(v);
         }
         let i = self.live(key)?;
-        self.set_gone(i, true);
-        self.removed += 1;
+        self.gone.mark(i);
         let v = self.base[i].1;
         self.rebuild_if_due();
         Some(v)
     }
 
     fn rebuild_if_due(&mut self) {
-        if self.recent.len() + self.removed > (self.base.len() / 16).max(MIN_RECENT) {
+        if self.recent.len() + self.gone.count() > (self.base.len() / 16).max(MIN_RECENT) {
             self.rebuild();
         }
     }
@@ -192,31 +169,16 @@ impl<K: Key + Ord, V: Copy> Length<K, V> {
     fn rebuild(&mut self) {
         let mut recent: Vec<(K, V)> = std::mem::take(&mut self.recent).into_iter().collect();
         recent.sort_unstable_by_key(|e| e.0);
-        let old = std::mem::take(&mut self.base);
-        let mut base = Vec::with_capacity(old.len() - self.removed + recent.len());
-        let mut recent = recent.into_iter().peekable();
-        for (i, e) in old.into_iter().enumerate() {
-            if self.is_gone(i) {
-                continue;
-            }
-            while let Some(r) = recent.next_if(|r| r.0 < e.0) {
-                base.push(r);
-            }
-            base.push(e);
-        }
-        base.extend(recent);
-        self.gone = vec![0; base.len().div_ceil(64)];
-        self.base = base;
-        self.removed = 0;
+        self.base = merged(std::mem::take(&mut self.base), &self.gone, recent.into_iter());
+        self.gone = Gone::new(self.base.len());
         self.reindex();
     }
 
     fn retain(&mut self, keep: &mut impl FnMut(&mut V) -> bool) {
         self.recent.retain(|_, v| keep(v));
         for i in 0..self.base.len() {
-            if !self.is_gone(i) && !keep(&mut self.base[i].1) {
-                self.set_gone(i, true);
-                self.removed += 1;
+            if !self.gone.is(i) && !keep(&mut self.base[i].1) {
+                self.gone.mark(i);
             }
         }
         self.rebuild_if_due();
@@ -227,7 +189,7 @@ impl<K: Key + Ord, V: Copy> Length<K, V> {
             .base
             .iter()
             .enumerate()
-            .filter(|(i, _)| !self.is_gone(*i))
+            .filter(|(i, _)| !self.gone.is(*i))
             .map(|(_, (k, v))| (*k, v));
         base.chain(self.recent.iter().map(|(k, v)| (*k, v)))
     }

@@ -563,10 +563,14 @@ impl Book {
             wake: self.wake,
             ..Plan::default()
         };
-        for e in elems {
-            let Some((net, until)) = normalize(e, now) else {
-                continue;
-            };
+        // Taken in the nets' order (a page of the list comes in the order
+        // of the bans' ends, its nets spread over the whole space): each
+        // search of the book's tables goes where the last one went, in
+        // memory the cache still holds. Sorted stably: of equal nets the
+        // last given is still inserted last.
+        let mut page: Vec<(IpNet, Until)> = elems.iter().filter_map(|e| normalize(e, now)).collect();
+        page.sort_by_key(|e| e.0);
+        for (net, until) in page {
             let end = End::of(until);
             self.desired.insert(net, end);
             let span = Span::of(&net);
