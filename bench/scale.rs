@@ -16,7 +16,8 @@
 //! - nft's own transaction of the same elements: the ruleset A made,
 //!   listed and loaded with `nft -f` into a fresh namespace, timed alone;
 //! - RSS of A with the bans;
-//! - host B starts the same way; then ONE_BY_ONE (10) bans on top, as an
+//! - host B starts the same way; once its `nft monitor` reports (one
+//!   untimed ban seen through it), ONE_BY_ONE (10) bans on top, as an
 //!   address and as a /24, each decided on A (`fleetban ban`) and timed to
 //!   its element in B's set (`nft monitor`), with B's own nft transaction
 //!   (its debug line `nft transaction applied seconds=`).
@@ -92,8 +93,25 @@ fn main() {
             }
         }
     });
-    // nft monitor reads the ruleset (the bans included) before it reports.
-    std::thread::sleep(Duration::from_millis(1000 + n / 20));
+    // nft monitor reads the ruleset (the bans included) before it reports:
+    // at a million, up to minutes on a loaded machine. One ban decided on A
+    // and seen in B's set says it reports (a fixed wait of 51 s was not
+    // always enough); it is not timed.
+    let warm = "198.18.255.254";
+    let o = Command::new(common::fleetban_bin())
+        .args(["ban", warm, "--for", "1h", "-c"])
+        .arg(&a.cfg)
+        .output()
+        .expect("fleetban ban");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ready = Instant::now() + Duration::from_secs(600);
+    loop {
+        match rx.recv_timeout(ready.saturating_duration_since(Instant::now())) {
+            Ok((_, line)) if line.contains("add element") && line.contains(warm) => break,
+            Ok(_) => {}
+            Err(_) => panic!("nft monitor reported no element in B's set within 600 s"),
+        }
+    }
     for (kind, target) in [
         (
             "address",
