@@ -78,10 +78,11 @@ fn main() {
     );
     let (ns_b, _b, d_b) = start(&redis, "scaleb", "scale-b", &last, n);
 
+    let mon_err = tempfile::NamedTempFile::new().expect("monitor's stderr");
     let mut mon = ns_b
         .exec(&["nft", "monitor", "elements"])
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(mon_err.reopen().expect("monitor's stderr"))
         .spawn()
         .expect("nft monitor");
     let (tx, rx) = mpsc::channel::<(Instant, String)>();
@@ -109,7 +110,12 @@ fn main() {
         match rx.recv_timeout(ready.saturating_duration_since(Instant::now())) {
             Ok((_, line)) if line.contains("add element") && line.contains(warm) => break,
             Ok(_) => {}
-            Err(_) => panic!("nft monitor reported no element in B's set within 600 s"),
+            Err(e) => panic!(
+                "nft monitor reported no element in B's set ({e}: {:?} after {} s); its stderr: {}",
+                mon.try_wait(),
+                (Instant::now() + Duration::from_secs(600) - ready).as_secs(),
+                std::fs::read_to_string(mon_err.path()).unwrap_or_default()
+            ),
         }
     }
     for (kind, target) in [
