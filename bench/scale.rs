@@ -16,8 +16,9 @@
 //! - nft's own transaction of the same elements: the ruleset A made,
 //!   listed and loaded with `nft -f` into a fresh namespace, timed alone;
 //! - RSS of A with the bans;
-//! - host B starts the same way; once its `nft monitor` reports (one
-//!   untimed ban seen through it), ONE_BY_ONE (10) bans on top, as an
+//! - host B starts the same way; once its `nft monitor` reports (untimed
+//!   bans every 5 s until one is seen through it), ONE_BY_ONE (10) bans
+//!   on top, as an
 //!   address and as a /24, each decided on A (`fleetban ban`) and timed to
 //!   its element in B's set (`nft monitor`), with B's own nft transaction
 //!   (its debug line `nft transaction applied seconds=`).
@@ -94,29 +95,37 @@ fn main() {
             }
         }
     });
-    // nft monitor reads the ruleset (the bans included) before it reports:
-    // at a million, up to minutes on a loaded machine. One ban decided on A
-    // and seen in B's set says it reports (a fixed wait of 51 s was not
-    // always enough); it is not timed.
-    let warm = "198.18.255.254";
-    let o = Command::new(common::fleetban_bin())
-        .args(["ban", warm, "--for", "1h", "-c"])
-        .arg(&a.cfg)
-        .output()
-        .expect("fleetban ban");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let ready = Instant::now() + Duration::from_secs(600);
-    loop {
-        match rx.recv_timeout(ready.saturating_duration_since(Instant::now())) {
-            Ok((_, line)) if line.contains("add element") && line.contains(warm) => break,
-            Ok(_) => {}
-            Err(e) => panic!(
-                "nft monitor reported no element in B's set ({e}: {:?} after {} s); its stderr: {}",
-                mon.try_wait(),
-                (Instant::now() + Duration::from_secs(600) - ready).as_secs(),
-                std::fs::read_to_string(mon_err.path()).unwrap_or_default()
-            ),
+    // nft monitor reads the ruleset (the bans included) before it reports,
+    // and misses what changes before it listens: at a million, up to a
+    // minute or more. A ban decided on A every 5 s, untimed, until one is
+    // seen in B's set, says it listens (one ban, or a fixed wait of 51 s,
+    // was missed).
+    let mut listening = false;
+    for i in 0..(60 + n / 20_000) {
+        let warm = format!("198.18.255.{}", 254 - i % 50);
+        let o = Command::new(common::fleetban_bin())
+            .args(["ban", &warm, "--for", "1h", "-c"])
+            .arg(&a.cfg)
+            .output()
+            .expect("fleetban ban");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let until = Instant::now() + Duration::from_secs(5);
+        while let Ok((_, line)) = rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+            listening |= line.contains("add element") && line.contains("198.18.255.");
         }
+        if listening {
+            break;
+        }
+    }
+    if !listening {
+        let log = d_b.log_text();
+        let lines: Vec<String> = log.lines().map(strip_ansi).collect();
+        panic!(
+            "nft monitor reported none of the warm-up bans in B's set ({:?}); its stderr: {}; B's log ends:\n{}",
+            mon.try_wait(),
+            std::fs::read_to_string(mon_err.path()).unwrap_or_default(),
+            lines[lines.len().saturating_sub(15)..].join("\n")
+        )
     }
     for (kind, target) in [
         (
