@@ -103,12 +103,7 @@ fn main() {
     let mut listening = false;
     for i in 0..(60 + n / 20_000) {
         let warm = format!("198.18.255.{}", 254 - i % 50);
-        let o = Command::new(common::fleetban_bin())
-            .args(["ban", &warm, "--for", "1h", "-c"])
-            .arg(&a.cfg)
-            .output()
-            .expect("fleetban ban");
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        ban_for_an_hour(&a.cfg, &warm);
         let until = Instant::now() + Duration::from_secs(5);
         while let Ok((_, line)) = rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
             listening |= line.contains("add element") && line.contains("198.18.255.");
@@ -141,12 +136,7 @@ fn main() {
             let shown = t.trim_end_matches("/24").to_owned();
             while rx.try_recv().is_ok() {}
             let t0 = Instant::now();
-            let o = Command::new(common::fleetban_bin())
-                .args(["ban", &t, "--for", "1h", "-c"])
-                .arg(&a.cfg)
-                .output()
-                .expect("fleetban ban");
-            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            ban_for_an_hour(&a.cfg, &t);
             cli_ms.push(t0.elapsed().as_secs_f64() * 1000.0);
             let deadline = t0 + Duration::from_secs(60);
             let mut at = None;
@@ -186,6 +176,16 @@ fn main() {
         common::anon_mb(d_a.pid()),
         common::rss_mb(d_b.pid())
     );
+}
+
+/// `fleetban ban TARGET --for 1h` on the host of `cfg`; panics unless it succeeds.
+fn ban_for_an_hour(cfg: &Path, target: &str) {
+    let o = Command::new(common::fleetban_bin())
+        .args(["ban", target, "--for", "1h", "-c"])
+        .arg(cfg)
+        .output()
+        .expect("fleetban ban");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {

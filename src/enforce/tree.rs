@@ -182,14 +182,14 @@ impl<K: Copy + Ord, V: Copy> Table<K, V> {
     }
 
     /// The live entries of `base` from index `from` on.
-    fn live_from(&self, from: usize) -> impl Iterator<Item = (K, &V)> + '_ {
+    fn entries_from(&self, from: usize) -> impl Iterator<Item = (K, &V)> + '_ {
         let base = self.base[from.min(self.base.len())..].iter().enumerate();
         base.filter(move |(i, _)| !self.gone.is(from + i))
             .map(|(_, (k, v))| (*k, v))
     }
 
     fn iter(&self) -> impl Iterator<Item = (K, &V)> + '_ {
-        merge(self.live_from(0), self.recent.iter().map(|(k, v)| (*k, v)))
+        merge(self.entries_from(0), self.recent.iter().map(|(k, v)| (*k, v)))
     }
 
     fn values_mut(&mut self) -> impl Iterator<Item = &mut V> + '_ {
@@ -219,7 +219,7 @@ impl<K: Copy + Ord, V: Copy> Table<K, V> {
     /// `hi`.
     fn range(&self, lo: K, hi: K) -> impl Iterator<Item = (K, &V)> + '_ {
         let from = self.base.partition_point(|e| e.0 < lo);
-        let base = self.live_from(from).take_while(move |e| e.0 <= hi);
+        let base = self.entries_from(from).take_while(move |e| e.0 <= hi);
         let recent = self.recent.range((Included(lo), Included(hi)));
         merge(base, recent.map(|(k, v)| (*k, v)))
     }
