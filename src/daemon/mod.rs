@@ -19,6 +19,7 @@ mod blocklist;
 mod control;
 mod enforcer;
 mod logging;
+mod memory;
 mod metrics;
 mod nearest;
 mod notify;
@@ -30,6 +31,8 @@ mod start;
 pub mod stats;
 
 pub use logging::{init_logging, wants_journal};
+pub(crate) use memory::{release_code_pages, trim_heap};
+use memory::limit_arenas;
 pub use notify::notify;
 pub use start::LOCK_FILE;
 
@@ -76,40 +79,6 @@ pub enum DaemonError {
     Control(PathBuf, std::io::Error),
     #[error("decision endpoint {0}: {1}")]
     Http(crate::config::Listen, std::io::Error),
-}
-
-/// Gives the allocator's free pages back to the kernel. glibc keeps what a
-/// large load freed (the list's reply, the 100k-element transaction text)
-/// in its per-thread arenas: without this, RSS after loading 100k bans
-/// stays well above what is live. Called after loads, never per line.
-pub(crate) fn trim_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim takes no pointer; it only walks glibc's own free lists.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
-/// At most two malloc arenas (glibc makes up to 8 per core). The daemon's
-/// big loads (100k bans: the list's reply, the nft transaction's text, the
-/// view of the list) are freed right after the start, but what each thread
-/// keeps live scatters over its own arena and pins partly used pages there:
-/// measured with 100,000 bans, RSS 26.2-33.3 MB from start to start with the
-/// default, 27.0-27.3 MB in 9 of 10 starts with two arenas (BENCHMARKS.md).
-///
-/// And blocks of 128 KiB and more always mapped on their own, returned
-/// whole when freed: glibc's default raises that threshold to the largest
-/// block freed so far, after which the start's pages of the list (160 kB
-/// each) came from the heap between long-lived tables and pinned it: with
-/// 1,000,000 bans 67 MB of RSS held free.
-/// Called before any other thread starts.
-fn limit_arenas() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt takes two integers; it only sets glibc's tunables.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 2);
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
-    }
 }
 
 /// What the daemon's process needs before its runtime starts: the
@@ -421,6 +390,8 @@ pub async fn run(config: Config, opts: Options, shutdown: impl Future<Output = (
     tracker.close();
 
     notify(&format!("READY=1\nSTATUS={}", notify::summary(&stats)));
+    // Started: the code only the start ran is let go.
+    release_code_pages();
     tracing::info!(host = %config.host_id, "fleetban running.");
     let mut config = config;
     loop {

@@ -266,8 +266,10 @@ impl FleetSync {
                     (next_reconcile, missed) = (tokio::time::Instant::now(), true);
                 }
                 if !self.remembered.records_unread() {
-                    // The replies of every page are freed: their pages go back.
+                    // The replies of every page are freed: their pages go
+                    // back, and the code that read them is let go.
                     crate::daemon::trim_heap();
+                    crate::daemon::release_code_pages();
                 }
             }
             if !self.remembered.records_unread() {
