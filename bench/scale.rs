@@ -16,21 +16,22 @@
 //! - nft's own transaction of the same elements: the ruleset A made,
 //!   listed and loaded with `nft -f` into a fresh namespace, timed alone;
 //! - RSS of A with the bans;
-//! - host B starts the same way; once its `nft monitor` reports (untimed
-//!   bans every 5 s until one is seen through it), ONE_BY_ONE (10) bans
-//!   on top, as an
-//!   address and as a /24, each decided on A (`fleetban ban`) and timed to
-//!   its element in B's set (`nft monitor`), with B's own nft transaction
-//!   (its debug line `nft transaction applied seconds=`).
+//! - host B starts the same way; once the kernel is heard announcing an
+//!   untimed ban in B's set (`nfevents.rs`: netlink, not `nft monitor`),
+//!   ONE_BY_ONE (10) bans on top, as an address and as a /24, each decided
+//!   on A (`fleetban ban`) and timed to the kernel's announcement of its
+//!   element in B's set, with B's own nft transaction (its debug line
+//!   `nft transaction applied seconds=`).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "nfevents.rs"]
+mod nfevents;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{parse_rfc3339_us, strip_ansi, Daemon, NetNs, Redis};
@@ -79,85 +80,77 @@ fn main() {
     );
     let (ns_b, _b, d_b) = start(&redis, "scaleb", "scale-b", &last, n);
 
-    let mon_err = tempfile::NamedTempFile::new().expect("monitor's stderr");
-    let mut mon = ns_b
-        .exec(&["nft", "monitor", "elements"])
-        .stdout(Stdio::piped())
-        .stderr(mon_err.reopen().expect("monitor's stderr"))
-        .spawn()
-        .expect("nft monitor");
-    let (tx, rx) = mpsc::channel::<(Instant, String)>();
-    let out = mon.stdout.take().expect("piped");
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send((Instant::now(), line)).is_err() {
-                break;
-            }
-        }
-    });
-    // nft monitor reads the ruleset (the bans included) before it reports,
-    // and misses what changes before it listens: at a million, up to a
-    // minute or more. A ban decided on A every 5 s, untimed, until one is
-    // seen in B's set, says it listens (one ban, or a fixed wait of 51 s,
-    // was missed).
-    let mut listening = false;
-    for i in 0..(60 + n / 20_000) {
-        let warm = format!("198.18.255.{}", 254 - i % 50);
-        ban_for_an_hour(&a.cfg, &warm);
-        let until = Instant::now() + Duration::from_secs(5);
-        while let Ok((_, line)) = rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
-            listening |= line.contains("add element") && line.contains("198.18.255.");
-        }
-        if listening {
+    // The kernel's own announcements of B's set elements (`nft monitor`
+    // reads the million elements first: it spun a core for minutes and
+    // reported nothing). One untimed ban first: a listener that hears
+    // nothing fails here, not as a timed miss.
+    let added = nfevents::Additions::listen(&ns_b.name);
+    let before_warm = transactions(&d_b).len();
+    let warm: std::net::IpAddr = "198.18.255.254".parse().unwrap();
+    ban_for_an_hour(&a.cfg, &warm.to_string());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut heard = Vec::new();
+    while let Ok((_, e)) = added
+        .rx
+        .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+    {
+        if e.key == warm {
             break;
         }
+        heard.push(e);
     }
-    if !listening {
+    if Instant::now() >= deadline {
         let log = d_b.log_text();
         let lines: Vec<String> = log.lines().map(strip_ansi).collect();
         panic!(
-            "nft monitor reported none of the warm-up bans in B's set ({:?}); its stderr: {}; B's log ends:\n{}",
-            mon.try_wait(),
-            std::fs::read_to_string(mon_err.path()).unwrap_or_default(),
+            "{warm} not announced in B's sets within 60 s (heard {heard:?}); B's log ends:\n{}",
             lines[lines.len().saturating_sub(15)..].join("\n")
         )
     }
-    for (kind, target) in [
+    // B logs its transaction after the kernel announced it.
+    transactions_past(&d_b, before_warm + 1);
+    for (kind, set, target) in [
         (
             "address",
+            "v4",
             (|i: usize| format!("198.18.{}.{}", i / 250, i % 250 + 1)) as fn(usize) -> String,
         ),
-        ("network /24", |i: usize| format!("198.19.{i}.0/24")),
+        ("network /24", "v4n24", |i: usize| format!("198.19.{i}.0/24")),
     ] {
         let seen_before = transactions(&d_b);
         let (mut e2e, mut cli_ms) = (Vec::new(), Vec::new());
         for i in 0..one_by_one {
             let t = target(i);
-            let shown = t.trim_end_matches("/24").to_owned();
-            while rx.try_recv().is_ok() {}
+            // A network's element is keyed by its first address.
+            let key: std::net::IpAddr = t.trim_end_matches("/24").parse().unwrap();
+            while added.rx.try_recv().is_ok() {}
             let t0 = Instant::now();
             ban_for_an_hour(&a.cfg, &t);
             cli_ms.push(t0.elapsed().as_secs_f64() * 1000.0);
             let deadline = t0 + Duration::from_secs(60);
             let mut at = None;
             let mut seen = Vec::new();
-            while let Ok((t1, line)) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                if line.contains("add element") && line.contains(&format!("{{ {shown}")) {
+            while let Ok((t1, e)) = added
+                .rx
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
+                if e.key == key {
+                    assert_eq!(e.set, set, "{t} went into B's set {}, not {set}", e.set);
                     at = Some(t1);
                     break;
                 }
-                seen.push(line);
+                seen.push(e);
             }
             let Some(at) = at else {
                 let log = d_b.log_text();
                 let lines: Vec<String> = log.lines().map(strip_ansi).collect();
                 let tail = lines[lines.len().saturating_sub(15)..].join("\n");
-                panic!("{t} not in B's set within 60 s; nft monitor said {seen:?}; B's log ends:\n{tail}");
+                panic!("{t} not in B's set within 60 s; heard {seen:?}; B's log ends:\n{tail}");
             };
             e2e.push((at - t0).as_secs_f64() * 1000.0);
             std::thread::sleep(Duration::from_millis(50));
         }
-        let mut nft: Vec<f64> = transactions(&d_b)[seen_before.len()..]
+        let mut nft: Vec<f64> = transactions_past(&d_b, seen_before.len() + one_by_one)[seen_before.len()..]
             .iter()
             .map(|s| s * 1000.0)
             .collect();
@@ -168,8 +161,7 @@ fn main() {
             stats(&mut cli_ms)
         );
     }
-    let _ = mon.kill();
-    let _ = mon.wait();
+    drop(added);
     println!(
         "daemon RSS after them: A {:.1} MB (anonymous {:.1} MB), B {:.1} MB",
         common::rss_mb(d_a.pid()),
@@ -527,6 +519,19 @@ fn transactions(d: &Daemon) -> Vec<f64> {
                 .and_then(seconds)
         })
         .collect()
+}
+
+/// `transactions(d)` once it holds `count` (polled up to 5 s: the daemon
+/// writes the line after the kernel has the change); as it is then.
+fn transactions_past(d: &Daemon, count: usize) -> Vec<f64> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let all = transactions(d);
+        if all.len() >= count || Instant::now() >= deadline {
+            return all;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// A duration as `fleetban::took` writes it, in seconds.
