@@ -31,8 +31,8 @@ mod start;
 pub mod stats;
 
 pub use logging::{init_logging, wants_journal};
-pub(crate) use memory::{release_code_pages, trim_heap};
 use memory::limit_arenas;
+pub(crate) use memory::{release_code_pages, trim_heap};
 pub use notify::notify;
 pub use start::LOCK_FILE;
 
