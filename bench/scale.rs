@@ -22,6 +22,10 @@
 //!   on A (`fleetban ban`) and timed to the kernel's announcement of its
 //!   element in B's set, with B's own nft transaction (its debug line
 //!   `nft transaction applied seconds=`).
+//! - with SCALE_STEADY=SECS (and SCALE_RECONCILE, the hosts'
+//!   `reconcile_every`), a ban on A every 0.5 s for SECS seconds, timed
+//!   to B's set across B's periodic reconciles and drift repairs, the
+//!   slow ones (over 1 s) and B's log lines on its reconciles printed.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -120,34 +124,9 @@ fn main() {
         let seen_before = transactions(&d_b);
         let (mut e2e, mut cli_ms) = (Vec::new(), Vec::new());
         for i in 0..one_by_one {
-            let t = target(i);
-            // A network's element is keyed by its first address.
-            let key: std::net::IpAddr = t.trim_end_matches("/24").parse().unwrap();
-            while added.rx.try_recv().is_ok() {}
-            let t0 = Instant::now();
-            ban_for_an_hour(&a.cfg, &t);
-            cli_ms.push(t0.elapsed().as_secs_f64() * 1000.0);
-            let deadline = t0 + Duration::from_secs(60);
-            let mut at = None;
-            let mut seen = Vec::new();
-            while let Ok((t1, e)) = added
-                .rx
-                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            {
-                if e.key == key {
-                    assert_eq!(e.set, set, "{t} went into B's set {}, not {set}", e.set);
-                    at = Some(t1);
-                    break;
-                }
-                seen.push(e);
-            }
-            let Some(at) = at else {
-                let log = d_b.log_text();
-                let lines: Vec<String> = log.lines().map(strip_ansi).collect();
-                let tail = lines[lines.len().saturating_sub(15)..].join("\n");
-                panic!("{t} not in B's set within 60 s; heard {seen:?}; B's log ends:\n{tail}");
-            };
-            e2e.push((at - t0).as_secs_f64() * 1000.0);
+            let (to_b, cli) = timed_ban(&a.cfg, &added, &d_b, &target(i), set);
+            e2e.push(to_b);
+            cli_ms.push(cli);
             std::thread::sleep(Duration::from_millis(50));
         }
         let mut nft: Vec<f64> = transactions_past(&d_b, seen_before.len() + one_by_one)[seen_before.len()..]
@@ -161,12 +140,98 @@ fn main() {
             stats(&mut cli_ms)
         );
     }
+    steady(&a.cfg, &added, &d_b, n);
     drop(added);
     println!(
         "daemon RSS after them: A {:.1} MB (anonymous {:.1} MB), B {:.1} MB",
         common::rss_mb(d_a.pid()),
         common::anon_mb(d_a.pid()),
         common::rss_mb(d_b.pid())
+    );
+}
+
+/// `target` banned on A (`fleetban ban`), timed to the kernel's
+/// announcement of its element in B's set `set`: (that, the CLI alone),
+/// in ms. Panics if it is not there within 60 s, with B's log.
+fn timed_ban(a_cfg: &Path, added: &nfevents::Additions, d_b: &Daemon, target: &str, set: &str) -> (f64, f64) {
+    // A network's element is keyed by its first address.
+    let key: std::net::IpAddr = target.split('/').next().unwrap().parse().unwrap();
+    while added.rx.try_recv().is_ok() {}
+    let t0 = Instant::now();
+    ban_for_an_hour(a_cfg, target);
+    let cli = t0.elapsed().as_secs_f64() * 1000.0;
+    let deadline = t0 + Duration::from_secs(60);
+    let mut seen = Vec::new();
+    while let Ok((t1, e)) = added
+        .rx
+        .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+    {
+        if e.key == key {
+            assert_eq!(e.set, set, "{target} went into B's set {}, not {set}", e.set);
+            return ((t1 - t0).as_secs_f64() * 1000.0, cli);
+        }
+        seen.push(e);
+    }
+    let log = d_b.log_text();
+    let lines: Vec<String> = log.lines().map(strip_ansi).collect();
+    let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+    panic!("{target} not in B's set within 60 s; heard {seen:?}; B's log ends:\n{tail}");
+}
+
+/// SCALE_STEADY=SECS (with SCALE_RECONCILE, the hosts' `reconcile_every`):
+/// a ban on A every 0.5 s for SECS seconds, each timed to B's set, while
+/// B's periodic reconciles (and every 10th, the drift repair that lists
+/// the kernel's whole set) come and go; prints the spread and how many
+/// of B's reconciles of its set fell inside.
+fn steady(a_cfg: &Path, added: &nfevents::Additions, d_b: &Daemon, n: u64) {
+    let secs: u64 = env("SCALE_STEADY", 0);
+    if secs == 0 {
+        return;
+    }
+    let reconciled = |d: &Daemon| d.log_text().matches("nftables reconciled").count();
+    let before = reconciled(d_b);
+    let (mut e2e, mut longest) = (Vec::new(), 0.0f64);
+    let end = Instant::now() + Duration::from_secs(secs);
+    let seen_before = transactions(d_b).len();
+    // Bounded by time and by count (two a second).
+    for i in 0..secs as usize * 2 {
+        if Instant::now() >= end {
+            break;
+        }
+        let target = format!("198.18.{}.{}", 100 + i / 250, i % 250 + 1);
+        let took = timed_ban(a_cfg, added, d_b, &target, "v4").0;
+        if took > 1000.0 {
+            println!(
+                "  {target}: {took:.0} ms, decided at {} UTC",
+                utc_clock(now_us() - (took * 1000.0) as i64)
+            );
+        }
+        e2e.push(took);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    for s in &transactions(d_b)[seen_before..] {
+        longest = longest.max(s * 1000.0);
+    }
+    // B's lines of the window that tell where a slow ban waited.
+    let log = d_b.log_text();
+    let told: Vec<String> = log
+        .lines()
+        .map(strip_ansi)
+        .filter(|l| {
+            ["reconcil", "snapshot", "listed=true", "Ban list", "WARN"]
+                .iter()
+                .any(|w| l.contains(w))
+        })
+        .collect();
+    println!("  B's log, its last lines on reconciles and reads of the list:");
+    for l in &told[told.len().saturating_sub(12)..] {
+        println!("    {l}");
+    }
+    println!(
+        "bans on top of {n} for {secs} s, one every 0.5 s, reconcile_every {}: decided on A (CLI) -> in B's set {}; B's reconciles of its whole set meanwhile: {}, its longest nft transaction {longest:.1} ms",
+        std::env::var("SCALE_RECONCILE").unwrap_or_else(|_| "60s (default)".to_owned()),
+        stats(&mut e2e),
+        reconciled(d_b) - before
     );
 }
 
@@ -213,11 +278,14 @@ impl Host {
         std::fs::write(
             &cfg,
             format!(
-                "host_id: {id}\nstate_dir: {}\ncontrol: {}\nhttp: {{ listen: {} }}\nredis: {{ url: '{}' }}\nsafety: {{ max_bans_per_minute: 100000 }}\nrules: [rules.yaml]\n",
+                "host_id: {id}\nstate_dir: {}\ncontrol: {}\nhttp: {{ listen: {} }}\nredis: {{ url: '{}'{} }}\nsafety: {{ max_bans_per_minute: 100000 }}\nrules: [rules.yaml]\n",
                 dir.path().join("state").display(),
                 control.display(),
                 http.display(),
-                redis.url()
+                redis.url(),
+                std::env::var("SCALE_RECONCILE")
+                    .map(|r| format!(", reconcile_every: {r}"))
+                    .unwrap_or_default()
             ),
         )
         .expect("config");
@@ -556,6 +624,12 @@ fn stats(v: &mut [f64]) -> String {
         v[v.len() - 1],
         v.len()
     )
+}
+
+/// `HH:MM:SS.mmm` of a unix time in µs (UTC), as B's log lines begin.
+fn utc_clock(us: i64) -> String {
+    let (s, ms) = (us / 1_000_000, us / 1000 % 1000);
+    format!("{:02}:{:02}:{:02}.{ms:03}", s / 3600 % 24, s / 60 % 60, s % 60)
 }
 
 fn now_us() -> i64 {
