@@ -90,27 +90,7 @@ fn main() {
     // nothing fails here, not as a timed miss.
     let added = nfevents::Additions::listen(&ns_b.name);
     let before_warm = transactions(&d_b).len();
-    let warm: std::net::IpAddr = "198.18.255.254".parse().unwrap();
-    ban_for_an_hour(&a.cfg, &warm.to_string());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut heard = Vec::new();
-    while let Ok((_, e)) = added
-        .rx
-        .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-    {
-        if e.key == warm {
-            break;
-        }
-        heard.push(e);
-    }
-    if Instant::now() >= deadline {
-        let log = d_b.log_text();
-        let lines: Vec<String> = log.lines().map(strip_ansi).collect();
-        panic!(
-            "{warm} not announced in B's sets within 60 s (heard {heard:?}); B's log ends:\n{}",
-            lines[lines.len().saturating_sub(15)..].join("\n")
-        )
-    }
+    timed_ban(&a.cfg, &added, &d_b, "198.18.255.254", "v4");
     // B logs its transaction after the kernel announced it.
     transactions_past(&d_b, before_warm + 1);
     for (kind, set, target) in [
@@ -172,10 +152,10 @@ fn timed_ban(a_cfg: &Path, added: &nfevents::Additions, d_b: &Daemon, target: &s
         }
         seen.push(e);
     }
-    let log = d_b.log_text();
-    let lines: Vec<String> = log.lines().map(strip_ansi).collect();
-    let tail = lines[lines.len().saturating_sub(15)..].join("\n");
-    panic!("{target} not in B's set within 60 s; heard {seen:?}; B's log ends:\n{tail}");
+    panic!(
+        "{target} not in B's set within 60 s; heard {seen:?}; B's log ends:\n{}",
+        log_tail(d_b, 15)
+    );
 }
 
 /// SCALE_STEADY=SECS (with SCALE_RECONCILE, the hosts' `reconcile_every`):
@@ -190,7 +170,7 @@ fn steady(a_cfg: &Path, added: &nfevents::Additions, d_b: &Daemon, n: u64) {
     }
     let reconciled = |d: &Daemon| d.log_text().matches("nftables reconciled").count();
     let before = reconciled(d_b);
-    let (mut e2e, mut longest) = (Vec::new(), 0.0f64);
+    let mut e2e = Vec::new();
     let end = Instant::now() + Duration::from_secs(secs);
     let seen_before = transactions(d_b).len();
     // Bounded by time and by count (two a second).
@@ -209,9 +189,9 @@ fn steady(a_cfg: &Path, added: &nfevents::Additions, d_b: &Daemon, n: u64) {
         e2e.push(took);
         std::thread::sleep(Duration::from_millis(500));
     }
-    for s in &transactions(d_b)[seen_before..] {
-        longest = longest.max(s * 1000.0);
-    }
+    let longest = transactions(d_b)[seen_before..]
+        .iter()
+        .fold(0.0f64, |m, s| m.max(s * 1000.0));
     // B's lines of the window that tell where a slow ban waited.
     let log = d_b.log_text();
     let told: Vec<String> = log
@@ -233,6 +213,12 @@ fn steady(a_cfg: &Path, added: &nfevents::Additions, d_b: &Daemon, n: u64) {
         stats(&mut e2e),
         reconciled(d_b) - before
     );
+}
+
+/// The last `n` lines of `d`'s log, without colours.
+fn log_tail(d: &Daemon, n: usize) -> String {
+    let lines: Vec<String> = d.log_text().lines().map(strip_ansi).collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// `fleetban ban TARGET --for 1h` on the host of `cfg`; panics unless it succeeds.

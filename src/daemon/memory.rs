@@ -23,7 +23,7 @@ pub(crate) fn trim_heap() {
 /// cache (charged as before to the service's cgroup), and what runs again
 /// maps them again on its next fault. Only mappings holding no page of
 /// their own (smaps' `Anonymous: 0`), that is never written, are touched.
-/// Called when the start's work is done (after the first sync, after the
+/// Called when a start's work is done (after `READY=1`, and after the
 /// records a snapshot left are read), never per line.
 pub(crate) fn release_code_pages() {
     #[cfg(target_os = "linux")]
