@@ -374,6 +374,51 @@ async fn recovers_when_the_kernel_changed_behind_its_back() {
 }
 
 #[tokio::test]
+async fn a_reconcile_lists_the_kernel_up_to_list_max_elements_only() {
+    // An element deleted by hand is put back by a reconcile that lists the
+    // kernel; above `list_max` the reconcile plans against the bookkeeping
+    // (a listing's cost grows with the square of the set), and a failed
+    // call still lists.
+    for (list_max, listed) in [(NftOptions::default().list_max, true), (2, false)] {
+        let ns = netns();
+        let now = now_ms();
+        let mut e = Enforcer::nft(NftOptions {
+            list_max,
+            ..nft_opts(&ns)
+        })
+        .unwrap();
+        e.init(now).await.unwrap();
+        let h = Until::At(now + HOUR);
+        let three = [ban("10.6.0.1", h), ban("10.6.0.2", h), ban("10.6.0.3", h)];
+        e.add(&three, now).await.unwrap();
+        let out = nft_script(&ns, "delete element inet fleetban v4 { 10.6.0.1 }\n");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let s = e.replace_all(&three, now_ms()).await.unwrap();
+        assert_eq!(
+            (s.added, s.unchanged),
+            if listed { (1, 2) } else { (0, 3) },
+            "list_max {list_max}"
+        );
+        let kernel = elem_names(&ns, "v4");
+        assert_eq!(
+            kernel.len(),
+            if listed { 3 } else { 2 },
+            "list_max {list_max}: {kernel:?}"
+        );
+        // A ban on top goes in by itself either way.
+        e.add(&[ban("10.6.0.4", h)], now_ms()).await.unwrap();
+        assert!(elem_names(&ns, "v4").contains(&"10.6.0.4".to_owned()));
+        // Unbanning the element deleted by hand fails in nft: the retry
+        // lists the kernel and the bookkeeping is right again.
+        e.remove(&[net("10.6.0.1")], now_ms()).await.unwrap();
+        assert_eq!(elem_names(&ns, "v4"), ["10.6.0.2", "10.6.0.3", "10.6.0.4"]);
+        let s = e.replace_all(&three[1..], now_ms()).await.unwrap();
+        assert_eq!((s.removed, s.unchanged), (1, 2), "list_max {list_max}");
+        assert_eq!(elem_names(&ns, "v4"), ["10.6.0.2", "10.6.0.3"]);
+    }
+}
+
+#[tokio::test]
 async fn failures_are_reported_not_panicked() {
     let ns = netns();
     let now = now_ms();

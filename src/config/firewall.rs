@@ -35,6 +35,7 @@ impl FirewallConfig {
             ports: self.ports.clone(),
             command,
             library,
+            list_max: crate::enforce::LIST_MAX,
         })
     }
 }

@@ -183,9 +183,21 @@ impl NftEnforcer {
     pub async fn replace_all(&mut self, desired: &[Element], now_ms: i64) -> Result<ReconcileStats, EnforceError> {
         let expired = self.book.set_desired(desired, now_ms);
         // A reconcile trusts the kernel, not the bookkeeping (but for the
-        // one right after `init`, which has just listed it).
+        // one right after `init`, which has just listed it), up to
+        // `list_max` elements: a listing's cost grows with the square of
+        // the set's size, and nothing else goes to nft meanwhile.
+        let applied = self.book.applied_len();
         if self.fresh.is_none_or(|t| t.elapsed() >= FRESH_FOR) {
-            self.stale = true;
+            if applied <= self.opts.list_max {
+                self.stale = true;
+            } else if !self.stale {
+                debug!(
+                    table = %self.opts.table,
+                    elements = applied,
+                    list_max = self.opts.list_max,
+                    "Reconcile planned against the bookkeeping; the kernel's set is too large to list at every repair."
+                );
+            }
         }
         let mut stats = self.apply(now_ms).await?;
         stats.expired = expired;
