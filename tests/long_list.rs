@@ -371,3 +371,159 @@ fn rule_host_and_in_keep_exactly_the_bans_they_name() {
     let out = cli(&r.cfg, &["bans", "--in", "100.0.3.1/24"]);
     assert_eq!(out.code, 2, "{}", out.text());
 }
+
+/// The bans and unbans [`a_full_read_follows_the_events_between_its_pages`]
+/// writes while the list is read, as `ban.lua` and `unban.lua` write them
+/// (the list's entry and its event in one call): (event id, member, the
+/// ban's end or None for an unban).
+type Written = Vec<(String, String, Option<i64>)>;
+
+fn write_events_until(
+    url: &str,
+    n: u64,
+    stop: &std::sync::atomic::AtomicBool,
+    started: std::sync::mpsc::Sender<()>,
+) -> Written {
+    use std::sync::atomic::Ordering::Relaxed;
+    let script = redis::Script::new(
+        "if ARGV[1] == 'ban' then redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2]) \
+         else redis.call('ZREM', KEYS[1], ARGV[2]) end \
+         return redis.call('XADD', KEYS[2], '*', 'op', ARGV[1], 'addr', ARGV[2], 'until', ARGV[3])",
+    );
+    let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let until = now_ms() + 3_600_000;
+    let mut out = Written::new();
+    // Bounded: the read ends long before (a few hundred ms).
+    for i in 0..50_000u64 {
+        if stop.load(Relaxed) {
+            break;
+        }
+        // A new address, or an unban of an entry spread over the list's
+        // pages (read already or not yet).
+        let (op, member, end) = match i % 2 {
+            0 => ("ban", format!("198.51.{}.{}", i / 512, (i / 2) % 256), Some(until)),
+            _ => ("unban", member((i * 7919) % n), None),
+        };
+        let id: String = script
+            .key("{fleetban}:bans")
+            .key("{fleetban}:events")
+            .arg(op)
+            .arg(&member)
+            .arg(end.unwrap_or(0))
+            .invoke(&mut con)
+            .unwrap();
+        out.push((id, member, end));
+        if i == 0 {
+            let _ = started.send(());
+        }
+    }
+    out
+}
+
+#[test]
+fn a_full_read_follows_the_events_between_its_pages() {
+    use fleetban::enforce::{Change, Changes, Until};
+    use fleetban::fleet::{FleetSync, StreamId};
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    use std::time::Duration;
+    // Eight pages of 4,096.
+    let n = 8 * 4096;
+    let redis = Redis::start();
+    preload(&redis, n, now_ms());
+    let before: Vec<String> = redis
+        .cli(&["ZRANGE", "{fleetban}:bans", "0", "-1", "WITHSCORES"])
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let mut expected: BTreeMap<ipnet::IpNet, Until> = before
+        .chunks_exact(2)
+        .map(|p| {
+            (
+                fleetban::addr::parse_member(&p[0]).unwrap(),
+                Until::At(p[1].parse().unwrap()),
+            )
+        })
+        .collect();
+    assert_eq!(expected.len() as u64, n);
+
+    let rt = common::runtime();
+    let cfg = redis.config("fleetban", Duration::from_secs(5));
+    let con = common::connect(&rt, &cfg, Duration::from_secs(5));
+    let keys = fleetban::store::Keys::new("fleetban");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut fleet = FleetSync {
+        events: common::connect(&rt, &cfg, Duration::from_secs(5)),
+        list: fleetban::bans::BanList::redis(con, keys.clone()),
+        host: "web-1".to_owned(),
+        keys,
+        reconcile_every: Duration::from_secs(60),
+        changes: Changes::to(vec![tx]),
+        gaps: 0,
+        listed: 0,
+        held: Default::default(),
+        news: None,
+        marks_id: "0-0".to_owned(),
+        remembered: Default::default(),
+        story: Default::default(),
+        health: Default::default(),
+        early: None,
+    };
+    let stop = AtomicBool::new(false);
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let (written, (last, entries)) = std::thread::scope(|s| {
+        let writer = s.spawn(|| write_events_until(&redis.url(), n, &stop, started_tx));
+        started
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the writer starts");
+        let read = rt.block_on(fleet.snapshot()).expect("the list is read");
+        stop.store(true, Relaxed);
+        (writer.join().unwrap(), read)
+    });
+
+    // Each event the read followed came as a change before it returned:
+    // the events written after its first id, up to the last it read.
+    let mut sent = Vec::new();
+    while let Ok(c) = rx.try_recv() {
+        match c {
+            Change::Add(elems) => sent.extend(elems.into_iter().map(|e| (e.net, Some(e.until)))),
+            Change::Remove(nets) => sent.extend(nets.into_iter().map(|n| (n, None))),
+            Change::Replace(_) => panic!("a snapshot sends no Replace itself"),
+        }
+    }
+    assert!(!sent.is_empty(), "no event was followed during a read of 8 pages");
+    let last = StreamId::parse(&last).unwrap();
+    let upto: Vec<_> = written
+        .iter()
+        .filter(|(id, _, _)| StreamId::parse(id).unwrap() <= last)
+        .map(|(_, m, end)| (fleetban::addr::parse_member(m).unwrap(), end.map(Until::At)))
+        .collect();
+    assert!(upto.len() >= sent.len());
+    assert_eq!(sent, upto[upto.len() - sent.len()..], "the events followed, in order");
+
+    // The list returned is the list as of its last event: every ban and
+    // unban up to it applied, whatever page its entry was read in.
+    for (net, end) in upto {
+        match end {
+            Some(u) => expected.insert(net, u),
+            None => expected.remove(&net),
+        };
+    }
+    let got: BTreeMap<ipnet::IpNet, Until> = entries.into_iter().map(|e| (e.net, e.until)).collect();
+    let diff: Vec<_> = expected
+        .iter()
+        .filter(|(k, v)| got.get(k) != Some(v))
+        .chain(got.iter().filter(|(k, _)| !expected.contains_key(k)))
+        .take(5)
+        .collect();
+    let touched_after: Vec<_> = written
+        .iter()
+        .filter(|(id, _, _)| StreamId::parse(id).unwrap() > last)
+        .filter(|(_, m, _)| diff.iter().any(|(k, _)| fleetban::addr::parse_member(m) == Some(**k)))
+        .collect();
+    assert!(
+        diff.is_empty(),
+        "{} entries, {} expected; first differences: {diff:?}; written after: {touched_after:?}",
+        got.len(),
+        expected.len()
+    );
+}

@@ -380,36 +380,44 @@ impl BanList {
     /// The active entries: (network, expiry). Members that are not an
     /// address or network are skipped with a warning, never returned.
     pub async fn active(&mut self, now_ms: i64) -> Result<Vec<(IpNet, Until)>, BanListError> {
-        self.active_each(now_ms, &mut |_| {}).await
+        let mut cursor = Cursor::new(now_ms, PAGE);
+        let mut out = Vec::new();
+        while let Some(page) = self.entries_page(&mut cursor).await? {
+            out.extend(page);
+        }
+        Ok(out)
     }
 
-    /// As [`BanList::active`], showing each page to `on_page` as it is
-    /// read (the whole list at once for the embedded store).
-    pub async fn active_each(
-        &mut self,
-        now_ms: i64,
-        on_page: &mut read::OnPage<'_>,
-    ) -> Result<Vec<(IpNet, Until)>, BanListError> {
+    /// The next page of active entries, or None after the last (the
+    /// embedded list is one page): a reader that works between pages (the
+    /// fleet's full read follows the events meanwhile). Members in another
+    /// spelling are rewritten as the page is read; a page that times out
+    /// is asked again, [`read::PAGE_TRIES`] times in all.
+    pub async fn entries_page(&mut self, cursor: &mut Cursor) -> Result<Option<Vec<(IpNet, Until)>>, BanListError> {
         match self {
             BanList::Memory(m) => {
-                let out: Vec<_> = m.active(now_ms).map(|r| (r.addr, r.until())).collect();
-                on_page(&out);
-                Ok(out)
+                if cursor.finish() {
+                    return Ok(None);
+                }
+                Ok(Some(m.active(cursor.now_ms()).map(|r| (r.addr, r.until())).collect()))
             }
             BanList::Redis { con, keys } => {
-                let started = std::time::Instant::now();
-                let (out, respelled) = read::active(con, keys, now_ms, read::PAGE, on_page).await?;
-                let read = crate::took(started.elapsed());
+                let mut timeouts = 0;
+                let (entries, respelled) = loop {
+                    match cursor.next(con, keys).await {
+                        Ok(Some(page)) => break page,
+                        Ok(None) => return Ok(None),
+                        // The cursor stays where it was: the same page again.
+                        Err(BanListError::Redis(e)) if e.is_timeout() && timeouts + 1 < read::PAGE_TRIES => {
+                            timeouts += 1
+                        }
+                        Err(e) => return Err(e),
+                    }
+                };
                 if !respelled.is_empty() {
                     read::canonicalize(con, keys, &respelled).await?;
                 }
-                tracing::debug!(
-                    entries = out.len(),
-                    read = %read,
-                    took = %crate::took(started.elapsed()),
-                    "Ban list entries read."
-                );
-                Ok(out)
+                Ok(Some(entries))
             }
         }
     }

@@ -17,42 +17,10 @@ use super::parse_until;
 /// `redis.timeout` on a loaded machine (1,000,000 bans: 245 pages).
 pub(crate) const PAGE: usize = 4_096;
 
-/// What sees each page of a paged read as it comes.
-pub type OnPage<'a> = dyn FnMut(&[(IpNet, Until)]) + Send + 'a;
-
 /// Tries of one page that times out (`redis.timeout`): on a busy host (the
 /// start's nft load takes a core) one page of 245 missing it made the
 /// start's whole read fail.
-const PAGE_TRIES: u32 = 3;
-
-/// The active entries (ending after `now_ms`), read in pages of `page`,
-/// with the members found in another spelling (to rewrite). Each page is
-/// shown to `on_page` as it comes (the start loads it into nft meanwhile).
-pub(super) async fn active(
-    con: &mut crate::store::Conn,
-    keys: &Keys,
-    now_ms: i64,
-    page: usize,
-    on_page: &mut OnPage<'_>,
-) -> Result<(Vec<(IpNet, Until)>, Vec<Respelled>), BanListError> {
-    let (mut out, mut respelled) = (Vec::new(), Vec::new());
-    let mut cursor = Cursor::new(now_ms, page);
-    let mut timeouts = 0;
-    loop {
-        match cursor.next(con, keys).await {
-            Ok(Some((o, r))) => {
-                timeouts = 0;
-                on_page(&o);
-                out.extend(o);
-                respelled.extend(r);
-            }
-            Ok(None) => return Ok((out, respelled)),
-            // The cursor stays where it was: the same page again.
-            Err(BanListError::Redis(e)) if e.is_timeout() && timeouts + 1 < PAGE_TRIES => timeouts += 1,
-            Err(e) => return Err(e),
-        }
-    }
-}
+pub(super) const PAGE_TRIES: u32 = 3;
 
 /// Where a paged read of the active list stands: a caller that handles
 /// each page and lets it go (`fleetban bans` at 1,000,000) holds one page.
