@@ -475,7 +475,8 @@ fn a_full_read_follows_the_events_between_its_pages() {
         started
             .recv_timeout(Duration::from_secs(10))
             .expect("the writer starts");
-        let read = rt.block_on(fleet.snapshot()).expect("the list is read");
+        let (id, entries, _) = rt.block_on(fleet.snapshot(false)).expect("the list is read");
+        let read = (id, entries);
         stop.store(true, Relaxed);
         (writer.join().unwrap(), read)
     });

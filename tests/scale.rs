@@ -261,6 +261,49 @@ fn a_reconcile_that_can_find_nothing_new_reads_nothing() {
     assert!(last.contains("added=1") && last.contains("refreshed=0"), "{last}");
 }
 
+/// Past `enforce::LIST_MAX` (50,000) elements the periodic drift repair
+/// still reads the whole list, but sends the enforcer and the view only
+/// what changed without an event (`fleet::Drift`), not the list: a member
+/// written by hand arrives, one deleted by hand is lifted, and nothing is
+/// planned against the whole list again (no "nftables reconciled").
+#[test]
+fn a_drift_repair_of_a_long_list_applies_only_what_changed() {
+    let redis = Redis::start();
+    let until = common::now_ms() + 3_600_000;
+    redis.preload_bans(60_000, until);
+    let ns = common::NetNs::new("driftrep");
+    let r = ConfigDir::new();
+    let main = r
+        .main_config()
+        .host_id("drift")
+        .redis(&redis.url(), "reconcile_every: 1s");
+    r.write(
+        &main,
+        &[Rule::new("scraper", &r.log, "{ hits: 3, window: 60s }").ban("1h")],
+    );
+    let d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    wait_until(Duration::from_secs(120), "the list applied", || {
+        d.log_text().contains("Ban list applied")
+    });
+    let count = |what: &str| d.log_text().matches(what).count();
+    let reconciled = count("nftables reconciled");
+    let has = |addr: &str| common::nft_bans(&ns, "fleetban", "v4").iter().any(|(e, _)| e == addr);
+    assert!(has("100.0.0.1"));
+    // Written and deleted by hand, no event.
+    redis.cli(&["ZADD", "{fleetban}:bans", &until.to_string(), "192.0.2.78"]);
+    redis.cli(&["ZREM", "{fleetban}:bans", "100.0.0.1"]);
+    wait_until(Duration::from_secs(90), "the drift repair", || {
+        count("Drift repair") > 0
+    });
+    let log = d.log_text();
+    let repair = log.lines().find(|l| l.contains("Drift repair")).unwrap_or_default();
+    assert!(repair.contains("added=1") && repair.contains("removed=1"), "{repair}");
+    wait_until(Duration::from_secs(30), "the repair in nft", || {
+        has("192.0.2.78") && !has("100.0.0.1")
+    });
+    assert_eq!(count("nftables reconciled"), reconciled, "{}", tail(&d.log_text()));
+}
+
 fn zcount_calls(redis: &Redis) -> u64 {
     redis
         .cli(&["INFO", "commandstats"])

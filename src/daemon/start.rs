@@ -147,8 +147,8 @@ pub async fn open(
     if let Some(bans) = crate::bans::list::embedded_bans(&file, crate::now_ms()) {
         fleet.remembered.joining(file, bans);
     }
-    let (last_id, initial) = match fleet.snapshot().await {
-        Ok((id, list)) => {
+    let (last_id, initial) = match fleet.snapshot(false).await {
+        Ok((id, list, _)) => {
             health.succeeded();
             (id, Some(list))
         }

@@ -163,12 +163,19 @@ impl Remembered {
     /// with what this host still enforces written back if the list was
     /// lost. Records of entries this host has none of are read from `list`:
     /// the first page now, the others by [`Remembered::read_records`].
+    ///
+    /// With `drift` (a periodic repair), and when nothing was written back,
+    /// it also returns what the read changes in the list as this host knows
+    /// it ([`Remembered::drift`]), and follows those changes alone instead
+    /// of rebuilding its table from the whole list.
     pub async fn after_snapshot(
         &mut self,
         list: &mut BanList,
         host: &str,
         mut entries: Vec<Element>,
-    ) -> Result<Vec<Element>, BanListError> {
+        drift: bool,
+    ) -> Result<(Vec<Element>, Option<Drift>), BanListError> {
+        let read = entries.len();
         let now = crate::now_ms();
         let token = format!("{host}:{now}:{}", std::process::id());
         let epoch = match list.epoch(&token).await {
@@ -232,7 +239,15 @@ impl Remembered {
             self.saved = epoch.clone();
         }
         self.epoch = epoch;
-        self.observe(&Change::Replace(entries.clone()));
+        // Nothing written back: the entries are the list as read.
+        let drift = (drift && entries.len() == read).then(|| self.drift(&entries, now));
+        match &drift {
+            Some(d) => {
+                self.observe(&Change::Add(d.adds.clone()));
+                self.observe(&Change::Remove(d.removes.clone()));
+            }
+            None => self.observe(&Change::Replace(entries.clone())),
+        }
         self.unread = self
             .bans
             .iter()
@@ -240,7 +255,59 @@ impl Remembered {
             .map(|(n, _)| n)
             .collect();
         self.read_records(list).await?;
-        Ok(entries)
+        Ok((entries, drift))
+    }
+
+    /// What `entries`, a full read of the list, changes in the list as
+    /// this host knows it: the entries it lacks or holds with another end,
+    /// and its bans still live at `now` that the read did not find. Two
+    /// passes of lookups, in proportion to the list, but nothing built as
+    /// large as it unless bans went missing (a member deleted by hand).
+    pub fn drift(&self, entries: &[Element], now: i64) -> Drift {
+        let live = |end: &End| end.until() > Until::At(now);
+        let mut adds = Vec::new();
+        // The entries found here live, against how many live ones are
+        // here: equal, and no ban here went missing.
+        let mut found = 0;
+        for e in entries {
+            match self.bans.get(&e.net) {
+                Some((end, _)) if *end == End::of(e.until) => found += usize::from(live(end)),
+                Some((end, _)) => {
+                    found += usize::from(live(end));
+                    adds.push(e.clone());
+                }
+                None => adds.push(e.clone()),
+            }
+        }
+        let here = self.bans.iter().filter(|(_, (end, _))| live(end)).count();
+        let removes = if found == here {
+            Vec::new()
+        } else {
+            let mut read: Vec<IpNet> = entries.iter().map(|e| e.net).collect();
+            read.sort_unstable();
+            self.bans
+                .iter()
+                .filter(|(n, (end, _))| live(end) && read.binary_search(n).is_err())
+                .map(|(n, _)| n)
+                .collect()
+        };
+        Drift { adds, removes }
+    }
+}
+
+/// What a full read of the list found changed without an event
+/// ([`Remembered::drift`]).
+#[derive(Debug, Default, PartialEq)]
+pub struct Drift {
+    /// Entries this host lacked, or held with another end.
+    pub adds: Vec<Element>,
+    /// Bans this host held, live, that the list no longer has.
+    pub removes: Vec<IpNet>,
+}
+
+impl Drift {
+    pub fn is_empty(&self) -> bool {
+        self.adds.is_empty() && self.removes.is_empty()
     }
 }
 
@@ -319,6 +386,40 @@ fn merge(entries: &mut Vec<Element>, back: impl Iterator<Item = (IpNet, Until)>)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn drift_is_what_a_full_read_changes_and_nothing_else() {
+        let el = |s: &str, t: i64| Element {
+            net: s.parse().unwrap(),
+            until: Until::At(t),
+        };
+        let now = 1_000;
+        let mut r = Remembered::default();
+        let known = vec![
+            el("192.0.2.1/32", 5_000),
+            el("192.0.2.2/32", 5_000),
+            el("198.51.100.0/24", 6_000),
+            el("2001:db8::/64", 7_000),
+            // Ended (the kernel's own expiry): no read has it any more.
+            el("192.0.2.9/32", 900),
+        ];
+        r.observe(&Change::Replace(known.clone()));
+        // The same list, read in another order, without what ended.
+        let mut read: Vec<Element> = known[..4].iter().rev().cloned().collect();
+        assert_eq!(r.drift(&read, now), Drift::default());
+        // A member written without an event, another end for one, and one
+        // deleted by hand.
+        read.retain(|e| e.net.to_string() != "198.51.100.0/24");
+        read.push(el("203.0.113.7/32", 8_000));
+        read[0] = el("2001:db8::/64", 9_000);
+        let d = r.drift(&read, now);
+        assert_eq!(d.adds, vec![el("2001:db8::/64", 9_000), el("203.0.113.7/32", 8_000)]);
+        assert_eq!(d.removes, vec!["198.51.100.0/24".parse::<IpNet>().unwrap()]);
+        // Followed, the drift leaves nothing to repair.
+        r.observe(&Change::Add(d.adds));
+        r.observe(&Change::Remove(d.removes));
+        assert!(r.drift(&read, now).is_empty());
+    }
 
     #[test]
     fn the_list_is_remembered_with_the_records_of_unchanged_entries() {

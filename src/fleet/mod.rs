@@ -28,7 +28,7 @@ mod kept;
 mod lost;
 mod story;
 
-pub use lost::Remembered;
+pub use lost::{Drift, Remembered};
 pub use story::Story;
 
 use std::time::Duration;
@@ -113,7 +113,12 @@ impl FleetSync {
     /// (`During`): each is sent at once, and the list returned has them on
     /// top, with the id of the last one read. A million bans are 245 pages
     /// and ~2.4 s of reading; a ban decided meanwhile used to wait for them.
-    pub async fn snapshot(&mut self) -> Result<(String, Vec<Element>), redis::RedisError> {
+    ///
+    /// A periodic `repair` of a list longer than the enforcer lists the
+    /// kernel for ([`crate::enforce::LIST_MAX`]) also returns its
+    /// [`Drift`]: what changed without an event, all the enforcer and the
+    /// view need instead of the whole list.
+    pub async fn snapshot(&mut self, repair: bool) -> Result<(String, Vec<Element>, Option<Drift>), redis::RedisError> {
         // Taken first: whichever way this returns, the pages' receiver
         // learns the read is over (the start waits for it).
         let early = self.early.take();
@@ -178,9 +183,10 @@ impl FleetSync {
             }
             None => id,
         };
-        let entries = self
+        let drift = repair && entries.len() > crate::enforce::LIST_MAX;
+        let (entries, drift) = self
             .remembered
-            .after_snapshot(&mut self.list, &self.host, entries)
+            .after_snapshot(&mut self.list, &self.host, entries, drift)
             .await
             .map_err(redis_error)?;
         // Marks after `id` come as events on top, as bans do.
@@ -192,7 +198,7 @@ impl FleetSync {
             }
         };
         self.tell(news);
-        Ok((id, entries))
+        Ok((id, entries, drift))
     }
 
     /// After each page of a full read: the ban events after `d.last`, up
@@ -225,6 +231,27 @@ impl FleetSync {
             if read < COUNT {
                 return Ok(());
             }
+        }
+    }
+
+    /// A drift repair of a long list: only what changed without an event
+    /// goes to the enforcer and the view (a ban held for Redis stays).
+    fn repair(&self, mut d: Drift) {
+        {
+            let held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            d.removes.retain(|n| !held.iter().any(|h| h.net == *n));
+        }
+        tracing::debug!(
+            listed = self.listed,
+            added = d.adds.len(),
+            removed = d.removes.len(),
+            "Drift repair: the list read whole; what changed without an event applied."
+        );
+        if !d.adds.is_empty() {
+            self.changes.send(Change::Add(d.adds));
+        }
+        if !d.removes.is_empty() {
+            self.changes.send(Change::Remove(d.removes));
         }
     }
 
@@ -292,14 +319,18 @@ impl FleetSync {
                 next_reconcile = tokio::time::Instant::now() + self.reconcile_every;
             }
             if tokio::time::Instant::now() >= next_reconcile {
-                match self.snapshot().await {
-                    Ok((id, elems)) => {
+                match self.snapshot(!missed).await {
+                    Ok((id, elems, drift)) => {
                         last_id = id;
                         if snapshot.succeeded() {
                             tracing::info!("Ban list read again after an error; reconciled.");
                         }
-                        self.changes
-                            .send(Change::Replace(with_held(elems, &self.held, crate::now_ms())));
+                        match drift {
+                            Some(d) => self.repair(d),
+                            None => self
+                                .changes
+                                .send(Change::Replace(with_held(elems, &self.held, crate::now_ms()))),
+                        }
                         next_reconcile = tokio::time::Instant::now() + self.reconcile_every;
                         (periods, missed) = (0, false);
                     }
