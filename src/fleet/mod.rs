@@ -167,11 +167,7 @@ impl FleetSync {
         // The list is read: the start's preload may end.
         drop(early);
         self.listed = entries.len();
-        tracing::debug!(
-            entries = entries.len(),
-            took = %crate::took(started.elapsed()),
-            "Ban list entries read."
-        );
+        let read = started.elapsed();
         let id = match during {
             Some(d) => {
                 if d.events > 0 && self.gap_after(&self.keys.events(), &id).await? {
@@ -198,6 +194,12 @@ impl FleetSync {
             }
         };
         self.tell(news);
+        tracing::debug!(
+            entries = entries.len(),
+            took = %crate::took(read),
+            then = %crate::took(started.elapsed() - read),
+            "Ban list entries read."
+        );
         Ok((id, entries, drift))
     }
 
@@ -245,6 +247,7 @@ impl FleetSync {
             listed = self.listed,
             added = d.adds.len(),
             removed = d.removes.len(),
+            took = %crate::took(d.took),
             "Drift repair: the list read whole; what changed without an event applied."
         );
         if !d.adds.is_empty() {
