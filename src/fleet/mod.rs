@@ -54,11 +54,6 @@ const BLOCK_MS: usize = 1000;
 /// one alive, answering: no error would move us).
 const MASTER_CHECK: Duration = Duration::from_secs(5);
 
-/// A drift repair's pause after each page of the list (as long as the
-/// page took, within these), waiting for events.
-const PAUSE_MIN: Duration = Duration::from_millis(1);
-const PAUSE_MAX: Duration = Duration::from_millis(100);
-
 /// While reading the fleet fails (an outage), one warning per this period.
 const FAILING_PERIOD: Duration = Duration::from_secs(60);
 /// The first wait after a failed step, and the longest: a snapshot (the
@@ -155,7 +150,6 @@ impl FleetSync {
         let started = std::time::Instant::now();
         let mut cursor = crate::bans::Cursor::new(crate::now_ms(), crate::bans::list::PAGE);
         let mut entries: Vec<Element> = Vec::new();
-        let mut page_started = std::time::Instant::now();
         while let Some(page) = self.list.entries_page(&mut cursor).await.map_err(redis_error)? {
             let page = page.into_iter().map(|(net, until)| Element { net, until });
             match &early {
@@ -167,14 +161,8 @@ impl FleetSync {
                 None => entries.extend(page),
             }
             if let Some(d) = &mut during {
-                // A drift repair is not urgent: it waits for events as
-                // long as its page took, so that the read takes about half
-                // of Redis's and this host's time rather than all of it
-                // while bans are decided.
-                let pause = repair.then(|| page_started.elapsed().clamp(PAUSE_MIN, PAUSE_MAX));
-                self.follow_during(d, pause).await?;
+                self.follow_during(d).await?;
             }
-            page_started = std::time::Instant::now();
         }
         // The list is read: the start's preload may end.
         drop(early);
@@ -220,15 +208,10 @@ impl FleetSync {
     /// loop of `run` does) and kept in `d` for the list read. Read to the
     /// end, so that after the last page every change its entries show has
     /// been read as an event too.
-    async fn follow_during(&mut self, d: &mut During, pause: Option<Duration>) -> Result<(), redis::RedisError> {
+    async fn follow_during(&mut self, d: &mut During) -> Result<(), redis::RedisError> {
         const COUNT: usize = 1000;
         let events = self.keys.events();
-        // The first read waits up to `pause` for an event (one that comes
-        // is applied at once); the others catch up without waiting.
-        let mut opts = StreamReadOptions::default().count(COUNT);
-        if let Some(p) = pause {
-            opts = opts.block(p.as_millis().max(1) as usize);
-        }
+        let opts = StreamReadOptions::default().count(COUNT);
         loop {
             let reply: StreamReadReply = self
                 .events
@@ -250,7 +233,6 @@ impl FleetSync {
             if read < COUNT {
                 return Ok(());
             }
-            opts = StreamReadOptions::default().count(COUNT);
         }
     }
 
