@@ -141,32 +141,20 @@ fn bans_of_one_duration_decided_apart_expire_by_their_own_ends() {
             ends.insert(addr, until);
         }
     }
-    let ns = common::NetNs::new("spreadend");
-    let r = ConfigDir::new();
-    let main = r
-        .main_config()
-        .host_id("spread")
-        .redis(&redis.url(), "reconcile_every: 1s");
-    r.write(
-        &main,
-        &[Rule::new("scraper", &r.log, "{ hits: 3, window: 60s }").ban("1h")],
-    );
-    let d = Daemon::start(Some(&ns), &r.cfg, &r.control);
-    wait_until(Duration::from_secs(30), "the list applied", || {
-        d.log_text().contains("Ban list applied")
-    });
+    let f = following(redis, "spreadend");
+    let (ns, redis) = (&f.ns, &f.redis);
     for round in ["at start", "after a reconcile"] {
         if round != "at start" {
             // Each read of the list starts with one ZCOUNT (lua/bans_page.lua):
             // two more reads, so the first one's replacement is applied.
-            let before = zcount_calls(&redis);
+            let before = zcount_calls(redis);
             wait_until(Duration::from_secs(30), "two reconciles", || {
-                zcount_calls(&redis) >= before + 2
+                zcount_calls(redis) >= before + 2
             });
         }
         let (listed_from, elems, listed_to) = (
             common::now_ms(),
-            common::nft_bans_detailed(&ns, "fleetban", "v4"),
+            common::nft_bans_detailed(ns, "fleetban", "v4"),
             common::now_ms(),
         );
         assert_eq!(elems.len(), ends.len(), "{round}: {elems:?}");
@@ -195,31 +183,18 @@ fn bans_of_one_duration_decided_apart_expire_by_their_own_ends() {
 /// more than one page (a list of one page is read at every period).
 #[test]
 fn a_reconcile_that_can_find_nothing_new_reads_nothing() {
-    let redis = Redis::start();
-    let until = common::now_ms() + 3_600_000;
-    redis.preload_bans(5_000, until);
-    let ns = common::NetNs::new("quietrec");
-    let r = ConfigDir::new();
-    let main = r
-        .main_config()
-        .host_id("quiet")
-        .redis(&redis.url(), "reconcile_every: 1s");
-    r.write(
-        &main,
-        &[Rule::new("scraper", &r.log, "{ hits: 3, window: 60s }").ban("1h")],
-    );
-    let d = Daemon::start(Some(&ns), &r.cfg, &r.control);
-    wait_until(Duration::from_secs(60), "the list applied", || {
-        d.log_text().contains("Ban list applied")
-    });
-    let count = |what: &str| d.log_text().matches(what).count();
-    let (reads, reconciled) = (zcount_calls(&redis), count("nftables reconciled"));
+    let (redis, until) = long_list(5_000);
+    let f = following(redis, "quiet");
+    let (d, redis) = (&f.d, &f.redis);
+    let count = |what: &str| f.count(what);
+    let has = |addr: &str| f.has(addr);
+    let (reads, reconciled) = (zcount_calls(redis), count("nftables reconciled"));
     let skipped = count("the list not read");
     wait_until(Duration::from_secs(30), "three periods", || {
         count("the list not read") >= skipped + 3
     });
     assert_eq!(
-        zcount_calls(&redis),
+        zcount_calls(redis),
         reads,
         "a quiet period read the list\n{}",
         tail(&d.log_text())
@@ -242,16 +217,15 @@ fn a_reconcile_that_can_find_nothing_new_reads_nothing() {
         "host",
         "other",
     ]);
-    let has = |addr: &str| common::nft_bans(&ns, "fleetban", "v4").iter().any(|(e, _)| e == addr);
     wait_until(Duration::from_secs(30), "the fleet's ban in nft", || has("192.0.2.77"));
-    assert_eq!(zcount_calls(&redis), reads, "an event made a full read");
+    assert_eq!(zcount_calls(redis), reads, "an event made a full read");
 
     // Written by hand, no event: the drift repair's full read brings it.
     redis.cli(&["ZADD", "{fleetban}:bans", &u, "192.0.2.78"]);
     wait_until(Duration::from_secs(60), "the hand-written ban in nft", || {
         has("192.0.2.78")
     });
-    assert!(zcount_calls(&redis) > reads);
+    assert!(zcount_calls(redis) > reads);
     let log = d.log_text();
     let last = log
         .lines()
@@ -268,26 +242,12 @@ fn a_reconcile_that_can_find_nothing_new_reads_nothing() {
 /// planned against the whole list again (no "nftables reconciled").
 #[test]
 fn a_drift_repair_of_a_long_list_applies_only_what_changed() {
-    let redis = Redis::start();
-    let until = common::now_ms() + 3_600_000;
-    redis.preload_bans(60_000, until);
-    let ns = common::NetNs::new("driftrep");
-    let r = ConfigDir::new();
-    let main = r
-        .main_config()
-        .host_id("drift")
-        .redis(&redis.url(), "reconcile_every: 1s");
-    r.write(
-        &main,
-        &[Rule::new("scraper", &r.log, "{ hits: 3, window: 60s }").ban("1h")],
-    );
-    let d = Daemon::start(Some(&ns), &r.cfg, &r.control);
-    wait_until(Duration::from_secs(120), "the list applied", || {
-        d.log_text().contains("Ban list applied")
-    });
-    let count = |what: &str| d.log_text().matches(what).count();
+    let (redis, until) = long_list(60_000);
+    let f = following(redis, "drift");
+    let (d, redis) = (&f.d, &f.redis);
+    let count = |what: &str| f.count(what);
+    let has = |addr: &str| f.has(addr);
     let reconciled = count("nftables reconciled");
-    let has = |addr: &str| common::nft_bans(&ns, "fleetban", "v4").iter().any(|(e, _)| e == addr);
     assert!(has("100.0.0.1"));
     // Written and deleted by hand, no event.
     redis.cli(&["ZADD", "{fleetban}:bans", &until.to_string(), "192.0.2.78"]);
@@ -302,6 +262,54 @@ fn a_drift_repair_of_a_long_list_applies_only_what_changed() {
         has("192.0.2.78") && !has("100.0.0.1")
     });
     assert_eq!(count("nftables reconciled"), reconciled, "{}", tail(&d.log_text()));
+}
+
+/// A daemon in a namespace of its own (named after `host`) following
+/// the list `redis` holds, with `reconcile_every: 1s`; the list applied.
+/// Fields drop in order: the daemon first.
+struct Following {
+    d: Daemon,
+    _r: ConfigDir,
+    ns: common::NetNs,
+    redis: Redis,
+}
+
+impl Following {
+    /// How many of the daemon's log lines say `what`.
+    fn count(&self, what: &str) -> usize {
+        self.d.log_text().matches(what).count()
+    }
+
+    /// Whether the kernel's set of addresses holds `addr`.
+    fn has(&self, addr: &str) -> bool {
+        common::nft_bans(&self.ns, "fleetban", "v4")
+            .iter()
+            .any(|(e, _)| e == addr)
+    }
+}
+
+fn following(redis: Redis, host: &str) -> Following {
+    let ns = common::NetNs::new(host);
+    let r = ConfigDir::new();
+    let main = r.main_config().host_id(host).redis(&redis.url(), "reconcile_every: 1s");
+    r.write(
+        &main,
+        &[Rule::new("scraper", &r.log, "{ hits: 3, window: 60s }").ban("1h")],
+    );
+    let d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    wait_until(Duration::from_secs(120), "the list applied", || {
+        d.log_text().contains("Ban list applied")
+    });
+    Following { d, _r: r, ns, redis }
+}
+
+/// A redis-server of its own holding `n` bans that end in an hour, and
+/// that end.
+fn long_list(n: u64) -> (Redis, i64) {
+    let redis = Redis::start();
+    let until = common::now_ms() + 3_600_000;
+    redis.preload_bans(n, until);
+    (redis, until)
 }
 
 fn zcount_calls(redis: &Redis) -> u64 {
