@@ -332,9 +332,10 @@ impl Enforcer {
         }
     }
 
-    /// Makes the kernel's sets equal to `desired`: re-reads the kernel,
-    /// re-creates the table if it vanished, adds missing, removes stale,
-    /// refreshes changed timeouts.
+    /// Makes the kernel's sets equal to `desired`: re-reads the kernel
+    /// (while it holds at most `NftOptions::list_max` elements; past it,
+    /// trusts the bookkeeping), re-creates the table if it vanished, adds
+    /// missing, removes stale, refreshes changed timeouts.
     pub async fn replace_all(&mut self, desired: &[Element], now_ms: i64) -> Result<ReconcileStats, EnforceError> {
         match self {
             Enforcer::Nft(e) => e.replace_all(desired, now_ms).await,
