@@ -186,12 +186,10 @@ fn a_reconcile_that_can_find_nothing_new_reads_nothing() {
     let (redis, until) = long_list(5_000);
     let f = following(redis, "quiet");
     let (d, redis) = (&f.d, &f.redis);
-    let count = |what: &str| f.count(what);
-    let has = |addr: &str| f.has(addr);
-    let (reads, reconciled) = (zcount_calls(redis), count("nftables reconciled"));
-    let skipped = count("the list not read");
+    let (reads, reconciled) = (zcount_calls(redis), f.count("nftables reconciled"));
+    let skipped = f.count("the list not read");
     wait_until(Duration::from_secs(30), "three periods", || {
-        count("the list not read") >= skipped + 3
+        f.count("the list not read") >= skipped + 3
     });
     assert_eq!(
         zcount_calls(redis),
@@ -199,7 +197,7 @@ fn a_reconcile_that_can_find_nothing_new_reads_nothing() {
         "a quiet period read the list\n{}",
         tail(&d.log_text())
     );
-    assert_eq!(count("nftables reconciled"), reconciled, "{}", tail(&d.log_text()));
+    assert_eq!(f.count("nftables reconciled"), reconciled, "{}", tail(&d.log_text()));
 
     // Another host's ban: its list entry and its event.
     let u = until.to_string();
@@ -217,13 +215,15 @@ fn a_reconcile_that_can_find_nothing_new_reads_nothing() {
         "host",
         "other",
     ]);
-    wait_until(Duration::from_secs(30), "the fleet's ban in nft", || has("192.0.2.77"));
+    wait_until(Duration::from_secs(30), "the fleet's ban in nft", || {
+        f.has("192.0.2.77")
+    });
     assert_eq!(zcount_calls(redis), reads, "an event made a full read");
 
     // Written by hand, no event: the drift repair's full read brings it.
     redis.cli(&["ZADD", "{fleetban}:bans", &u, "192.0.2.78"]);
     wait_until(Duration::from_secs(60), "the hand-written ban in nft", || {
-        has("192.0.2.78")
+        f.has("192.0.2.78")
     });
     assert!(zcount_calls(redis) > reads);
     let log = d.log_text();
@@ -245,23 +245,21 @@ fn a_drift_repair_of_a_long_list_applies_only_what_changed() {
     let (redis, until) = long_list(60_000);
     let f = following(redis, "drift");
     let (d, redis) = (&f.d, &f.redis);
-    let count = |what: &str| f.count(what);
-    let has = |addr: &str| f.has(addr);
-    let reconciled = count("nftables reconciled");
-    assert!(has("100.0.0.1"));
+    let reconciled = f.count("nftables reconciled");
+    assert!(f.has("100.0.0.1"));
     // Written and deleted by hand, no event.
     redis.cli(&["ZADD", "{fleetban}:bans", &until.to_string(), "192.0.2.78"]);
     redis.cli(&["ZREM", "{fleetban}:bans", "100.0.0.1"]);
     wait_until(Duration::from_secs(90), "the drift repair", || {
-        count("Drift repair") > 0
+        f.count("Drift repair") > 0
     });
     let log = d.log_text();
     let repair = log.lines().find(|l| l.contains("Drift repair")).unwrap_or_default();
     assert!(repair.contains("added=1") && repair.contains("removed=1"), "{repair}");
     wait_until(Duration::from_secs(30), "the repair in nft", || {
-        has("192.0.2.78") && !has("100.0.0.1")
+        f.has("192.0.2.78") && !f.has("100.0.0.1")
     });
-    assert_eq!(count("nftables reconciled"), reconciled, "{}", tail(&d.log_text()));
+    assert_eq!(f.count("nftables reconciled"), reconciled, "{}", tail(&d.log_text()));
 }
 
 /// A daemon in a namespace of its own (named after `host`) following

@@ -219,12 +219,7 @@ impl FleetSync {
                 .await?;
             let mut read = 0;
             for entry in reply.keys.into_iter().flat_map(|k| k.ids) {
-                if let Some(c) = change_of(&entry) {
-                    self.story.event(&entry, &c, &self.host, &self.remembered);
-                    self.remembered.observe(&c);
-                    d.note(&c);
-                    self.changes.send(c);
-                }
+                self.apply_event(&entry, |c| d.note(c));
                 read += 1;
                 d.last = entry.id;
             }
@@ -233,6 +228,18 @@ impl FleetSync {
             if read < COUNT {
                 return Ok(());
             }
+        }
+    }
+
+    /// One ban event of the stream applied: told in this host's story,
+    /// followed by the remembered list, shown to `note`, then sent to the
+    /// enforcer and the view. An entry that is no change is skipped.
+    fn apply_event(&mut self, entry: &redis::streams::StreamId, note: impl FnOnce(&Change)) {
+        if let Some(c) = change_of(entry) {
+            self.story.event(entry, &c, &self.host, &self.remembered);
+            self.remembered.observe(&c);
+            note(&c);
+            self.changes.send(c);
         }
     }
 
@@ -409,11 +416,7 @@ impl FleetSync {
                 }
                 got += key.ids.len();
                 for entry in key.ids {
-                    if let Some(c) = change_of(&entry) {
-                        self.story.event(&entry, &c, &self.host, &self.remembered);
-                        self.remembered.observe(&c);
-                        self.changes.send(c);
-                    }
+                    self.apply_event(&entry, |_| {});
                     last_id = entry.id;
                 }
             }
