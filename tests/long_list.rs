@@ -372,8 +372,66 @@ fn rule_host_and_in_keep_exactly_the_bans_they_name() {
     assert_eq!(out.code, 2, "{}", out.text());
 }
 
-/// The bans and unbans [`a_full_read_follows_the_events_between_its_pages`]
-/// writes while the list is read, as `ban.lua` and `unban.lua` write them
+/// A fleet sync of host `web-1` on `redis`, and the receiver of its changes.
+fn fleet_sync(
+    rt: &tokio::runtime::Runtime,
+    redis: &Redis,
+) -> (
+    fleetban::fleet::FleetSync,
+    tokio::sync::mpsc::UnboundedReceiver<fleetban::enforce::Change>,
+) {
+    use std::time::Duration;
+    let cfg = redis.config("fleetban", Duration::from_secs(5));
+    let keys = fleetban::store::Keys::new("fleetban");
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let fleet = fleetban::fleet::FleetSync {
+        events: common::connect(rt, &cfg, Duration::from_secs(5)),
+        list: fleetban::bans::BanList::redis(common::connect(rt, &cfg, Duration::from_secs(5)), keys.clone()),
+        host: "web-1".to_owned(),
+        keys,
+        reconcile_every: Duration::from_secs(60),
+        changes: fleetban::enforce::Changes::to(vec![tx]),
+        gaps: 0,
+        listed: 0,
+        held: Default::default(),
+        news: None,
+        marks_id: "0-0".to_owned(),
+        remembered: Default::default(),
+        story: Default::default(),
+        health: Default::default(),
+        early: None,
+    };
+    (fleet, rx)
+}
+
+/// What a full read by `fleet` of a list of `n` (`repair` or not) returned,
+/// with what [`write_events_until`] wrote while it ran.
+fn read_beside_writer(
+    rt: &tokio::runtime::Runtime,
+    redis: &Redis,
+    fleet: &mut fleetban::fleet::FleetSync,
+    n: u64,
+    repair: bool,
+) -> (
+    Written,
+    (String, Vec<fleetban::enforce::Element>, Option<fleetban::fleet::Drift>),
+) {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let stop = AtomicBool::new(false);
+    let (started_tx, started) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| write_events_until(&redis.url(), n, &stop, started_tx));
+        started
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the writer starts");
+        let read = rt.block_on(fleet.snapshot(repair)).expect("the list is read");
+        stop.store(true, Relaxed);
+        (writer.join().unwrap(), read)
+    })
+}
+
+/// The bans and unbans [`read_beside_writer`] writes while the list is
+/// read, as `ban.lua` and `unban.lua` write them
 /// (the list's entry and its event in one call): (event id, member, the
 /// ban's end or None for an unban).
 type Written = Vec<(String, String, Option<i64>)>;
@@ -398,11 +456,14 @@ fn write_events_until(
         if stop.load(Relaxed) {
             break;
         }
-        // A new address, or an unban of an entry spread over the list's
-        // pages (read already or not yet).
-        let (op, member, end) = match i % 2 {
-            0 => ("ban", format!("198.51.{}.{}", i / 512, (i / 2) % 256), Some(until)),
-            _ => ("unban", member((i * 7919) % n), None),
+        // A new address, an unban of an entry spread over the list's
+        // pages (read already or not yet), or a ban of one again with a
+        // later end, which moves it past the others (read twice, maybe).
+        // Bans only at first: an unban the read did not follow is drift.
+        let (op, member, end) = match if i < 300 { i % 2 * 2 } else { i % 3 } {
+            0 => ("ban", format!("198.51.{}.{}", i / 768, (i / 3) % 256), Some(until)),
+            1 => ("unban", member((i * 7919) % n), None),
+            _ => ("ban", member((i * 7907) % n), Some(until + 3 * 3_600_000)),
         };
         let id: String = script
             .key("{fleetban}:bans")
@@ -422,10 +483,8 @@ fn write_events_until(
 
 #[test]
 fn a_full_read_follows_the_events_between_its_pages() {
-    use fleetban::enforce::{Change, Changes, Until};
-    use fleetban::fleet::{FleetSync, StreamId};
-    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-    use std::time::Duration;
+    use fleetban::enforce::{Change, Until};
+    use fleetban::fleet::StreamId;
     // Eight pages of 4,096.
     let n = 8 * 4096;
     let redis = Redis::start();
@@ -447,39 +506,8 @@ fn a_full_read_follows_the_events_between_its_pages() {
     assert_eq!(expected.len() as u64, n);
 
     let rt = common::runtime();
-    let cfg = redis.config("fleetban", Duration::from_secs(5));
-    let con = common::connect(&rt, &cfg, Duration::from_secs(5));
-    let keys = fleetban::store::Keys::new("fleetban");
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let mut fleet = FleetSync {
-        events: common::connect(&rt, &cfg, Duration::from_secs(5)),
-        list: fleetban::bans::BanList::redis(con, keys.clone()),
-        host: "web-1".to_owned(),
-        keys,
-        reconcile_every: Duration::from_secs(60),
-        changes: Changes::to(vec![tx]),
-        gaps: 0,
-        listed: 0,
-        held: Default::default(),
-        news: None,
-        marks_id: "0-0".to_owned(),
-        remembered: Default::default(),
-        story: Default::default(),
-        health: Default::default(),
-        early: None,
-    };
-    let stop = AtomicBool::new(false);
-    let (started_tx, started) = std::sync::mpsc::channel();
-    let (written, (last, entries)) = std::thread::scope(|s| {
-        let writer = s.spawn(|| write_events_until(&redis.url(), n, &stop, started_tx));
-        started
-            .recv_timeout(Duration::from_secs(10))
-            .expect("the writer starts");
-        let (id, entries, _) = rt.block_on(fleet.snapshot(false)).expect("the list is read");
-        let read = (id, entries);
-        stop.store(true, Relaxed);
-        (writer.join().unwrap(), read)
-    });
+    let (mut fleet, mut rx) = fleet_sync(&rt, &redis);
+    let (written, (last, entries, _)) = read_beside_writer(&rt, &redis, &mut fleet, n, false);
 
     // Each event the read followed came as a change before it returned:
     // the events written after its first id, up to the last it read.
@@ -527,4 +555,98 @@ fn a_full_read_follows_the_events_between_its_pages() {
         got.len(),
         expected.len()
     );
+}
+
+#[test]
+fn a_drift_repair_beside_events_finds_only_what_changed_without_one() {
+    use fleetban::enforce::{Change, Element, Until};
+    use fleetban::fleet::StreamId;
+    type List = BTreeMap<ipnet::IpNet, Until>;
+    // Longer than the enforcer lists the kernel for (50,000): a repair
+    // compares its pages as they come, while events change the list.
+    let n = 14 * 4096;
+    let redis = Redis::start();
+    preload(&redis, n, now_ms());
+    let rt = common::runtime();
+    let (mut fleet, mut rx) = fleet_sync(&rt, &redis);
+    // The start's read: the list as this host knows it.
+    let (_, read, _) = rt.block_on(fleet.snapshot(false)).expect("the list is read");
+    assert_eq!(read.len(), n as usize);
+    let net = |m: &str| fleetban::addr::parse_member(m).unwrap();
+    // The list in Redis and as this host knows it, followed by the test.
+    let mut redis_list: List = read.into_iter().map(|e| (e.net, e.until)).collect();
+    let mut known = redis_list.clone();
+    let mut last_seen = StreamId::ZERO;
+    let mut repair = |redis_list: &mut List, label: &str| {
+        let (written, (last, _, drift)) = read_beside_writer(&rt, &redis, &mut fleet, n, true);
+        let drift = drift.expect("a repair of a long list returns its drift");
+        let last = StreamId::parse(&last).unwrap();
+        // Redis as of the read's last event: every event up to it (those
+        // the last read's writer wrote after it too).
+        for (id, m, end) in &written {
+            let id = StreamId::parse(id).unwrap();
+            if id > last_seen && id <= last {
+                match end {
+                    Some(u) => redis_list.insert(net(m), Until::At(*u)),
+                    None => redis_list.remove(&net(m)),
+                };
+            }
+        }
+        // The host: what it knew, with the events the read followed.
+        let mut here = std::mem::replace(&mut known, redis_list.clone());
+        let mut followed = 0;
+        while let Ok(c) = rx.try_recv() {
+            match c {
+                Change::Add(elems) => elems.into_iter().for_each(|e| {
+                    here.insert(e.net, e.until);
+                    followed += 1;
+                }),
+                Change::Remove(nets) => nets.into_iter().for_each(|n| {
+                    here.remove(&n);
+                    followed += 1;
+                }),
+                Change::Replace(_) => panic!("a snapshot sends no Replace itself"),
+            }
+        }
+        assert!(followed > 0, "{label}: no event was followed during the read");
+        // The drift is what differs between the two, nothing else: not
+        // the events the read followed, wherever their entries were read.
+        let mut want_adds: Vec<Element> = redis_list
+            .iter()
+            .filter(|(n, u)| here.get(n) != Some(u))
+            .map(|(&net, &until)| Element { net, until })
+            .collect();
+        let want_removes: Vec<ipnet::IpNet> = here.keys().filter(|n| !redis_list.contains_key(n)).copied().collect();
+        let mut adds = drift.adds.clone();
+        adds.sort_by_key(|e| e.net);
+        want_adds.sort_by_key(|e| e.net);
+        let mut removes = drift.removes.clone();
+        removes.sort_unstable();
+        assert_eq!(adds, want_adds, "{label}: {followed} events followed");
+        assert_eq!(removes, want_removes, "{label}: {followed} events followed");
+        // The bans known here and those the read found are counted alike
+        // (an unban beside the read on neither side): the nets are sorted
+        // only when a ban went missing.
+        assert_eq!(drift.sorted, !want_removes.is_empty(), "{label}");
+        last_seen = last;
+        (want_adds, want_removes)
+    };
+
+    // Changes without an event: a member written by hand, another end
+    // for one. The bans and unbans beside the read are events: no drift.
+    let until = now_ms() + 5 * 3_600_000;
+    redis.cli(&["ZADD", "{fleetban}:bans", &until.to_string(), "203.0.113.7"]);
+    redis.cli(&["ZADD", "{fleetban}:bans", "XX", &(until + 1).to_string(), &member(1234)]);
+    redis_list.insert(net("203.0.113.7"), Until::At(until));
+    redis_list.insert(net(&member(1234)), Until::At(until + 1));
+    let (adds, removes) = repair(&mut redis_list, "first repair");
+    assert!(adds.iter().any(|e| e.net == net("203.0.113.7")), "{adds:?}");
+    assert!(removes.is_empty(), "the writer begins with bans: {removes:?}");
+
+    // A member deleted by hand: the removes name it.
+    let gone = member(4321);
+    redis.cli(&["ZREM", "{fleetban}:bans", &gone]);
+    redis_list.remove(&net(&gone));
+    let (_, removes) = repair(&mut redis_list, "second repair");
+    assert!(removes.contains(&net(&gone)), "{removes:?}");
 }

@@ -164,16 +164,15 @@ impl Remembered {
     /// lost. Records of entries this host has none of are read from `list`:
     /// the first page now, the others by [`Remembered::read_records`].
     ///
-    /// With `drift` (a periodic repair), and when nothing was written back,
-    /// it also returns what the read changes in the list as this host knows
-    /// it ([`Remembered::drift`]), and follows those changes alone instead
-    /// of rebuilding its table from the whole list.
+    /// With `drift` (a periodic repair's, [`DriftRead`]), and when nothing
+    /// was written back, it returns it again and follows those changes
+    /// alone instead of rebuilding its table from the whole list.
     pub async fn after_snapshot(
         &mut self,
         list: &mut BanList,
         host: &str,
         mut entries: Vec<Element>,
-        drift: bool,
+        drift: Option<Drift>,
     ) -> Result<(Vec<Element>, Option<Drift>), BanListError> {
         let read = entries.len();
         let now = crate::now_ms();
@@ -240,7 +239,7 @@ impl Remembered {
         }
         self.epoch = epoch;
         // Nothing written back: the entries are the list as read.
-        let drift = (drift && entries.len() == read).then(|| self.drift(&entries, now));
+        let drift = drift.filter(|_| entries.len() == read);
         match &drift {
             Some(d) => {
                 self.observe(&Change::Add(d.adds.clone()));
@@ -259,43 +258,132 @@ impl Remembered {
     }
 
     /// What `entries`, a full read of the list, changes in the list as
-    /// this host knows it: the entries it lacks or holds with another end,
-    /// and its bans still live at `now` that the read did not find. Two
-    /// passes of lookups, in proportion to the list, but nothing built as
-    /// large as it unless bans went missing (a member deleted by hand).
+    /// this host knows it, the read compared whole ([`DriftRead`]).
     pub fn drift(&self, entries: &[Element], now: i64) -> Drift {
+        let mut read = DriftRead::new(now);
+        read.compare(entries, self);
+        read.finish(self, entries)
+    }
+
+    /// The end this host knows for a ban of `net`, if it has one.
+    fn end(&self, net: &IpNet) -> Option<End> {
+        self.bans.get(net).map(|(end, _)| *end)
+    }
+}
+
+/// A drift repair's read of a long list, compared page by page as the
+/// pages come (between them the fleet's task follows the events), against
+/// the list as this host knew it when the read began: a net an event
+/// changed since is compared with what was known of it before that event
+/// ([`DriftRead::seen`]), every other one with the list as it is. The
+/// comparison used to run after the last page, 50-100 ms of lookups at a
+/// million bans, during which no event was followed.
+///
+/// What it finds ([`DriftRead::finish`]):
+/// - adds: entries this host lacked or held with another end;
+/// - removes: its bans still live that the read did not find.
+///
+/// Nets the events changed are neither: their last event is applied here
+/// and sent already. Finding removes takes two counts, of the bans known
+/// here live and of those the read found; only when they differ (a member
+/// deleted by hand) are the read's nets sorted to name them.
+#[derive(Debug)]
+pub struct DriftRead {
+    /// Bans ending at or before it are not live (the read's own `now`).
+    now: i64,
+    adds: Vec<Element>,
+    /// Bans known here live that the read found, with whatever end.
+    found: usize,
+    /// For each net an event changed during the read, what this host knew
+    /// of it before the first such event (None: no ban).
+    before: std::collections::HashMap<IpNet, Option<End>>,
+    took: std::time::Duration,
+}
+
+impl DriftRead {
+    pub fn new(now: i64) -> DriftRead {
+        DriftRead {
+            now,
+            adds: Vec::new(),
+            found: 0,
+            before: Default::default(),
+            took: std::time::Duration::ZERO,
+        }
+    }
+
+    fn live(&self, end: End) -> bool {
+        end.until() > Until::At(self.now)
+    }
+
+    /// An event of the stream, before `known` (the list as this host
+    /// knows it) follows it.
+    pub fn seen(&mut self, change: &Change, known: &Remembered) {
+        let nets: Vec<IpNet> = match change {
+            Change::Add(elems) => elems.iter().map(|e| e.net).collect(),
+            Change::Remove(nets) => nets.clone(),
+            Change::Replace(_) => Vec::new(),
+        };
+        for net in nets {
+            self.before.entry(net).or_insert_with(|| known.end(&net));
+        }
+    }
+
+    /// One page of the read, against the list as `known` began it.
+    pub fn compare(&mut self, page: &[Element], known: &Remembered) {
         let started = std::time::Instant::now();
-        let live = |end: &End| end.until() > Until::At(now);
-        let mut adds = Vec::new();
-        // The entries found here live, against how many live ones are
-        // here: equal, and no ban here went missing.
-        let mut found = 0;
-        for e in entries {
-            match self.bans.get(&e.net) {
-                Some((end, _)) if *end == End::of(e.until) => found += usize::from(live(end)),
-                Some((end, _)) => {
-                    found += usize::from(live(end));
-                    adds.push(e.clone());
-                }
-                None => adds.push(e.clone()),
+        for e in page {
+            let end = match self.before.get(&e.net) {
+                Some(before) => *before,
+                None => known.end(&e.net),
+            };
+            if let Some(end) = end {
+                self.found += usize::from(self.live(end));
+            }
+            if end != Some(End::of(e.until)) {
+                self.adds.push(e.clone());
             }
         }
-        let here = self.bans.iter().filter(|(_, (end, _))| live(end)).count();
-        let removes = if found == here {
+        self.took += started.elapsed();
+    }
+
+    /// An entry the read returned for a net an event changed (taken out of
+    /// the list read, `During::on_top`): uncounted, as it was counted.
+    pub fn unread(&mut self, e: &Element) {
+        if let Some(Some(end)) = self.before.get(&e.net) {
+            self.found = self.found.saturating_sub(usize::from(self.live(*end)));
+        }
+    }
+
+    /// The drift, once `entries` (the list read, events on top) is whole
+    /// and `known` has followed every event of the read.
+    pub fn finish(mut self, known: &Remembered, entries: &[Element]) -> Drift {
+        let started = std::time::Instant::now();
+        let touched = std::mem::take(&mut self.before);
+        self.adds.retain(|e| !touched.contains_key(&e.net));
+        let live = |end: &End| end.until() > Until::At(self.now);
+        let here = known.bans.iter().filter(|(_, (end, _))| live(end)).count()
+            - touched
+                .keys()
+                .filter(|n| known.end(n).is_some_and(|end| live(&end)))
+                .count();
+        let sorted = self.found != here;
+        let removes = if !sorted {
             Vec::new()
         } else {
             let mut read: Vec<IpNet> = entries.iter().map(|e| e.net).collect();
             read.sort_unstable();
-            self.bans
+            known
+                .bans
                 .iter()
                 .filter(|(n, (end, _))| live(end) && read.binary_search(n).is_err())
                 .map(|(n, _)| n)
                 .collect()
         };
         Drift {
-            adds,
+            adds: self.adds,
             removes,
-            took: started.elapsed(),
+            sorted,
+            took: self.took + started.elapsed(),
         }
     }
 }
@@ -308,6 +396,8 @@ pub struct Drift {
     pub adds: Vec<Element>,
     /// Bans this host held, live, that the list no longer has.
     pub removes: Vec<IpNet>,
+    /// The counts differed: the read's nets were sorted to name the removes.
+    pub sorted: bool,
     /// How long finding them took (in the fleet's task).
     pub took: std::time::Duration,
 }

@@ -28,7 +28,7 @@ mod kept;
 mod lost;
 mod story;
 
-pub use lost::{Drift, Remembered};
+pub use lost::{Drift, DriftRead, Remembered};
 pub use story::Story;
 
 use std::time::Duration;
@@ -146,19 +146,20 @@ impl FleetSync {
             }
         };
         let id = self.newest_id(&self.keys.events()).await?;
-        let mut during = early.is_none().then(|| During::after(id.clone()));
-        let started = std::time::Instant::now();
         let mut cursor = crate::bans::Cursor::new(crate::now_ms(), crate::bans::list::PAGE);
+        // A repair of a long list compares its pages as they come.
+        let compare = (repair && self.listed > crate::enforce::LIST_MAX).then(|| DriftRead::new(cursor.now_ms()));
+        let mut during = early.is_none().then(|| During::after(id.clone(), compare));
+        let started = std::time::Instant::now();
         let mut entries: Vec<Element> = Vec::new();
         while let Some(page) = self.list.entries_page(&mut cursor).await.map_err(redis_error)? {
-            let page = page.into_iter().map(|(net, until)| Element { net, until });
-            match &early {
-                Some(tx) => {
-                    let page: Vec<Element> = page.collect();
-                    entries.extend_from_slice(&page);
-                    let _ = tx.send(page);
-                }
-                None => entries.extend(page),
+            let page: Vec<Element> = page.into_iter().map(|(net, until)| Element { net, until }).collect();
+            if let Some(drift) = during.as_mut().and_then(|d| d.drift.as_mut()) {
+                drift.compare(&page, &self.remembered);
+            }
+            entries.extend_from_slice(&page);
+            if let Some(tx) = &early {
+                let _ = tx.send(page);
             }
             if let Some(d) = &mut during {
                 self.follow_during(d).await?;
@@ -168,7 +169,7 @@ impl FleetSync {
         drop(early);
         self.listed = entries.len();
         let read = started.elapsed();
-        let id = match during {
+        let (id, drift) = match during {
             Some(d) => {
                 if d.events > 0 && self.gap_after(&self.keys.events(), &id).await? {
                     return Err(redis::RedisError::from(std::io::Error::other(
@@ -177,9 +178,11 @@ impl FleetSync {
                 }
                 d.on_top(&mut entries)
             }
-            None => id,
+            None => (id, None),
         };
-        let drift = repair && entries.len() > crate::enforce::LIST_MAX;
+        let drift = drift
+            .filter(|_| entries.len() > crate::enforce::LIST_MAX)
+            .map(|d| d.finish(&self.remembered, &entries));
         let (entries, drift) = self
             .remembered
             .after_snapshot(&mut self.list, &self.host, entries, drift)
@@ -219,7 +222,7 @@ impl FleetSync {
                 .await?;
             let mut read = 0;
             for entry in reply.keys.into_iter().flat_map(|k| k.ids) {
-                self.apply_event(&entry, |c| d.note(c));
+                self.apply_event(&entry, |c, known| d.note(c, known));
                 read += 1;
                 d.last = entry.id;
             }
@@ -232,13 +235,14 @@ impl FleetSync {
     }
 
     /// One ban event of the stream applied: told in this host's story,
-    /// followed by the remembered list, shown to `note`, then sent to the
-    /// enforcer and the view. An entry that is no change is skipped.
-    fn apply_event(&mut self, entry: &redis::streams::StreamId, note: impl FnOnce(&Change)) {
+    /// shown to `note` with the remembered list, which then follows it,
+    /// then sent to the enforcer and the view. An entry that is no change
+    /// is skipped.
+    fn apply_event(&mut self, entry: &redis::streams::StreamId, note: impl FnOnce(&Change, &Remembered)) {
         if let Some(c) = change_of(entry) {
             self.story.event(entry, &c, &self.host, &self.remembered);
+            note(&c, &self.remembered);
             self.remembered.observe(&c);
-            note(&c);
             self.changes.send(c);
         }
     }
@@ -254,6 +258,7 @@ impl FleetSync {
             listed = self.listed,
             added = d.adds.len(),
             removed = d.removes.len(),
+            sorted = d.sorted,
             took = %crate::took(d.took),
             "Drift repair: the list read whole; what changed without an event applied."
         );
@@ -416,7 +421,7 @@ impl FleetSync {
                 }
                 got += key.ids.len();
                 for entry in key.ids {
-                    self.apply_event(&entry, |_| {});
+                    self.apply_event(&entry, |_, _| {});
                     last_id = entry.id;
                 }
             }
@@ -514,18 +519,25 @@ struct During {
     /// Each net they changed, with its last change: the ban (`Some`) or
     /// the unban (`None`).
     touched: std::collections::HashMap<IpNet, Option<Element>>,
+    /// A drift repair's comparison of the pages, told of each event.
+    drift: Option<DriftRead>,
 }
 
 impl During {
-    fn after(id: String) -> During {
+    fn after(id: String, drift: Option<DriftRead>) -> During {
         During {
             last: id,
             events: 0,
             touched: Default::default(),
+            drift,
         }
     }
 
-    fn note(&mut self, c: &Change) {
+    /// An event, before `known` (the list as this host knows it) follows it.
+    fn note(&mut self, c: &Change, known: &Remembered) {
+        if let Some(d) = &mut self.drift {
+            d.seen(c, known);
+        }
         match c {
             Change::Add(elems) => self.touched.extend(elems.iter().map(|e| (e.net, Some(e.clone())))),
             Change::Remove(nets) => self.touched.extend(nets.iter().map(|&n| (n, None))),
@@ -535,13 +547,25 @@ impl During {
 
     /// The list as the events left it: a net they changed is as its last
     /// event says, whatever page it was read in (or not read). Returns the
-    /// id of the last event read.
-    fn on_top(self, entries: &mut Vec<Element>) -> String {
-        if !self.touched.is_empty() {
-            entries.retain(|e| !self.touched.contains_key(&e.net));
-            entries.extend(self.touched.into_values().flatten());
+    /// id of the last event read, and the drift repair's comparison.
+    fn on_top(self, entries: &mut Vec<Element>) -> (String, Option<DriftRead>) {
+        let During {
+            last,
+            touched,
+            mut drift,
+            ..
+        } = self;
+        if !touched.is_empty() {
+            entries.retain(|e| {
+                let keep = !touched.contains_key(&e.net);
+                if let (false, Some(d)) = (keep, &mut drift) {
+                    d.unread(e);
+                }
+                keep
+            });
+            entries.extend(touched.into_values().flatten());
         }
-        self.last
+        (last, drift)
     }
 }
 
