@@ -4,12 +4,15 @@
 #  2. `fleetban run` against a private redis-server: lines/s end to end and
 #     Redis round trips per 1,000 hits, with the log appended while it runs.
 # Usage: bench/quick.sh [LINES] [REPS]   (defaults 1000000, 3)
+# Env: BIN=/path/to/fleetban measures that build instead of this tree's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LINES=${1:-1000000}
 REPS=${2:-3}
-cargo build --release --bin fleetban >/dev/null
-BIN=$PWD/target/release/fleetban
+if [ -z "${BIN:-}" ]; then
+  cargo build --release --bin fleetban >/dev/null
+  BIN=$PWD/target/release/fleetban
+fi
 GEN=$(bench/exe.sh loggen)
 work=$(mktemp -d)
 cleanup() { [ -n "${rpid:-}" ] && kill "$rpid" 2>/dev/null; [ -n "${dpid:-}" ] && kill "$dpid" 2>/dev/null; rm -rf "$work"; }

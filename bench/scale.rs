@@ -22,6 +22,8 @@
 //!   on A (`fleetban ban`) and timed to the kernel's announcement of its
 //!   element in B's set, with B's own nft transaction (its debug line
 //!   `nft transaction applied seconds=`).
+//! - with SCALE_START_LOG=1, each host's log lines of its start, timed
+//!   from the spawn;
 //! - with SCALE_STEADY=SECS (and SCALE_RECONCILE, the hosts'
 //!   `reconcile_every`), a ban on A every 0.5 s for SECS seconds, timed
 //!   to B's set across B's periodic reconciles and drift repairs, the
@@ -345,6 +347,17 @@ fn start(redis: &Redis, ns_tag: &str, id: &str, last: &str, n: u64) -> (NetNs, H
     }
     let in_nft = in_nft.expect("the list never reached nft");
     let text = d.log_text();
+    if env("SCALE_START_LOG", 0) == 1 {
+        // The start's timeline: each log line, ms after the spawn.
+        for l in text
+            .lines()
+            .map(strip_ansi)
+            .take_while(|l| !l.contains("fleetban running"))
+        {
+            let at = (parse_rfc3339_us(l.split_whitespace().next().unwrap_or_default()) - t0) as f64 / 1000.0;
+            println!("  {id} +{at:.1} ms {}", &l[l.find(' ').unwrap_or(0)..l.len().min(220)]);
+        }
+    }
     for l in text.lines().map(strip_ansi).filter(|l| l.contains("WARN")) {
         println!("  {id} warned: {}", &l[..l.len().min(300)]);
     }

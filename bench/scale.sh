@@ -9,6 +9,7 @@
 # Env: SCALE_SHAPE=addr (3/4 IPv4 addresses, 1/4 IPv6 /64s) or net (IPv4
 # /16-/31 and IPv6 /32-/63 networks), ONE_BY_ONE (10 bans of each kind),
 # BIN=/path/to/fleetban measures that build instead of this tree's.
+# SCALE_START_LOG=1: each host's log lines of its start, ms after the spawn.
 # SCALE_STEADY=SECS with SCALE_RECONCILE=6s (the hosts' reconcile_every):
 # a ban every 0.5 s for SECS s, timed to B's set across B's reconciles.
 set -euo pipefail

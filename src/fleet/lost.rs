@@ -296,7 +296,7 @@ pub struct DriftRead {
     found: usize,
     /// For each net an event changed during the read, what this host knew
     /// of it before the first such event (None: no ban).
-    before: std::collections::HashMap<IpNet, Option<End>>,
+    before: foldhash::HashMap<IpNet, Option<End>>,
     took: std::time::Duration,
 }
 

@@ -518,7 +518,7 @@ struct During {
     events: usize,
     /// Each net they changed, with its last change: the ban (`Some`) or
     /// the unban (`None`).
-    touched: std::collections::HashMap<IpNet, Option<Element>>,
+    touched: foldhash::HashMap<IpNet, Option<Element>>,
     /// A drift repair's comparison of the pages, told of each event.
     drift: Option<DriftRead>,
 }
