@@ -9,12 +9,15 @@
 //! addresses, 1/4 IPv6 /64s; `net`: IPv4 /16-/31 and IPv6 /32-/63
 //! networks, mixed). Then, printed:
 //! - Redis memory per ban: `INFO memory` used_memory before and after;
-//! - daemon RSS idle (an empty list, 1 s after it is up);
+//! - daemon RSS idle (an empty list, 1 s after it is up, logging at info
+//!   as the service does; the other hosts log at debug);
 //! - host A starts in a namespace of its own: spawn -> "Ban list applied"
 //!   (every element in nft, the view built) and spawn -> `/check` answers
 //!   403 for the last entry of the list (polled on its unix socket);
 //! - nft's own transaction of the same elements: the ruleset A made,
-//!   listed and loaded with `nft -f` into a fresh namespace, timed alone;
+//!   listed and loaded with `nft -f` into a fresh namespace, timed alone
+//!   three times (after A's start, twice after B's), and each host's
+//!   spawn -> all in nft against their median;
 //! - RSS of A with the bans;
 //! - host B starts the same way; once the kernel is heard announcing an
 //!   untimed ban in B's set (`nfevents.rs`: netlink, not `nft monitor`),
@@ -65,7 +68,9 @@ fn main() {
         let ns = NetNs::new("scaleidle");
         let empty = Redis::start();
         let host = Host::new("scale-idle", &empty);
-        let d = Daemon::start(Some(&ns), &host.cfg, &host.control);
+        // Logging as the service does (info): the debug lines the other
+        // hosts log for their figures map code of their own.
+        let d = Daemon::start_with_env(Some(&ns), &host.cfg, &host.control, &[("RUST_LOG", "info")]);
         std::thread::sleep(Duration::from_secs(1));
         let idle = (common::rss_mb(d.pid()), common::anon_mb(d.pid()));
         drop(d);
@@ -76,15 +81,27 @@ fn main() {
         idle.0, idle.1
     );
 
-    let (ns_a, a, d_a) = start(&redis, "scalea", "scale-a", &last, n);
-    let own = nft_alone(&ns_a);
-    println!("nft's own transaction of the same ruleset (nft -f, fresh namespace): {own:.3} s");
+    let (ns_a, a, d_a, a_ms) = start(&redis, "scalea", "scale-a", &last, n);
+    // Listed once (a million elements: ~66 s of nft), loaded three times.
+    let ruleset = ruleset_of(&ns_a);
+    let mut own = vec![nft_alone(&ruleset)];
     println!(
         "daemon RSS with {n} bans: {:.1} MB (anonymous {:.1} MB)",
         common::rss_mb(d_a.pid()),
         common::anon_mb(d_a.pid())
     );
-    let (ns_b, _b, d_b) = start(&redis, "scaleb", "scale-b", &last, n);
+    let (ns_b, _b, d_b, b_ms) = start(&redis, "scaleb", "scale-b", &last, n);
+    // Three samples of nft's own, around the starts: one is as noisy as a start.
+    own.extend([nft_alone(&ruleset), nft_alone(&ruleset)]);
+    let shown: Vec<String> = own.iter().map(|s| format!("{s:.3}")).collect();
+    own.sort_by(f64::total_cmp);
+    println!(
+        "nft's own transaction of the same ruleset (nft -f, fresh namespace; after A's start, then twice after B's): {} s, median {:.3} s; spawn -> all in nft against it: A {:.2}x, B {:.2}x",
+        shown.join(" / "),
+        own[1],
+        a_ms / 1000.0 / own[1],
+        b_ms / 1000.0 / own[1]
+    );
 
     // The kernel's own announcements of B's set elements (`nft monitor`
     // reads the million elements first: it spun a core for minutes and
@@ -291,8 +308,9 @@ impl Host {
 }
 
 /// Starts a host in a namespace of its own on the loaded list, prints its
-/// start figures, checks every element is in its sets.
-fn start(redis: &Redis, ns_tag: &str, id: &str, last: &str, n: u64) -> (NetNs, Host, Daemon) {
+/// start figures, checks every element is in its sets; with them, ms from
+/// the spawn until every element was in nft.
+fn start(redis: &Redis, ns_tag: &str, id: &str, last: &str, n: u64) -> (NetNs, Host, Daemon, f64) {
     let ns = NetNs::new(ns_tag);
     let host = Host::new(id, redis);
     let t0 = now_us();
@@ -380,7 +398,7 @@ fn start(redis: &Redis, ns_tag: &str, id: &str, last: &str, n: u64) -> (NetNs, H
         (in_nft - t0) as f64 / 1000.0
     );
     assert_eq!(count as u64, n, "every ban in nft");
-    (ns, host, d)
+    (ns, host, d, (in_nft - t0) as f64 / 1000.0)
 }
 
 /// The status code of `GET /check` for `addr`, or None (no socket yet).
@@ -403,9 +421,9 @@ fn set_len(ns: &NetNs, set: &str) -> usize {
     common::nft_set_elements_detailed(ns, "fleetban", set).len()
 }
 
-/// Lists the ruleset a daemon made in `ns` and loads it, timed alone, into
-/// a fresh namespace (what nft itself needs for the same elements).
-fn nft_alone(ns: &NetNs) -> f64 {
+/// The ruleset a daemon made in `ns`, as `nft -f` input (its listing, the
+/// elements' `expires` left out).
+fn ruleset_of(ns: &NetNs) -> tempfile::NamedTempFile {
     let out = ns.run(&["nft", "list", "table", "inet", "fleetban"]);
     let text = String::from_utf8_lossy(&out.stdout);
     // `expires ...` is the listing's, not input.
@@ -420,6 +438,12 @@ fn nft_alone(ns: &NetNs) -> f64 {
     }
     let file = tempfile::NamedTempFile::new().expect("temp file");
     std::fs::write(file.path(), input).expect("ruleset");
+    file
+}
+
+/// `nft -f file` into a fresh namespace, timed alone: what nft itself
+/// needs for the same elements.
+fn nft_alone(file: &tempfile::NamedTempFile) -> f64 {
     let fresh = NetNs::new("scalenft");
     let t = Instant::now();
     let o = fresh.run(&[Path::new("nft").as_os_str(), "-f".as_ref(), file.path().as_os_str()]);

@@ -18,6 +18,7 @@ export SCALE_BANS=${1:-100000}
 harness=$(bench/exe.sh scale)
 echo "machine: $(nproc) cores, $(uname -r), $(nft --version), redis $(redis-server --version | cut -d' ' -f3)"
 if [ -z "${BIN:-}" ]; then
+  cargo build --release --bin fleetban >/dev/null
   "$harness" scale
 else
   # As bench/fleet.sh: the compiled-in fleetban path is BIN in a private
