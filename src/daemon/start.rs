@@ -177,52 +177,25 @@ pub async fn open(
     }
 }
 
-/// Elements per preload transaction at most.
-const PRELOAD_BATCH: usize = 262_144;
-
 /// While the list is read at start, its pages (`FleetSync::early`) go
-/// into the kernel as they come: each transaction takes what arrived while
-/// the last one ran, so Redis's reads and nft's load overlap (1,000,000
-/// bans: 2 s of reads no longer come before nft's 5 s). Only bans
-/// enforced whole (`verdict::cover`) and nothing the kernel already
-/// overlaps; the first sync that follows does the rest, and lists the
-/// kernel first if a transaction failed. Ends when the pages do (the
-/// start's snapshot is over).
+/// into the kernel as they come (`Enforcer::preload`): while nft runs one
+/// transaction, the pages that arrive are planned for the next, so
+/// Redis's reads, the plans and nft's load overlap (1,000,000 bans: 2 s of
+/// reads no longer come before nft's 5 s). Only bans enforced whole
+/// (`verdict::cover`) and nothing the kernel already overlaps; the first
+/// sync that follows does the rest, and lists the kernel first if a
+/// transaction failed. Ends when the pages do (the start's snapshot is
+/// over).
 pub async fn preload(enforcer: &mut Enforcer, pages: &mut UnboundedReceiver<Vec<Element>>, never: &NeverBanned) {
     let started = std::time::Instant::now();
-    let (mut loaded, mut transactions) = (0, 0);
-    let mut batch: Vec<Element> = Vec::new();
     let whole = |e: &Element| matches!(crate::verdict::cover(&e.net.trunc(), never), Cover::Whole);
-    while let Some(page) = pages.recv().await {
-        batch.extend(page.into_iter().filter(whole));
-        while batch.len() < PRELOAD_BATCH {
-            match pages.try_recv() {
-                Ok(page) => batch.extend(page.into_iter().filter(whole)),
-                Err(_) => break,
-            }
-        }
-        // Planning and rendering a batch are ms of CPU each 10,000
-        // elements: off the runtime's workers, which the read needs.
-        let load = enforcer.preload(&batch, crate::now_ms());
-        let loaded_now = match tokio::runtime::Handle::current().runtime_flavor() {
-            tokio::runtime::RuntimeFlavor::MultiThread => {
-                tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(load))
-            }
-            _ => load.await,
-        };
-        match loaded_now {
-            Ok(0) => {}
-            Ok(n) => (loaded, transactions) = (loaded + n, transactions + 1),
-            Err(e) => {
-                tracing::warn!(error = %e, "Loading the ban list into nftables while reading it failed; the first sync puts it in whole.");
-                break;
-            }
-        }
-        batch.clear();
+    let done = enforcer.preload(pages, whole).await;
+    if let Some(e) = &done.failed {
+        tracing::warn!(error = %e, "Loading the ban list into nftables while reading it failed; the first sync puts it in whole.");
     }
-    if loaded > 0 {
+    if done.loaded > 0 {
         enforcer.preloaded();
-        tracing::info!(elements = loaded, transactions, took = %crate::took(started.elapsed()),
+        tracing::info!(elements = done.loaded, transactions = done.transactions, took = %crate::took(started.elapsed()),
             "Ban list loaded into nftables while it was read.");
     }
 }

@@ -40,7 +40,7 @@ pub use self::change::{fold, Change, Changes, Folded};
 #[doc(hidden)]
 pub use self::listing::bench_parse as bench_parse_listing;
 pub use self::log::LogEnforcer;
-pub use self::nft::NftEnforcer;
+pub use self::nft::{NftEnforcer, Preloaded};
 
 /// When a ban ends.
 ///
@@ -277,15 +277,20 @@ impl Enforcer {
     }
 
     /// Between `init` and the start's first `replace_all`, while the list
-    /// is still read: puts those of `elems` that nothing in the kernel
-    /// overlaps into it, in one transaction, and returns how many (the
-    /// `replace_all` that follows does the rest). Nothing once the
-    /// bookkeeping may be wrong (a transaction failed); the dry run logs
-    /// only the `replace_all`.
-    pub async fn preload(&mut self, elems: &[Element], now_ms: i64) -> Result<usize, EnforceError> {
+    /// is still read: puts the elements of `pages` that `keep` takes and
+    /// that nothing in the kernel overlaps into it as the pages come, in
+    /// transactions one after the other, until the pages end (the
+    /// `replace_all` that follows does the rest). Stops at a failed
+    /// transaction (the bookkeeping may then be wrong: the `replace_all`
+    /// lists the kernel); the dry run logs only the `replace_all`.
+    pub async fn preload(
+        &mut self,
+        pages: &mut tokio::sync::mpsc::UnboundedReceiver<Vec<Element>>,
+        keep: impl Fn(&Element) -> bool,
+    ) -> Preloaded {
         match self {
-            Enforcer::Nft(e) => e.preload(elems, now_ms).await,
-            Enforcer::Log(_) => Ok(0),
+            Enforcer::Nft(e) => e.preload(pages, keep).await,
+            Enforcer::Log(_) => Preloaded::default(),
         }
     }
 

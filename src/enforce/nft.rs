@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
+use tokio::sync::mpsc::UnboundedReceiver;
 use tracing::{debug, info, warn};
 
 use super::block::{self, BlockApplied, BlockState, Length};
@@ -147,18 +148,98 @@ impl NftEnforcer {
     /// `init`'s listing and after each preload that nft took, so the
     /// `replace_all` that follows trusts it (`fresh`) rather than listing
     /// a million elements again.
-    pub async fn preload(&mut self, elems: &[Element], now_ms: i64) -> Result<usize, EnforceError> {
+    ///
+    /// One transaction runs at a time, as a task of its own; meanwhile the
+    /// pages that arrive are planned (~1 µs an element: the book's tables),
+    /// and their transaction starts the moment the running one ends.
+    /// Planning used to come between the transactions: ~50 ms before each
+    /// large one at 100,000 bans.
+    pub async fn preload(
+        &mut self,
+        pages: &mut UnboundedReceiver<Vec<Element>>,
+        keep: impl Fn(&Element) -> bool,
+    ) -> Preloaded {
+        let mut done = Preloaded::default();
         if self.stale || self.fresh.is_none() {
-            return Ok(0);
+            return done;
         }
-        let plan = self.book.plan_preload(elems, now_ms);
-        if let Err(e) = self.transact(&plan, now_ms).await {
-            // What the kernel took is unknown: the next apply lists it.
-            (self.stale, self.fresh) = (true, None);
-            return Err(e);
+        let mut next: Option<Plan> = None;
+        let mut running: Option<Loading> = None;
+        let mut open = true;
+        loop {
+            if running.is_none() {
+                match next.take() {
+                    // (Pages the kernel overlaps whole plan nothing.)
+                    Some(plan) if !plan.is_empty() || self.preamble.is_some() => {
+                        running = Some(self.start_loading(plan))
+                    }
+                    _ if !open => return done,
+                    _ => {}
+                }
+            }
+            let room = next.as_ref().is_none_or(|p| p.add.len() < PRELOAD_BATCH);
+            tokio::select! {
+                page = pages.recv(), if open && room => match page {
+                    Some(page) => {
+                        let page: Vec<Element> = page.into_iter().filter(&keep).collect();
+                        let plan = off_workers(|| self.book.plan_preload(&page, crate::now_ms()));
+                        match &mut next {
+                            Some(n) => {
+                                n.add.extend(plan.add);
+                                n.stats.added += plan.stats.added;
+                            }
+                            None => next = Some(plan),
+                        }
+                    }
+                    None => open = false,
+                },
+                ran = async { (&mut running.as_mut().expect("guarded").run).await }, if running.is_some() => {
+                    let l = running.take().expect("guarded");
+                    let ran = ran.unwrap_or_else(|e| Err(EnforceError::Spawn {
+                        program: "nft".to_owned(),
+                        source: std::io::Error::other(e),
+                    }));
+                    match ran {
+                        Ok(ran) => {
+                            debug!(table = %self.opts.table, added = l.added, deleted = 0,
+                                took = %crate::took(l.started.elapsed()), render = %l.render, via = %ran.via,
+                                "nft transaction applied");
+                            self.fresh = Some(Instant::now());
+                            done.loaded += l.added;
+                            done.transactions += 1;
+                        }
+                        Err(e) => {
+                            // What the kernel took is unknown: the next apply lists it.
+                            (self.stale, self.fresh) = (true, None);
+                            done.failed = Some(e);
+                            return done;
+                        }
+                    }
+                }
+            }
         }
-        self.fresh = Some(Instant::now());
-        Ok(plan.add.len())
+    }
+
+    /// Renders `plan` and starts its transaction as a task of its own.
+    fn start_loading(&mut self, plan: Plan) -> Loading {
+        let started = Instant::now();
+        let now = crate::now_ms();
+        let (text, created) =
+            off_workers(|| script::render(&self.opts, self.preamble.as_ref(), &plan, now, &self.lengths));
+        let render = crate::took(started.elapsed());
+        // Taken as the kernel's once sent: if nft refuses it, the book is
+        // stale and the next apply lists the kernel.
+        self.preamble = None;
+        self.lengths.extend(created);
+        let (command, library) = (self.opts.command.clone(), self.opts.library);
+        let run =
+            tokio::spawn(async move { run_with(&command, library, "transaction", &["-f", "-"], Some(text)).await });
+        Loading {
+            run,
+            started,
+            render,
+            added: plan.add.len(),
+        }
     }
 
     pub fn preloaded(&mut self) {
@@ -390,94 +471,107 @@ impl NftEnforcer {
     /// Runs `nft <args...>`, feeding `stdin`; returns its output. Through
     /// libnftables when `in_process` says so, else `<command...> <args...>`.
     async fn run(&self, what: &'static str, args: &[&str], stdin: Option<String>) -> Result<Ran, EnforceError> {
-        if let Some((ctx, cmd)) = self.in_process(args, stdin.as_deref()) {
-            // The transaction's text itself, not a copy (it becomes the
-            // library's C string).
-            let (text, json) = match cmd {
-                LibraryCommand::Stdin => (stdin.unwrap_or_default(), false),
-                LibraryCommand::Text(text, json) => (text.to_owned(), json),
-            };
-            let call = tokio::task::spawn_blocking(move || {
-                let mut ctx = ctx.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                ctx.run(text, json)
-            });
-            let answer = within(what, call).await?.map_err(|e| EnforceError::Spawn {
-                program: "libnftables".to_owned(),
-                source: std::io::Error::other(e),
-            })?;
-            return match answer {
-                Ok(out) => Ok(Ran {
-                    out,
-                    via: "libnftables",
-                }),
-                Err(stderr) => Err(EnforceError::Nft {
-                    what,
-                    status: "libnftables".to_owned(),
-                    stderr: cap(&stderr),
-                }),
-            };
-        }
-        let out = self.run_program(what, args, stdin).await?;
-        Ok(Ran { out, via: "nft" })
+        run_with(&self.opts.command, self.opts.library, what, args, stdin).await
     }
+}
 
-    /// The libnftables context and the command for `nft <args...>`, when
-    /// `library_command` takes it and the library loads.
-    fn in_process(&self, args: &[&str], stdin: Option<&str>) -> Option<(&'static Mutex<Context>, LibraryCommand)> {
-        if !self.opts.library {
+/// Runs `nft <args...>`, feeding `stdin`; returns its output. Through
+/// libnftables when `library` and [`in_process`] say so, else `<command...>
+/// <args...>`.
+async fn run_with(
+    command: &[String],
+    library: bool,
+    what: &'static str,
+    args: &[&str],
+    stdin: Option<String>,
+) -> Result<Ran, EnforceError> {
+    if let Some((ctx, cmd)) = in_process(library, args, stdin.as_deref()) {
+        // The transaction's text itself, not a copy (it becomes the
+        // library's C string).
+        let (text, json) = match cmd {
+            LibraryCommand::Stdin => (stdin.unwrap_or_default(), false),
+            LibraryCommand::Text(text, json) => (text.to_owned(), json),
+        };
+        let call = tokio::task::spawn_blocking(move || {
+            let mut ctx = ctx.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            ctx.run(text, json)
+        });
+        let answer = within(what, call).await?.map_err(|e| EnforceError::Spawn {
+            program: "libnftables".to_owned(),
+            source: std::io::Error::other(e),
+        })?;
+        return match answer {
+            Ok(out) => Ok(Ran {
+                out,
+                via: "libnftables",
+            }),
+            Err(stderr) => Err(EnforceError::Nft {
+                what,
+                status: "libnftables".to_owned(),
+                stderr: cap(&stderr),
+            }),
+        };
+    }
+    let out = run_program(command, what, args, stdin).await?;
+    Ok(Ran { out, via: "nft" })
+}
+
+/// The libnftables context and the command for `nft <args...>`, when
+/// `library_command` takes it and the library loads.
+fn in_process(library: bool, args: &[&str], stdin: Option<&str>) -> Option<(&'static Mutex<Context>, LibraryCommand)> {
+    if !library {
+        return None;
+    }
+    let cmd = library_command(args, stdin)?;
+    let ctx = match libnft::shared() {
+        Ok(ctx) => ctx,
+        Err(why) => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| info!(reason = why, "Running the nft program for every nftables command."));
             return None;
         }
-        let cmd = library_command(args, stdin)?;
-        let ctx = match libnft::shared() {
-            Ok(ctx) => ctx,
-            Err(why) => {
-                static SAID: std::sync::Once = std::sync::Once::new();
-                SAID.call_once(|| info!(reason = why, "Running the nft program for every nftables command."));
-                return None;
-            }
-        };
-        Some((ctx, cmd))
-    }
+    };
+    Some((ctx, cmd))
+}
 
-    /// Runs `<command...> <args...>`, feeding `stdin`; returns stdout.
-    async fn run_program(
-        &self,
-        what: &'static str,
-        args: &[&str],
-        stdin: Option<String>,
-    ) -> Result<Vec<u8>, EnforceError> {
-        let (program, prefix) = self.opts.command.split_first().ok_or(EnforceError::EmptyCommand)?;
-        let spawn_err = |source| EnforceError::Spawn {
-            program: program.clone(),
-            source,
-        };
-        let mut child = Command::new(program)
-            .args(prefix)
-            .args(args)
-            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(spawn_err)?;
-        let pipe = child.stdin.take();
-        let write = async move {
-            if let (Some(mut pipe), Some(text)) = (pipe, stdin) {
-                // An early exit of nft shows as its status; ignore EPIPE here.
-                let _ = pipe.write_all(text.as_bytes()).await;
-            }
-        };
-        let both = async { tokio::join!(write, child.wait_with_output()).1 };
-        let output = within(what, both).await?.map_err(spawn_err)?;
-        if !output.status.success() {
-            return Err(EnforceError::Nft {
-                what,
-                status: output.status.to_string(),
-                stderr: cap(&String::from_utf8_lossy(&output.stderr)),
-            });
+/// Runs `<command...> <args...>`, feeding `stdin`; returns stdout.
+async fn run_program(
+    command: &[String],
+    what: &'static str,
+    args: &[&str],
+    stdin: Option<String>,
+) -> Result<Vec<u8>, EnforceError> {
+    let (program, prefix) = command.split_first().ok_or(EnforceError::EmptyCommand)?;
+    let spawn_err = |source| EnforceError::Spawn {
+        program: program.clone(),
+        source,
+    };
+    let mut child = Command::new(program)
+        .args(prefix)
+        .args(args)
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(spawn_err)?;
+    let pipe = child.stdin.take();
+    let write = async move {
+        if let (Some(mut pipe), Some(text)) = (pipe, stdin) {
+            // An early exit of nft shows as its status; ignore EPIPE here.
+            let _ = pipe.write_all(text.as_bytes()).await;
         }
-        Ok(output.stdout)
+    };
+    let both = async { tokio::join!(write, child.wait_with_output()).1 };
+    let output = within(what, both).await?.map_err(spawn_err)?;
+    if !output.status.success() {
+        return Err(EnforceError::Nft {
+            what,
+            status: output.status.to_string(),
+            stderr: cap(&String::from_utf8_lossy(&output.stderr)),
+        });
     }
+    Ok(output.stdout)
 }
 
 /// `call`'s output, or a timeout after `NFT_TIMEOUT` (nft is killed, or
@@ -518,6 +612,35 @@ fn library_command(args: &[&str], stdin: Option<&str>) -> Option<LibraryCommand>
 struct Ran {
     out: Vec<u8>,
     via: &'static str,
+}
+
+/// Elements per preload transaction at most.
+const PRELOAD_BATCH: usize = 262_144;
+
+/// What the start's preload put into the kernel.
+#[derive(Debug, Default)]
+pub struct Preloaded {
+    pub loaded: usize,
+    pub transactions: usize,
+    /// The transaction that failed (the preload stopped there).
+    pub failed: Option<EnforceError>,
+}
+
+/// A preload transaction nft runs while the next is planned.
+struct Loading {
+    run: tokio::task::JoinHandle<Result<Ran, EnforceError>>,
+    started: Instant,
+    render: String,
+    added: usize,
+}
+
+/// `f`, off the runtime's workers when it has several (the fleet's read
+/// of the list runs on them meanwhile).
+fn off_workers<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
 }
 
 /// nft's answer for a table (or element) that does not exist.
