@@ -418,6 +418,94 @@ async fn a_reconcile_lists_the_kernel_up_to_list_max_elements_only() {
     }
 }
 
+/// The start's preload: pages taken as they come, planned while nft runs
+/// the transaction before; every element of them in the kernel. A
+/// transaction that fails (the table deleted by hand meanwhile) stops it,
+/// and the first sync after it lists the kernel and puts the list in whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_preload_loads_pages_as_they_come_and_a_failure_leaves_the_list_to_the_sync() {
+    let (ns, e, now) = initialised().await;
+    let page = |k: u32, now: i64| -> Vec<Element> {
+        (0..500)
+            .map(|i| ban(&format!("10.{k}.{}.{}", i / 250, i % 250 + 1), Until::At(now + HOUR)))
+            .collect()
+    };
+    // Three pages at once: the first goes in alone, the others are planned
+    // while it runs and go in together.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for k in 1..=3 {
+        tx.send(page(k, now)).unwrap();
+    }
+    drop(tx);
+    let (_e, done) = tokio::spawn(async move {
+        let mut e = e;
+        let done = e.preload(&mut rx, |_| true).await;
+        (e, done)
+    })
+    .await
+    .unwrap();
+    assert!(done.failed.is_none(), "{:?}", done.failed);
+    assert_eq!(done.loaded, 1500);
+    assert!(
+        done.transactions >= 2,
+        "the pages that came during a transaction wait for the next: {done:?}"
+    );
+    assert_eq!(elem_names(&ns, "v4").len(), 1500);
+
+    // Again in a fresh namespace: the table deleted between two pages.
+    let (ns, e, now) = initialised().await;
+    let pages = [page(1, now), page(2, now)];
+    let all: Vec<Element> = pages.concat();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let preload = tokio::spawn(async move {
+        let mut e = e;
+        let done = e.preload(&mut rx, |_| true).await;
+        (e, done)
+    });
+    let sender = {
+        let (ns_name, pages) = (ns.name.clone(), pages.clone());
+        std::thread::spawn(move || {
+            let [first, second] = pages;
+            tx.send(first).unwrap();
+            let listed = |ns: &str| {
+                std::process::Command::new("ip")
+                    .args(["netns", "exec", ns, "nft", "list", "set", "inet", TABLE, "v4"])
+                    .output()
+                    .map(|o| String::from_utf8_lossy(&o.stdout).matches("10.1.").count())
+                    .unwrap_or(0)
+            };
+            // Bounded: the first page is in nft within milliseconds.
+            for _ in 0..1000 {
+                if listed(&ns_name) >= 500 {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let out = std::process::Command::new("ip")
+                .args(["netns", "exec", &ns_name, "nft", "delete", "table", "inet", TABLE])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            tx.send(second).unwrap();
+        })
+    };
+    sender.join().unwrap();
+    let (mut e, done) = preload.await.unwrap();
+    assert_eq!(done.loaded, 500, "{done:?}");
+    assert!(
+        done.failed.is_some(),
+        "the transaction into the deleted table failed: {done:?}"
+    );
+    assert!(!table_exists(&ns));
+    // The first sync lists the kernel (the preload's bookkeeping is not
+    // trusted after a failure) and puts every element in.
+    let s = e.replace_all(&all, now_ms()).await.unwrap();
+    assert_eq!(s.added, 1000, "{s:?}");
+    assert_eq!(elem_names(&ns, "v4").len(), 1000);
+    // Dropped first: the runtime's threads end before the namespace goes.
+    drop(e);
+}
+
 #[tokio::test]
 async fn failures_are_reported_not_panicked() {
     let ns = netns();

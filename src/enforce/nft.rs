@@ -201,9 +201,7 @@ impl NftEnforcer {
                     }));
                     match ran {
                         Ok(ran) => {
-                            debug!(table = %self.opts.table, added = l.added, deleted = 0,
-                                took = %crate::took(l.started.elapsed()), render = %l.render, via = %ran.via,
-                                "nft transaction applied");
+                            self.applied(l.added, 0, l.started, &l.render, ran.via);
                             self.fresh = Some(Instant::now());
                             done.loaded += l.added;
                             done.transactions += 1;
@@ -426,16 +424,21 @@ impl NftEnforcer {
         let via = self.run("transaction", &["-f", "-"], Some(text)).await?.via;
         self.preamble = None;
         self.lengths.extend(created);
+        self.applied(plan.add.len(), plan.delete.len(), started, &render, via);
+        Ok(())
+    }
+
+    /// The debug line of a transaction nft took (`bench/scale.rs` reads it).
+    fn applied(&self, added: usize, deleted: usize, started: Instant, render: &str, via: &str) {
         debug!(
             table = %self.opts.table,
-            added = plan.add.len(),
-            deleted = plan.delete.len(),
+            added,
+            deleted,
             took = %crate::took(started.elapsed()),
             render = %render,
             via = %via,
             "nft transaction applied"
         );
-        Ok(())
     }
 
     /// Replaces the applied state with the kernel's, and notes layout work.
