@@ -71,6 +71,16 @@ pub fn took(d: std::time::Duration) -> String {
     }
 }
 
+/// `f`, off the runtime's workers when it has several (ms of CPU at
+/// start, the plans and views of a long list, while the fleet's read of
+/// that list runs on them); in place on a one-thread runtime.
+pub(crate) fn off_workers<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// Wall-clock time in unix milliseconds.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()

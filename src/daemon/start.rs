@@ -204,11 +204,7 @@ pub async fn preload(enforcer: &mut Enforcer, pages: &mut UnboundedReceiver<Vec<
 /// address is `verdict::verdict` over it), built off the runtime's workers
 /// when it has several (100,000 bans: tens of ms).
 pub fn view_of(list: &[Element]) -> BanCache {
-    let build = || BanCache::built(list.iter().map(|e| (e.net, e.until)));
-    match tokio::runtime::Handle::current().runtime_flavor() {
-        tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(build),
-        _ => build(),
-    }
+    crate::off_workers(|| BanCache::built(list.iter().map(|e| (e.net, e.until))))
 }
 
 /// The first sync: the kernel's set takes `initial`, each ban as its cover

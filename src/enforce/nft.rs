@@ -182,7 +182,7 @@ impl NftEnforcer {
                 page = pages.recv(), if open && room => match page {
                     Some(page) => {
                         let page: Vec<Element> = page.into_iter().filter(&keep).collect();
-                        let plan = off_workers(|| self.book.plan_preload(&page, crate::now_ms()));
+                        let plan = crate::off_workers(|| self.book.plan_preload(&page, crate::now_ms()));
                         match &mut next {
                             Some(n) => {
                                 n.add.extend(plan.add);
@@ -223,7 +223,7 @@ impl NftEnforcer {
         let started = Instant::now();
         let now = crate::now_ms();
         let (text, created) =
-            off_workers(|| script::render(&self.opts, self.preamble.as_ref(), &plan, now, &self.lengths));
+            crate::off_workers(|| script::render(&self.opts, self.preamble.as_ref(), &plan, now, &self.lengths));
         let render = crate::took(started.elapsed());
         // Taken as the kernel's once sent: if nft refuses it, the book is
         // stale and the next apply lists the kernel.
@@ -635,15 +635,6 @@ struct Loading {
     started: Instant,
     render: String,
     added: usize,
-}
-
-/// `f`, off the runtime's workers when it has several (the fleet's read
-/// of the list runs on them meanwhile).
-fn off_workers<T>(f: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
-    }
 }
 
 /// nft's answer for a table (or element) that does not exist.

@@ -318,13 +318,13 @@ impl DriftRead {
     /// An event of the stream, before `known` (the list as this host
     /// knows it) follows it.
     pub fn seen(&mut self, change: &Change, known: &Remembered) {
-        let nets: Vec<IpNet> = match change {
-            Change::Add(elems) => elems.iter().map(|e| e.net).collect(),
-            Change::Remove(nets) => nets.clone(),
-            Change::Replace(_) => Vec::new(),
-        };
-        for net in nets {
+        let mut before = |net: IpNet| {
             self.before.entry(net).or_insert_with(|| known.end(&net));
+        };
+        match change {
+            Change::Add(elems) => elems.iter().for_each(|e| before(e.net)),
+            Change::Remove(nets) => nets.iter().for_each(|&n| before(n)),
+            Change::Replace(_) => {}
         }
     }
 
@@ -360,7 +360,7 @@ impl DriftRead {
         let started = std::time::Instant::now();
         let touched = std::mem::take(&mut self.before);
         self.adds.retain(|e| !touched.contains_key(&e.net));
-        let live = |end: &End| end.until() > Until::At(self.now);
+        let live = |end: &End| self.live(*end);
         let here = known.bans.iter().filter(|(_, (end, _))| live(end)).count()
             - touched
                 .keys()
