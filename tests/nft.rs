@@ -787,3 +787,51 @@ async fn a_table_with_the_interval_sets_v4net_v6net_moves_to_sets_per_length() {
     assert_eq!(elem_names(&ns, "v4"), ["10.9.0.1", "10.9.1.0/24"]);
     assert_eq!(elem_names(&ns, "v6"), ["2001:db8:9::/48"]);
 }
+
+/// The table check of an enforcer that runs the system nft asks nf_tables
+/// itself for the chain (`enforce/netlink.rs`): it tells the chain from a
+/// missing chain, a missing table and a table of another family, and what
+/// went is re-created. The table's creation runs the program, so this
+/// process never loads libnftables (no test here runs it in-process).
+#[test]
+fn the_check_asks_nf_tables_for_the_chain_and_never_loads_libnftables() {
+    let ns = netns();
+    let inside = NftOptions {
+        library: true,
+        ..NftOptions::default()
+    };
+    let checks = ns.spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut e = Enforcer::nft(inside).unwrap();
+        rt.block_on(e.init(now_ms())).unwrap();
+        let mut check = || rt.block_on(e.check(now_ms())).unwrap().is_some();
+        let run = |argv: &[&str]| {
+            let out = std::process::Command::new("nft").args(argv).output().unwrap();
+            assert!(
+                out.status.success(),
+                "nft {argv:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let present = check();
+        run(&["delete", "chain", "inet", TABLE, "input"]);
+        let no_chain = check();
+        let back = check();
+        run(&["delete", "table", "inet", TABLE]);
+        run(&["add", "table", "ip", TABLE]);
+        run(&["add", "chain", "ip", TABLE, "input"]);
+        let other_family = check();
+        let last = check();
+        [present, no_chain, back, other_family, last]
+    });
+    let recreated = checks.join().unwrap();
+    assert_eq!(recreated, [false, true, false, true, false], "re-created by each check");
+    assert!(table_exists(&ns));
+    let chains = nft_json(&ns, &["list", "chains", "inet"]);
+    assert!(chains.to_string().contains("\"name\":\"input\""), "{chains}");
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    assert!(!maps.contains("libnftables"), "libnftables loaded:\n{maps}");
+}

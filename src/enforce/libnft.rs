@@ -2,12 +2,15 @@
 //! `nft` program is built on), loaded at run time.
 //!
 //! Starting `nft` costs ~2.7 ms of the ~3.7 ms a one-ban transaction takes
-//! (BENCHMARKS.md, "A long list at start"). Small commands (a new ban, the
-//! 5 s table check) run here instead, on the same parser and the same
-//! netlink batch, so the text and the kernel's answer are nft's own. Large
-//! ones stay with the program (`nft.rs`): libnftables builds a transaction's
-//! objects and a listing's JSON in the caller's heap (hundreds of MB for a
-//! million elements), which this long-lived process would keep.
+//! (BENCHMARKS.md, "A long list at start"). Small transactions (a new ban)
+//! run here instead, on the same parser and the same netlink batch, so the
+//! text and the kernel's answer are nft's own. Large ones stay with the
+//! program (`nft.rs`): libnftables builds a transaction's objects and a
+//! listing's JSON in the caller's heap (hundreds of MB for a million
+//! elements), which this long-lived process would keep. So does the
+//! table's creation, and the 5 s table check is a netlink request of its
+//! own (`netlink.rs`): the library is loaded with the first ban, and an
+//! idle daemon never maps it.
 //!
 //! One context serves the process and is never freed: one is all the
 //! daemon needs, and no two contexts then share what libnftables keeps

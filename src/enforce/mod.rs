@@ -29,6 +29,7 @@ pub use cover::MAX_TIMEOUT_MS;
 mod libnft;
 mod listing;
 mod log;
+mod netlink;
 mod nft;
 mod script;
 mod tree;
@@ -116,11 +117,12 @@ pub struct NftOptions {
     pub ports: Vec<u16>,
     /// argv prefix that runs nft (`["nft"]`; tests use `ip netns exec NS nft`).
     pub command: Vec<String>,
-    /// Small commands (a transaction of a few hundred bans, the table
-    /// check) run through libnftables in this process, in its network
-    /// namespace, instead of `command` (`libnft.rs`); `command` stays for
-    /// listings and large transactions, and for all when the library is
-    /// missing. Only when `command` is the system's nft.
+    /// Small transactions (a few hundred bans) run through libnftables
+    /// in this process, in its network namespace, instead of `command`
+    /// (`libnft.rs`), and the table check is asked of nf_tables directly
+    /// (`netlink.rs`); `command` stays for listings, large transactions
+    /// and the table's creation, and for all when the library is missing.
+    /// Only when `command` is the system's nft.
     pub library: bool,
     /// The most elements a periodic reconcile lists the kernel for
     /// ([`LIST_MAX`]); above it the bookkeeping stands for the kernel,

@@ -32,6 +32,7 @@ use super::block::{self, BlockApplied, BlockState, Length};
 use super::cover::{Book, Plan};
 use super::libnft::{self, Context};
 use super::listing::{self, KernelView};
+use super::netlink;
 use super::script::{self, Preamble};
 use super::{Element, EnforceError, NftOptions, ReconcileStats};
 
@@ -118,8 +119,15 @@ impl NftEnforcer {
 
     /// Deletes the blocklist chain and sets (none configured any more).
     pub async fn remove_blocklist(&mut self) -> Result<(), EnforceError> {
-        self.run("transaction", &["-f", "-"], Some(block::render_remove(&self.opts)))
-            .await?;
+        // Once a start or a reload: the program's (see `transact`).
+        run_with(
+            &self.opts.command,
+            false,
+            "transaction",
+            &["-f", "-"],
+            Some(block::render_remove(&self.opts)),
+        )
+        .await?;
         self.block = BlockState::default();
         Ok(())
     }
@@ -225,11 +233,12 @@ impl NftEnforcer {
         let (text, created) =
             crate::off_workers(|| script::render(&self.opts, self.preamble.as_ref(), &plan, now, &self.lengths));
         let render = crate::took(started.elapsed());
+        // The table's creation runs the program, as in `transact`.
+        let (command, library) = (self.opts.command.clone(), self.opts.library && self.preamble.is_none());
         // Taken as the kernel's once sent: if nft refuses it, the book is
         // stale and the next apply lists the kernel.
         self.preamble = None;
         self.lengths.extend(created);
-        let (command, library) = (self.opts.command.clone(), self.opts.library);
         let run =
             tokio::spawn(async move { run_with(&command, library, "transaction", &["-f", "-"], Some(text)).await });
         Loading {
@@ -292,22 +301,37 @@ impl NftEnforcer {
         self.book.wake()
     }
 
-    /// Whether the table is still in the kernel, asked by listing the
-    /// `inet` chains (`nft -j list chains inet`). nft 1.0.6 fetches every
-    /// element of every set for `list tables` and even `list chain` (1.0-1.5
-    /// s with 100k bans, every 5 s), but none for `list chains`. When the
+    /// Whether the table is still in the kernel: its chain `input` asked
+    /// of nf_tables directly (`netlink.rs`) where libnftables would run,
+    /// else found in nft's `-j list chains inet` (nft 1.0.6 fetches every
+    /// element of every set for `list tables` and even `list chain`, 1.0-1.5
+    /// s with 100k bans every 5 s, but none for `list chains`). When the
     /// table or its chain is gone (`nft flush ruleset`, an nftables service
     /// reload) it is re-created with every wanted ban and the stats of that
     /// load are returned.
     pub async fn check(&mut self, now_ms: i64) -> Result<Option<ReconcileStats>, EnforceError> {
-        let out = self
-            .run("list chains", &["-j", "list", "chains", "inet"], None)
-            .await?
-            .out;
-        let present = listing::has_chain(&out, &self.opts).map_err(|detail| EnforceError::Listing {
-            table: self.opts.table.clone(),
-            detail,
-        })?;
+        let asked = match self.opts.library {
+            true => netlink::has_chain(&self.opts.table, script::CHAIN).map_err(|e| {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(
+                    || info!(error = %e, "Cannot ask nf_tables for the table's chain; nft lists the chains instead."),
+                );
+            }),
+            false => Err(()),
+        };
+        let present = match asked {
+            Ok(present) => present,
+            Err(()) => {
+                let out = self
+                    .run("list chains", &["-j", "list", "chains", "inet"], None)
+                    .await?
+                    .out;
+                listing::has_chain(&out, &self.opts).map_err(|detail| EnforceError::Listing {
+                    table: self.opts.table.clone(),
+                    detail,
+                })?
+            }
+        };
         if present {
             return Ok(None);
         }
@@ -421,7 +445,13 @@ impl NftEnforcer {
         let started = Instant::now();
         let (text, created) = script::render(&self.opts, self.preamble.as_ref(), plan, now, &self.lengths);
         let render = crate::took(started.elapsed());
-        let via = self.run("transaction", &["-f", "-"], Some(text)).await?.via;
+        // A transaction that creates or repairs the table runs once a start
+        // or a repair: the program's, so that a daemon with no ban to add
+        // never loads libnftables (an idle daemon's memory, design §10).
+        let library = self.opts.library && self.preamble.is_none();
+        let via = run_with(&self.opts.command, library, "transaction", &["-f", "-"], Some(text))
+            .await?
+            .via;
         self.preamble = None;
         self.lengths.extend(created);
         self.applied(plan.add.len(), plan.delete.len(), started, &render, via);
