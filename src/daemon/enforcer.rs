@@ -183,6 +183,7 @@ pub async fn run(
     let mut taken: Vec<(u64, IpNet, bool)> = Vec::new();
     let mut never_rx = own.subscribe();
     let mut never = never_rx.borrow_and_update().clone();
+    let mut library_settled = false;
     loop {
         let wake = enforcer.next_wakeup().map(|t| {
             let ms = (t - crate::now_ms()).clamp(0, 3_600_000) as u64;
@@ -296,6 +297,14 @@ pub async fn run(
             }
         }
         enforced.done.send_modify(|d| *d += 1);
+        // The first in-process transaction loaded libnftables: the loader's
+        // relocations and the context's creation ran code nothing runs
+        // again (~0.3-0.9 MB mapped), let go as a start's is.
+        if !library_settled && crate::enforce::library_loaded() {
+            library_settled = true;
+            super::trim_heap();
+            super::release_code_pages();
+        }
         match result {
             Ok(()) => retry = None,
             Err(e) => {

@@ -24,7 +24,8 @@ pub(crate) fn trim_heap() {
 /// maps them again on its next fault. Only mappings holding no page of
 /// their own (smaps' `Anonymous: 0`), that is never written, are touched.
 /// Called when a start's work is done (after `READY=1`, and after the
-/// records a snapshot left are read), never per line.
+/// records a snapshot left are read), and once libnftables is loaded by
+/// the first in-process transaction; never per line.
 pub(crate) fn release_code_pages() {
     #[cfg(target_os = "linux")]
     {

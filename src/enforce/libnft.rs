@@ -34,6 +34,14 @@ const CTX_DEFAULT: u32 = 0;
 /// `NFT_CTX_OUTPUT_JSON` (libnftables.h): what `nft -j` sets.
 const OUTPUT_JSON: c_uint = 1 << 4;
 
+/// A command of no command: nft asks the kernel's ruleset generation and
+/// releases the cache it holds from the call before when that changed
+/// (always after our own transaction), as it does for a command that needs
+/// none. nft 1.0.6 keeps four 8,192-bucket hash tables (128 KiB each) for
+/// every table it cached until its next call: ~0.5 MB of an idle daemon's
+/// memory after a ban, rebuilt by the next transaction anyway.
+const EMPTY: &CStr = c"";
+
 type Ctx = *mut c_void;
 
 /// The functions used, resolved once.
@@ -62,8 +70,15 @@ pub(super) type Answer = Result<Vec<u8>, String>;
 
 /// The process's context, made on first use; `Err` says why there is none
 /// (the same answer for the life of the process).
+static SHARED: OnceLock<Result<Mutex<Context>, String>> = OnceLock::new();
+
+/// Whether this process has loaded libnftables (its context is made):
+/// the daemon lets go of the code pages the load mapped once.
+pub fn loaded() -> bool {
+    SHARED.get().is_some_and(Result::is_ok)
+}
+
 pub(super) fn shared() -> Result<&'static Mutex<Context>, &'static str> {
-    static SHARED: OnceLock<Result<Mutex<Context>, String>> = OnceLock::new();
     SHARED
         .get_or_init(|| Context::open().map(Mutex::new))
         .as_ref()
@@ -130,6 +145,9 @@ impl Context {
             let rc = (self.api.run)(ctx, text.as_ptr());
             let out = buffer((self.api.output_buffer)(ctx));
             let err = buffer((self.api.error_buffer)(ctx));
+            // Lets go of the cache the command built (see `EMPTY`); its
+            // answer is of no interest.
+            (self.api.run)(ctx, EMPTY.as_ptr());
             if rc == 0 {
                 Ok(out)
             } else {

@@ -38,6 +38,7 @@ use std::time::Duration;
 
 pub use self::block::{BlockApplied, BlockState};
 pub use self::change::{fold, Change, Changes, Folded};
+pub use self::libnft::loaded as library_loaded;
 #[doc(hidden)]
 pub use self::listing::bench_parse as bench_parse_listing;
 pub use self::log::LogEnforcer;
