@@ -1,5 +1,6 @@
 //! A long ban list, whole-process (issue 27; root: namespaces, nft), run by
-//! `bench/scale.sh`. A `[[bench]]` target without libtest: it runs only
+//! `bench/scale.sh`, and at 100,000 bans by `scripts/test.sh` (CI) in a
+//! debug build, for its assertions. A `[[bench]]` target without libtest: it runs only
 //! with `scale` on its command line, so `cargo test --bench '*'` and a bare
 //! `cargo bench` run nothing. It prints figures and asserts only that the
 //! work happened (every element in nft, `/check` answering from them).
@@ -50,6 +51,11 @@ fn main() {
     if !std::env::args().skip(1).any(|a| a == "scale") {
         eprintln!("usage: bench/scale.sh [BANS] (cargo bench --bench scale -- scale)");
         return;
+    }
+    if cfg!(debug_assertions) {
+        println!(
+            "a debug build (scripts/test.sh runs it so in CI): the whole flow, asserted; its figures are not the release build's (bench/scale.sh, BENCHMARKS.md)"
+        );
     }
     let n: u64 = env("SCALE_BANS", 100_000);
     let shape = std::env::var("SCALE_SHAPE").unwrap_or_else(|_| "addr".to_owned());
@@ -195,7 +201,7 @@ fn steady(a_cfg: &Path, added: &nfevents::Additions, d_b: &Daemon, n: u64) {
     }
     let reconciled = |d: &Daemon| d.log_text().matches("nftables reconciled").count();
     let before = reconciled(d_b);
-    let mut e2e = Vec::new();
+    let (mut e2e, mut alone) = (Vec::new(), Vec::new());
     let end = Instant::now() + Duration::from_secs(secs);
     let seen_before = transactions(d_b).len();
     // Bounded by time and by count (two a second).
@@ -204,7 +210,8 @@ fn steady(a_cfg: &Path, added: &nfevents::Additions, d_b: &Daemon, n: u64) {
             break;
         }
         let target = format!("198.18.{}.{}", 100 + i / 250, i % 250 + 1);
-        let took = timed_ban(a_cfg, added, d_b, &target, "v4").0;
+        let (took, cli) = timed_ban(a_cfg, added, d_b, &target, "v4");
+        alone.push(cli);
         if took > SLOW_MS {
             println!(
                 "  {target}: {took:.0} ms, decided at {} UTC",
@@ -234,9 +241,10 @@ fn steady(a_cfg: &Path, added: &nfevents::Additions, d_b: &Daemon, n: u64) {
         println!("    {l}");
     }
     println!(
-        "bans on top of {n} for {secs} s, one every 0.5 s, reconcile_every {}: decided on A (CLI) -> in B's set {}; B's reconciles of its whole set meanwhile: {}, its longest nft transaction {longest:.1} ms",
+        "bans on top of {n} for {secs} s, one every 0.5 s, reconcile_every {}: decided on A (CLI) -> in B's set {}; the CLI alone {}; B's reconciles of its whole set meanwhile: {}, its longest nft transaction {longest:.1} ms",
         std::env::var("SCALE_RECONCILE").unwrap_or_else(|_| "60s (default)".to_owned()),
         stats(&mut e2e),
+        stats(&mut alone),
         reconciled(d_b) - before
     );
 }

@@ -14,3 +14,10 @@ cargo build --all-targets
 # RUST_TEST_THREADS below.
 cargo test --bench '*'
 RUST_TEST_THREADS=2 cargo test --lib --bins --tests --examples
+# The long-list harness (issue 27) at 100,000 bans, whole-process: two hosts
+# in namespaces load the list from a redis-server of its own into nft, take
+# bans on top, and every figure is printed beside nft's own. A debug build
+# here: it asserts the flow (every ban in nft, /check answering from the
+# list, each ban on top in the other host's set); the release build's
+# figures are bench/scale.sh's (BENCHMARKS.md).
+SCALE_BANS=100000 cargo test --bench scale -- scale

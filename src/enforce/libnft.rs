@@ -68,8 +68,7 @@ unsafe impl Send for Context {}
 /// What nft said: its output on success, its error text on refusal.
 pub(super) type Answer = Result<Vec<u8>, String>;
 
-/// The process's context, made on first use; `Err` says why there is none
-/// (the same answer for the life of the process).
+/// The process's context once made (`shared`).
 static SHARED: OnceLock<Result<Mutex<Context>, String>> = OnceLock::new();
 
 /// Whether this process has loaded libnftables (its context is made):
@@ -78,6 +77,8 @@ pub fn loaded() -> bool {
     SHARED.get().is_some_and(Result::is_ok)
 }
 
+/// The process's context, made on first use; `Err` says why there is none
+/// (the same answer for the life of the process).
 pub(super) fn shared() -> Result<&'static Mutex<Context>, &'static str> {
     SHARED
         .get_or_init(|| Context::open().map(Mutex::new))
