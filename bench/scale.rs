@@ -78,8 +78,8 @@ fn main() {
         // Logging as the service does (info): the debug lines the other
         // hosts log for their figures map code of their own.
         let d = Daemon::start_with_env(Some(&ns), &host.cfg, &host.control, &[("RUST_LOG", "info")]);
-        // Past the first table check (every 5 s, libnftables in the
-        // daemon's process: ~0.85 MB mapped from then on).
+        // Past the first table check (every 5 s): what an idle daemon
+        // maps once its periodic work has run.
         std::thread::sleep(Duration::from_secs(6));
         let idle = (common::rss_mb(d.pid()), common::anon_mb(d.pid()));
         drop(d);

@@ -119,13 +119,13 @@ impl NftEnforcer {
 
     /// Deletes the blocklist chain and sets (none configured any more).
     pub async fn remove_blocklist(&mut self) -> Result<(), EnforceError> {
-        // Once a start or a reload: the program's (see `transact`).
+        let text = block::render_remove(&self.opts);
         run_with(
             &self.opts.command,
-            false,
+            self.library_for(true),
             "transaction",
             &["-f", "-"],
-            Some(block::render_remove(&self.opts)),
+            Some(text),
         )
         .await?;
         self.block = BlockState::default();
@@ -233,8 +233,7 @@ impl NftEnforcer {
         let (text, created) =
             crate::off_workers(|| script::render(&self.opts, self.preamble.as_ref(), &plan, now, &self.lengths));
         let render = crate::took(started.elapsed());
-        // The table's creation runs the program, as in `transact`.
-        let (command, library) = (self.opts.command.clone(), self.opts.library && self.preamble.is_none());
+        let (command, library) = (self.opts.command.clone(), self.library_for(self.preamble.is_some()));
         // Taken as the kernel's once sent: if nft refuses it, the book is
         // stale and the next apply lists the kernel.
         self.preamble = None;
@@ -310,18 +309,20 @@ impl NftEnforcer {
     /// reload) it is re-created with every wanted ban and the stats of that
     /// load are returned.
     pub async fn check(&mut self, now_ms: i64) -> Result<Option<ReconcileStats>, EnforceError> {
-        let asked = match self.opts.library {
-            true => netlink::has_chain(&self.opts.table, script::CHAIN).map_err(|e| {
-                static SAID: std::sync::Once = std::sync::Once::new();
-                SAID.call_once(
-                    || info!(error = %e, "Cannot ask nf_tables for the table's chain; nft lists the chains instead."),
-                );
-            }),
-            false => Err(()),
-        };
+        // The socket is this process's namespace's, as libnftables' is.
+        let asked = self
+            .opts
+            .library
+            .then(|| netlink::has_chain(&self.opts.table, script::CHAIN));
         let present = match asked {
-            Ok(present) => present,
-            Err(()) => {
+            Some(Ok(present)) => present,
+            failed => {
+                if let Some(Err(e)) = failed {
+                    static SAID: std::sync::Once = std::sync::Once::new();
+                    SAID.call_once(
+                        || info!(error = %e, "Cannot ask nf_tables for the table's chain; nft lists the chains instead."),
+                    );
+                }
                 let out = self
                     .run("list chains", &["-j", "list", "chains", "inet"], None)
                     .await?
@@ -445,10 +446,7 @@ impl NftEnforcer {
         let started = Instant::now();
         let (text, created) = script::render(&self.opts, self.preamble.as_ref(), plan, now, &self.lengths);
         let render = crate::took(started.elapsed());
-        // A transaction that creates or repairs the table runs once a start
-        // or a repair: the program's, so that a daemon with no ban to add
-        // never loads libnftables (an idle daemon's memory, design §10).
-        let library = self.opts.library && self.preamble.is_none();
+        let library = self.library_for(self.preamble.is_some());
         let via = run_with(&self.opts.command, library, "transaction", &["-f", "-"], Some(text))
             .await?
             .via;
@@ -499,6 +497,15 @@ impl NftEnforcer {
         self.lengths = view.lengths;
         self.stale = false;
         Ok(())
+    }
+
+    /// Whether a transaction may run through libnftables. Table work (the
+    /// table's creation or repair, a blocklist's removal) comes once a
+    /// start or a repair and runs the program, so that a daemon with no
+    /// ban to add never loads the library (an idle daemon's memory,
+    /// design §10); element changes run in process when small.
+    fn library_for(&self, table_work: bool) -> bool {
+        self.opts.library && !table_work
     }
 
     /// Runs `nft <args...>`, feeding `stdin`; returns its output. Through
