@@ -387,6 +387,60 @@ async fn a_restart_resumes_exactly_and_drains_a_file_rotated_meanwhile() {
     assert!(!saved.contains("rotated"), "{saved}");
 }
 
+/// A copytruncate the follower did not see (it was held up by a full
+/// channel, as by a slow consumer) followed by a rename: the renamed file
+/// holds only lines written after the truncation. Its rotated entry must
+/// name the file as it is now (offset 0, its new first bytes), so that a
+/// restart before it is drained finds it beside the path and reads it all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncation_seen_only_at_the_rename_survives_a_restart() {
+    let (logs, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let log = logs.path().join("access.log");
+    let other = logs.path().join("other.log");
+    File::create(&log).unwrap();
+    File::create(&other).unwrap();
+    let opts = FollowOptions {
+        read_chunk: 4096,
+        ..opts()
+    };
+    let mut rig = Rig::start(state.path(), &[&log, &other], opts.clone(), 1);
+    rig.wait_following(&log).await;
+    let mut writer = open_append(&log);
+    writer.write_all(numbered(0, 100).as_bytes()).unwrap();
+    assert_eq!(seqs(&rig.recv(100).await), (0..100).collect::<Vec<_>>());
+
+    // The other file fills the channel: the follower waits to send and
+    // only looks for new files at the paths (no reads, no truncation check).
+    append(&other, &numbered(1000, 2000));
+    wait_until("the channel to fill", || rig.rx.len() == 1).await;
+    fs::copy(&log, logs.path().join("access.log.1")).unwrap();
+    OpenOptions::new().write(true).open(&log).unwrap().set_len(0).unwrap();
+    writer.write_all(numbered(100, 150).as_bytes()).unwrap();
+    fs::rename(&log, logs.path().join("access.log.2")).unwrap();
+    append(&log, &numbered(150, 153));
+    let new = FileId::of_path(&log).unwrap();
+    wait_until("the follower to open the new file", || {
+        rig.store.get(&log).is_some_and(|(id, _)| id.ino == new.ino)
+    })
+    .await;
+    // Stopped before anything of the renamed file was read.
+    rig.stop().await;
+
+    let mut rig = Rig::start(state.path(), &[&log, &other], opts, 16);
+    let got = rig.recv(1000 + 53).await;
+    let mut ours: Vec<&Line> = got.iter().filter(|l| l.path == log).collect();
+    ours.sort_by_key(|l| l.text[5..11].parse::<usize>().unwrap());
+    let seen: Vec<usize> = ours.iter().map(|l| l.text[5..11].parse().unwrap()).collect();
+    assert_eq!(
+        seen,
+        (100..153).collect::<Vec<_>>(),
+        "each line after the truncation once"
+    );
+    assert_eq!(ours[0].offset, 0, "the renamed file from its start");
+    rig.quiet(Duration::from_millis(400)).await;
+    rig.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_first_seen_then_idle_loses_nothing_written_while_down() {
     let (logs, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());

@@ -366,8 +366,11 @@ fn torture(kills: usize) {
     // daemon catches up), restart after a random pause. Not while a deleted
     // file still has lines to read: nothing can open it after a restart.
     let killed = Arc::new(AtomicU64::new(0));
+    // The logs of the daemons killed so far: each start truncates the file.
+    let earlier = Arc::new(Mutex::new(String::new()));
     let killer = {
         let (daemon, killed, no_kill) = (Arc::clone(&daemon), Arc::clone(&killed), Arc::clone(&rig.no_kill));
+        let earlier = Arc::clone(&earlier);
         let (cfg, control) = (rig.files.cfg.clone(), rig.files.control.clone());
         thread::spawn(move || {
             let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ t0 as u64);
@@ -378,6 +381,7 @@ fn torture(kills: usize) {
                 let mut d = daemon.lock().unwrap();
                 if let Some(d) = d.as_mut() {
                     d.kill9();
+                    *earlier.lock().unwrap() += &d.log_text();
                 }
                 *d = None;
                 drop(d);
@@ -439,7 +443,8 @@ fn torture(kills: usize) {
         let keys = redis.cli(&["KEYS", &window_pattern()]);
         let mut have = vec![false; (LINES / PER_ADDR) as usize];
         for k in keys.lines() {
-            let addr = k.split(['{', '}']).nth(1).unwrap_or("");
+            // fleetban:win:{TAG}:198.18.A.B:RULE
+            let addr = k.rsplit(':').nth(1).unwrap_or("");
             let o: Vec<u64> = addr.split('.').filter_map(|p| p.parse().ok()).collect();
             if o.len() == 4 {
                 if let Some(h) = have.get_mut(((o[2] << 8) + o[3]) as usize) {
@@ -460,11 +465,21 @@ fn torture(kills: usize) {
         }
         eprintln!("missing: {ranges:?}");
     }
+    // What the follower did in every run (rotations, drains, restarts),
+    // then the last lines of the daemon running now.
+    let story: String = earlier
+        .lock()
+        .unwrap()
+        .lines()
+        .chain(log.lines())
+        .filter(|l| l.contains("fleetban::source") || l.contains("fleetban running"))
+        .collect::<Vec<_>>()
+        .join("\n");
     let tail: String = log.lines().rev().take(40).collect::<Vec<_>>().join("\n");
     assert!(
         keys == LINES / PER_ADDR && members == LINES && bad == 0,
         "windows {keys} (want {}), members {members} (want {LINES}, {last} before the quiet wait), \
-         bad windows {bad}: {report}\nlast daemon log lines (newest first):\n{tail}",
+         bad windows {bad}: {report}\nthe follower in every run:\n{story}\nlast daemon log lines (newest first):\n{tail}",
         LINES / PER_ADDR
     );
     let st = d.as_ref().map(|d| d.status()).unwrap();

@@ -177,17 +177,25 @@ impl OffsetStore {
         let mut guard = self.lock();
         let inner = &mut *guard;
         let key = (file.dev, file.ino);
-        if let Some(r) = inner.rotated.get_mut(&key).filter(|r| r.file.same_file(&file)) {
-            // An old file being drained.
-            if offset > r.offset {
-                r.offset = offset;
-                inner.dirty = true;
+        if let Some(r) = inner.rotated.get_mut(&key) {
+            if r.file.same_file(&file) {
+                // An old file being drained.
+                if offset > r.offset {
+                    r.offset = offset;
+                    inner.dirty = true;
+                }
+                if r.closed_at.is_some_and(|end| r.offset >= end) {
+                    inner.rotated.remove(&key);
+                    inner.dirty = true;
+                }
+                return;
             }
-            if r.closed_at.is_some_and(|end| r.offset >= end) {
-                inner.rotated.remove(&key);
-                inner.dirty = true;
+            // Other first bytes on an inode still held open: what it held
+            // before a truncation, which went to the copy. Stale; the path
+            // has another file now. (Once closed, the inode may be reused.)
+            if r.closed_at.is_none() {
+                return;
             }
-            return;
         }
         let entry = match inner.entries.get_mut(path) {
             Some(e) => e,
@@ -390,4 +398,50 @@ fn write_atomically(file: &Path, bytes: &[u8]) -> io::Result<()> {
         File::open(dir)?.sync_all()?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(fingerprint: u64) -> FileId {
+        FileId {
+            dev: 1,
+            ino: 7,
+            fingerprint,
+        }
+    }
+
+    /// The follower saw a copytruncate only as the file left its path: the
+    /// rotated entry starts at 0 under the new first bytes, and a late
+    /// commit of the content before the truncation moves nothing.
+    #[test]
+    fn a_late_commit_from_before_a_truncation_is_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = OffsetStore::open(dir.path()).unwrap();
+        let path = Path::new("/logs/access.log");
+        let (before, after) = (id(11), id(22));
+        store.begin(path, before, 0, false);
+        store.commit(path, before, 500);
+        store.begin(path, after, 0, true);
+        store.retire(path, after);
+
+        store.commit(path, before, 800);
+        store.commit(path, after, 40);
+        let r = store.rotated();
+        assert_eq!((r.len(), r[0].file, r[0].offset), (1, after, 40));
+        assert_eq!(
+            store.get(path),
+            Some((after, 0)),
+            "the path's entry is not the stale file's"
+        );
+
+        // Closed: the inode may be reused by a new file at the path, whose
+        // commits count.
+        store.closed(after, 60);
+        let reused = id(33);
+        store.begin(path, reused, 0, false);
+        store.commit(path, reused, 90);
+        assert_eq!(store.get(path), Some((reused, 90)));
+    }
 }

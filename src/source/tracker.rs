@@ -431,16 +431,19 @@ impl Tracker {
 /// Moves a reader whose path names another file now to the draining list.
 /// A truncation that happened while the file was still at its path (a
 /// copytruncate just before the rename or delete) is caught here, so its new
-/// lines are drained from 0.
+/// lines are drained from 0. It is caught before the store retires the
+/// path's entry: the rotated entry then starts at 0 with the fingerprint of
+/// the file's new first bytes, which is what a restart finds beside the
+/// path (with the old ones it would not know the file, and lose its lines).
 fn retire(draining: &mut Vec<Reader>, mut r: Reader, now: Instant, offsets: &OffsetStore) {
-    offsets.retire(&r.path, r.id);
-    match r.check_truncated(None) {
+    match r.check_truncated(Some(offsets)) {
         Ok(true) => {
             debug!(path = %r.path.display(), "Rotated file had been truncated; draining it from 0.")
         }
         Ok(false) => {}
         Err(e) => debug!(path = %r.path.display(), error = %e, "Cannot check a rotated file."),
     }
+    offsets.retire(&r.path, r.id);
     r.last_data = now;
     draining.push(r);
 }
