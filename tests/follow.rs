@@ -441,6 +441,88 @@ async fn a_truncation_seen_only_at_the_rename_survives_a_restart() {
     rig.stop().await;
 }
 
+/// While the follower is down the log is copytruncated, written to, and
+/// renamed (logrotate's `copytruncate` then a `create` rotation): the
+/// renamed file is the one it was reading, with other first bytes. It was
+/// there before the offsets were last saved, so it is that file, rewritten
+/// in place: what it holds now is drained from its start, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copytruncate_then_a_rename_while_down_is_drained_from_its_start() {
+    let (logs, state, log, mut rig) = follow_empty_log().await;
+    let mut writer = open_append(&log);
+    writer.write_all(numbered(0, 100).as_bytes()).unwrap();
+    assert_eq!(seqs(&rig.recv(100).await), (0..100).collect::<Vec<_>>());
+    rig.stop().await;
+
+    fs::copy(&log, logs.path().join("access.log.1")).unwrap();
+    OpenOptions::new().write(true).open(&log).unwrap().set_len(0).unwrap();
+    writer.write_all(numbered(100, 150).as_bytes()).unwrap();
+    fs::rename(&log, logs.path().join("access.log.2")).unwrap();
+    append(&log, &numbered(150, 153));
+
+    let mut rig = Rig::start(state.path(), &[&log], opts(), 16);
+    let mut got = rig.recv(53).await;
+    got.sort_by_key(|l| l.text[5..11].parse::<usize>().unwrap());
+    assert_eq!(seqs(&got), (100..153).collect::<Vec<_>>());
+    assert_eq!((got[0].offset, got[50].offset), (0, 0), "both files from their start");
+    rig.quiet(Duration::from_millis(400)).await;
+    rig.stop().await;
+    let saved = fs::read_to_string(state.path().join("offsets.json")).unwrap();
+    assert!(!saved.contains("rotated"), "drained and forgotten: {saved}");
+}
+
+/// A rotated entry whose inode now holds other first bytes is read only if
+/// that file was created before the offsets were saved (the inode could not
+/// have been reused then); a file created later on a reused inode is
+/// another file, never read as ours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_entry_reads_its_inode_with_other_bytes_only_if_it_was_there_at_the_save() {
+    for (saved_after_creation, want) in [(false, vec![]), (true, (500..520).collect::<Vec<_>>())] {
+        let (logs, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let log = logs.path().join("access.log");
+        File::create(&log).unwrap();
+        let other = logs.path().join("access.log.1");
+        fs::write(&other, numbered(500, 520)).unwrap(); // past the fingerprint's 256 bytes
+        let m = fs::metadata(&other).unwrap();
+        let offsets = state.path().join("offsets.json");
+        fs::write(
+            &offsets,
+            format!(
+                r#"{{"version": 1, "files": {{}}, "rotated": [{{"path": "{}", "dev": {}, "ino": {}, "fingerprint": 12345, "offset": 40}}]}}"#,
+                log.display(),
+                m.dev(),
+                m.ino()
+            ),
+        )
+        .unwrap();
+        let born = m.created().unwrap();
+        let saved = if saved_after_creation {
+            born + Duration::from_secs(1)
+        } else {
+            born - Duration::from_secs(60)
+        };
+        File::options()
+            .write(true)
+            .open(&offsets)
+            .unwrap()
+            .set_modified(saved)
+            .unwrap();
+
+        let mut rig = Rig::start(state.path(), &[&log], opts(), 16);
+        let got = rig.recv(want.len()).await;
+        assert_eq!(
+            seqs(&got),
+            want,
+            "saved after the file's creation: {saved_after_creation}"
+        );
+        if let Some(first) = got.first() {
+            assert_eq!(first.offset, 0);
+        }
+        rig.quiet(Duration::from_millis(400)).await;
+        rig.stop().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_first_seen_then_idle_loses_nothing_written_while_down() {
     let (logs, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());

@@ -464,15 +464,29 @@ fn torture(kills: usize) {
             }
         }
         eprintln!("missing: {ranges:?}");
+        // A line read from the wrong place is counted under another address.
+        let others: Vec<String> = redis
+            .cli(&["KEYS", "fleetban:win:*"])
+            .lines()
+            .filter(|k| !k.contains(":198.18.") && !k.contains(WARMUP_ADDR))
+            .take(10)
+            .map(|k| format!("{k} ({})", redis.cli(&["ZCARD", k]).trim()))
+            .collect();
+        eprintln!("windows of other addresses: {others:?}");
     }
-    // What the follower did in every run (rotations, drains, restarts),
-    // then the last lines of the daemon running now.
+    // What the follower did in every run (rotations, drains, restarts)
+    // and every warning, then the last lines of the daemon running now.
     let story: String = earlier
         .lock()
         .unwrap()
         .lines()
         .chain(log.lines())
-        .filter(|l| l.contains("fleetban::source") || l.contains("fleetban running"))
+        .filter(|l| {
+            ["fleetban::source", "fleetban running", "WARN", "ERROR"]
+                .iter()
+                .any(|w| l.contains(w))
+                && !l.contains("zset-max-listpack-entries")
+        })
         .collect::<Vec<_>>()
         .join("\n");
     let tail: String = log.lines().rev().take(40).collect::<Vec<_>>().join("\n");

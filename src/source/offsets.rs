@@ -47,6 +47,9 @@ pub struct OffsetStore {
     save_lock: Mutex<()>,
     /// Whether the last save failed, and its warnings' rate limit.
     save_warn: Mutex<(bool, crate::ratelog::Every)>,
+    /// When the file found at open was written: a moment at which the
+    /// files it names were open in the process that saved it.
+    saved_at: Option<std::time::SystemTime>,
 }
 
 #[derive(Debug, Default)]
@@ -119,6 +122,7 @@ impl OffsetStore {
         fs::create_dir_all(state_dir)?;
         let file = state_dir.join(FILE_NAME);
         let mut inner = Inner::default();
+        let saved_at = fs::metadata(&file).and_then(|m| m.modified()).ok();
         match fs::read(&file) {
             Ok(bytes) => match serde_json::from_slice::<OnDisk>(&bytes) {
                 Ok(disk) if disk.version == FORMAT_VERSION => {
@@ -162,7 +166,13 @@ impl OffsetStore {
             inner: Mutex::new(inner),
             save_lock: Mutex::new(()),
             save_warn: Mutex::new((false, crate::ratelog::Every::default())),
+            saved_at,
         })
+    }
+
+    /// When the offsets found at open were saved (the file's mtime).
+    pub(crate) fn saved_at(&self) -> Option<std::time::SystemTime> {
+        self.saved_at
     }
 
     /// The file last recorded at `path` and the offset processed in it.
@@ -340,6 +350,17 @@ impl OffsetStore {
             } else {
                 r.closed_at = Some(end);
             }
+        }
+    }
+
+    /// A rotated file found again at start rewritten in place (truncated):
+    /// its entry names it as it is now, from 0.
+    pub(crate) fn restart_rotated(&self, was: FileId, now: FileId) {
+        let mut inner = self.lock();
+        if let Some(r) = inner.rotated.get_mut(&(was.dev, was.ino)) {
+            r.file = now;
+            r.offset = 0;
+            inner.dirty = true;
         }
     }
 

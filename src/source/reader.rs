@@ -224,23 +224,40 @@ impl Reader {
 
 impl Reader {
     /// A file rotated away from `path` before a restart, found again at
-    /// `found`: read from `offset` if it is still the file `want`, else None.
+    /// `found`: read from `offset` if it is still the file `want` (the
+    /// rotated entry: file, offset), else None.
+    ///
+    /// The same inode with other first bytes is the file rewritten in place
+    /// (a copytruncate, then a rename, while we were down) only if it was
+    /// created no later than `held_at`, a moment we held `want` open (the
+    /// last save of the offsets): an inode is not reused while its file
+    /// exists. It is then read from 0 (`rewritten`), else it is another file.
     pub(crate) fn resume(
         source: usize,
         path: Arc<Path>,
         found: &Path,
-        want: FileId,
-        offset: u64,
+        (want, offset): (FileId, u64),
+        held_at: Option<std::time::SystemTime>,
         max_line: usize,
         framer: Option<Framer>,
-    ) -> io::Result<Option<Reader>> {
+    ) -> io::Result<Option<(Reader, bool)>> {
         let file = File::open(found)?;
         let (meta, id, head) = identify(&file)?;
-        if !meta.is_file() || !want.same_file(&id) {
+        if !meta.is_file() || !want.same_inode(id.dev, id.ino) {
             return Ok(None);
         }
-        let start = if offset <= meta.len() { offset } else { 0 };
-        Ok(Some(Reader {
+        let rewritten = !want.same_file(&id);
+        let born_before = || {
+            meta.created()
+                .ok()
+                .zip(held_at)
+                .is_some_and(|(born, held)| born <= held)
+        };
+        if rewritten && !born_before() {
+            return Ok(None);
+        }
+        let start = if !rewritten && offset <= meta.len() { offset } else { 0 };
+        let reader = Reader {
             source,
             path,
             id,
@@ -250,7 +267,8 @@ impl Reader {
             framing: framer.map(|f| (Framing::new(f, start), false)),
             split_out: Vec::new(),
             last_data: Instant::now(),
-        }))
+        };
+        Ok(Some((reader, rewritten)))
     }
 }
 

@@ -154,6 +154,7 @@ impl Tracker {
                 self.offsets.retire(&t.path, saved);
             }
         }
+        let held_at = self.offsets.saved_at();
         for r in self.offsets.rotated() {
             let source = self.paths.iter().find(|t| *t.path == *r.path).map_or(0, |t| t.source);
             let path: Arc<Path> = r.path.as_path().into();
@@ -162,8 +163,8 @@ impl Tracker {
                     source,
                     Arc::clone(&path),
                     &f,
-                    r.file,
-                    r.offset,
+                    (r.file, r.offset),
+                    held_at,
                     self.opts.max_line,
                     framer(&self.opts, source),
                 )
@@ -172,9 +173,17 @@ impl Tracker {
                 .map(|reader| (f, reader))
             });
             match found {
-                Some((f, mut reader)) => {
-                    info!(path = %r.path.display(), now_at = %f.display(), offset = reader.position(),
-                        "Draining a rotated file left unfinished at the last stop.");
+                Some((f, (mut reader, rewritten))) => {
+                    if rewritten {
+                        // Truncated in place, then renamed, while we were
+                        // down: what it holds now came after the copy.
+                        self.offsets.restart_rotated(r.file, reader.id);
+                        info!(path = %r.path.display(), now_at = %f.display(),
+                            "A rotated file left unfinished at the last stop was truncated since (copytruncate); draining it from its start.");
+                    } else {
+                        info!(path = %r.path.display(), now_at = %f.display(), offset = reader.position(),
+                            "Draining a rotated file left unfinished at the last stop.");
+                    }
                     reader.last_data = now;
                     self.draining.push(reader);
                 }
