@@ -23,16 +23,21 @@
 //! - RSS of A with the bans;
 //! - host B starts the same way; once the kernel is heard announcing an
 //!   untimed ban in B's set (`nfevents.rs`: netlink, not `nft monitor`),
-//!   ONE_BY_ONE (10) bans on top, as an address and as a /24, each decided
-//!   on A (`fleetban ban`) and timed to the kernel's announcement of its
-//!   element in B's set, with B's own nft transaction (its debug line
-//!   `nft transaction applied seconds=`).
+//!   ONE_BY_ONE (10) bans on top, as an address and as a /24 decided on A
+//!   by `fleetban ban`, and as an address decided by A from its access log
+//!   (a request for `/trip`, which the `trip` rule bans on sight), each
+//!   timed to the kernel's announcement of its element in B's set, with B's
+//!   own nft transaction (its debug line `nft transaction applied
+//!   seconds=`);
 //! - with SCALE_START_LOG=1, each host's log lines of its start, timed
 //!   from the spawn;
 //! - with SCALE_STEADY=SECS (and SCALE_RECONCILE, the hosts'
-//!   `reconcile_every`), a ban on A every 0.5 s for SECS seconds, timed
-//!   to B's set across B's periodic reconciles and drift repairs, the
-//!   slow ones (over 50 ms) and B's log lines on its full reads printed.
+//!   `reconcile_every`), a ban on A every 0.5 s for SECS seconds, decided
+//!   in turn from A's log and by the CLI, timed to B's set across B's
+//!   periodic reconciles and drift repairs, the slow ones (over 50 ms),
+//!   each with how the machine's CPU time went since the ban before (A, B,
+//!   the rest, stolen by the hypervisor, idle), and B's log lines on its
+//!   full reads printed.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -118,37 +123,48 @@ fn main() {
     // nothing fails here, not as a timed miss.
     let added = nfevents::Additions::listen(&ns_b.name);
     let before_warm = transactions(&d_b).len();
-    timed_ban(&a.cfg, &added, &d_b, "198.18.255.254", "v4");
+    timed_ban(&a, Decide::Cli, &added, &d_b, "198.18.255.254", "v4");
     // B logs its transaction after the kernel announced it.
     transactions_past(&d_b, before_warm + 1);
-    for (kind, set, target) in [
+    for (kind, how, set, target) in [
         (
             "address",
+            Decide::Cli,
             "v4",
             (|i: usize| format!("198.18.{}.{}", i / 250, i % 250 + 1)) as fn(usize) -> String,
         ),
-        ("network /24", "v4n24", |i: usize| format!("198.19.{i}.0/24")),
+        ("network /24", Decide::Cli, "v4n24", |i: usize| {
+            format!("198.19.{i}.0/24")
+        }),
+        ("address", Decide::Log, "v4", |i: usize| {
+            format!("198.20.{}.{}", i / 250, i % 250 + 1)
+        }),
     ] {
         let seen_before = transactions(&d_b);
         let (mut e2e, mut cli_ms) = (Vec::new(), Vec::new());
         for i in 0..one_by_one {
-            let (to_b, cli) = timed_ban(&a.cfg, &added, &d_b, &target(i), set);
+            let (to_b, cli) = timed_ban(&a, how, &added, &d_b, &target(i), set);
             e2e.push(to_b);
-            cli_ms.push(cli);
+            cli_ms.extend(cli);
             std::thread::sleep(Duration::from_millis(50));
         }
         let mut nft: Vec<f64> = transactions_past(&d_b, seen_before.len() + one_by_one)[seen_before.len()..]
             .iter()
             .map(|s| s * 1000.0)
             .collect();
+        let cli = if cli_ms.is_empty() {
+            String::new()
+        } else {
+            format!("; the CLI alone {}", stats(&mut cli_ms))
+        };
         println!(
-            "one ban on top of {n}, as {kind}: B's nft transaction {}; decided on A (CLI) -> in B's set {}; the CLI alone {}",
+            "one ban on top of {n}, as {kind}: B's nft transaction {}; decided on A ({}) -> in B's set {}{cli}",
             stats(&mut nft),
+            how.said(),
             stats(&mut e2e),
-            stats(&mut cli_ms)
         );
     }
-    steady(&a.cfg, &added, &d_b, n);
+    steady(&a, &added, [&d_a, &d_b], n);
     drop(added);
     println!(
         "daemon RSS after them: A {:.1} MB (anonymous {:.1} MB), B {:.1} MB",
@@ -158,16 +174,51 @@ fn main() {
     );
 }
 
-/// `target` banned on A (`fleetban ban`), timed to the kernel's
-/// announcement of its element in B's set `set`: (that, the CLI alone),
-/// in ms. Panics if it is not there within 60 s, with B's log.
-fn timed_ban(a_cfg: &Path, added: &nfevents::Additions, d_b: &Daemon, target: &str, set: &str) -> (f64, f64) {
+/// How a timed ban is decided on A.
+#[derive(Clone, Copy, PartialEq)]
+enum Decide {
+    /// `fleetban ban TARGET --for 1h`: a process started per ban, which
+    /// asks A on its control socket.
+    Cli,
+    /// A request for `/trip` appended to A's access log: A's `trip` rule
+    /// (`hits: 0`) bans on that line, as a detection does. Addresses only.
+    Log,
+}
+
+impl Decide {
+    fn said(self) -> &'static str {
+        match self {
+            Decide::Cli => "CLI",
+            Decide::Log => "its log",
+        }
+    }
+}
+
+/// `target` banned on A as `how` says, timed to the kernel's announcement
+/// of its element in B's set `set`: (that, the CLI alone), in ms. Panics if
+/// it is not there within 60 s, with B's log.
+fn timed_ban(
+    a: &Host,
+    how: Decide,
+    added: &nfevents::Additions,
+    d_b: &Daemon,
+    target: &str,
+    set: &str,
+) -> (f64, Option<f64>) {
     // A network's element is keyed by its first address.
     let key: std::net::IpAddr = target.split('/').next().unwrap().parse().unwrap();
     while added.rx.try_recv().is_ok() {}
     let t0 = Instant::now();
-    ban_for_an_hour(a_cfg, target);
-    let cli = t0.elapsed().as_secs_f64() * 1000.0;
+    let cli = match how {
+        Decide::Cli => {
+            ban_for_an_hour(&a.cfg, target);
+            Some(t0.elapsed().as_secs_f64() * 1000.0)
+        }
+        Decide::Log => {
+            common::append(&a.log, &common::combined_line(target, fleetban::now_ms(), "/trip", 404));
+            None
+        }
+    };
     let deadline = t0 + Duration::from_secs(60);
     let mut seen = Vec::new();
     while let Ok((t1, e)) = added
@@ -187,12 +238,12 @@ fn timed_ban(a_cfg: &Path, added: &nfevents::Additions, d_b: &Daemon, target: &s
 }
 
 /// SCALE_STEADY=SECS (with SCALE_RECONCILE, the hosts' `reconcile_every`):
-/// a ban on A every 0.5 s for SECS seconds, each timed to B's set, while
-/// B's periodic reconciles (and every 10th, the drift repair) come and
-/// go; prints the spread, the bans over 50 ms, B's log lines on its full
-/// reads and repairs, and how many of B's reconciles of its whole set
-/// fell inside.
-fn steady(a_cfg: &Path, added: &nfevents::Additions, d_b: &Daemon, n: u64) {
+/// a ban on A every 0.5 s for SECS seconds, decided in turn from A's log
+/// and by the CLI, each timed to B's set, while B's periodic reconciles
+/// (and every 10th, the drift repair) come and go; prints the spread of
+/// each, the bans over 50 ms, B's log lines on its full reads and repairs,
+/// and how many of B's reconciles of its whole set fell inside.
+fn steady(a: &Host, added: &nfevents::Additions, [d_a, d_b]: [&Daemon; 2], n: u64) {
     /// Bans slower than this are printed with when they were decided.
     const SLOW_MS: f64 = 50.0;
     let secs: u64 = env("SCALE_STEADY", 0);
@@ -201,24 +252,34 @@ fn steady(a_cfg: &Path, added: &nfevents::Additions, d_b: &Daemon, n: u64) {
     }
     let reconciled = |d: &Daemon| d.log_text().matches("nftables reconciled").count();
     let before = reconciled(d_b);
-    let (mut e2e, mut alone) = (Vec::new(), Vec::new());
+    let (mut from_log, mut e2e, mut alone) = (Vec::new(), Vec::new(), Vec::new());
     let end = Instant::now() + Duration::from_secs(secs);
     let seen_before = transactions(d_b).len();
+    let mut cpu = Cpu::read(d_a, d_b);
     // Bounded by time and by count (two a second).
     for i in 0..secs as usize * 2 {
         if Instant::now() >= end {
             break;
         }
+        let before = std::mem::replace(&mut cpu, Cpu::read(d_a, d_b));
         let target = format!("198.18.{}.{}", 100 + i / 250, i % 250 + 1);
-        let (took, cli) = timed_ban(a_cfg, added, d_b, &target, "v4");
-        alone.push(cli);
+        let how = if i % 2 == 0 { Decide::Log } else { Decide::Cli };
+        let (took, cli) = timed_ban(a, how, added, d_b, &target, "v4");
         if took > SLOW_MS {
             println!(
-                "  {target}: {took:.0} ms, decided at {} UTC",
-                utc_clock(now_us() - (took * 1000.0) as i64)
+                "  {target}: {took:.0} ms, decided ({}) at {} UTC; the machine since the ban before: {}",
+                how.said(),
+                utc_clock(now_us() - (took * 1000.0) as i64),
+                Cpu::read(d_a, d_b).since(&before)
             );
         }
-        e2e.push(took);
+        match cli {
+            Some(cli) => {
+                e2e.push(took);
+                alone.push(cli);
+            }
+            None => from_log.push(took),
+        }
         std::thread::sleep(Duration::from_millis(500));
     }
     let longest = transactions(d_b)[seen_before..]
@@ -241,12 +302,80 @@ fn steady(a_cfg: &Path, added: &nfevents::Additions, d_b: &Daemon, n: u64) {
         println!("    {l}");
     }
     println!(
-        "bans on top of {n} for {secs} s, one every 0.5 s, reconcile_every {}: decided on A (CLI) -> in B's set {}; the CLI alone {}; B's reconciles of its whole set meanwhile: {}, its longest nft transaction {longest:.1} ms",
+        "bans on top of {n} for {secs} s, one every 0.5 s, reconcile_every {}: decided on A (its log) -> in B's set {}; decided on A (CLI) -> in B's set {}; the CLI alone {}; B's reconciles of its whole set meanwhile: {}, its longest nft transaction {longest:.1} ms",
         std::env::var("SCALE_RECONCILE").unwrap_or_else(|_| "60s (default)".to_owned()),
+        stats(&mut from_log),
         stats(&mut e2e),
         stats(&mut alone),
         reconciled(d_b) - before
     );
+}
+
+/// The machine's CPU time (`/proc/stat`, clock ticks), and A's and B's own:
+/// a slow ban says whether the hosts or something else had the cores.
+struct Cpu {
+    total: u64,
+    idle: u64,
+    steal: u64,
+    a: u64,
+    b: u64,
+}
+
+impl Cpu {
+    fn read(d_a: &Daemon, d_b: &Daemon) -> Cpu {
+        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        // cpu  user nice system idle iowait irq softirq steal ...
+        let f: Vec<u64> = stat
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        let at = |i: usize| f.get(i).copied().unwrap_or(0);
+        Cpu {
+            total: f.iter().take(8).sum(),
+            idle: at(3) + at(4),
+            steal: at(7),
+            a: process_ticks(d_a.pid()),
+            b: process_ticks(d_b.pid()),
+        }
+    }
+
+    /// Shares of the machine's time since `before`: A, B, the rest busy,
+    /// stolen by the hypervisor, idle.
+    fn since(&self, before: &Cpu) -> String {
+        let total = self.total.saturating_sub(before.total).max(1) as f64;
+        let pct = |v: u64| v as f64 * 100.0 / total;
+        let (a, b) = (self.a.saturating_sub(before.a), self.b.saturating_sub(before.b));
+        let (idle, steal) = (
+            self.idle.saturating_sub(before.idle),
+            self.steal.saturating_sub(before.steal),
+        );
+        let rest = (total as u64).saturating_sub(a + b + idle + steal);
+        // SAFETY: sysconf reads a constant.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        format!(
+            "A {:.0}%, B {:.0}%, the rest {:.0}%, stolen {:.0}%, idle {:.0}% of {:.2} s of {cores} cores",
+            pct(a),
+            pct(b),
+            pct(rest),
+            pct(steal),
+            pct(idle),
+            total / hz / cores
+        )
+    }
+}
+
+/// utime + stime of `pid`, in clock ticks.
+fn process_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rfind(')').map_or("", |i| &stat[i + 2..]);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    tick(11) + tick(12)
 }
 
 /// The last `n` lines of `d`'s log, without colours.
@@ -272,6 +401,8 @@ fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
 /// A host's files: configuration, control socket, `/check` socket.
 struct Host {
     _dir: tempfile::TempDir,
+    /// Its access log: the `trip` rule bans the first request for `/trip`.
+    log: PathBuf,
     cfg: PathBuf,
     control: PathBuf,
     http: PathBuf,
@@ -285,7 +416,7 @@ impl Host {
         std::fs::write(
             dir.path().join("rules.yaml"),
             format!(
-                "rules:\n  - name: bench\n    logs: [{}]\n    limit: {{ hits: 1000, window: 60s }}\n    ban: {{ duration: 1h }}\n",
+                "rules:\n  - name: bench\n    logs: [{0}]\n    limit: {{ hits: 1000, window: 60s }}\n    ban: {{ duration: 1h }}\n  - name: trip\n    logs: [{0}]\n    match: {{ path: '^/trip$' }}\n    limit: {{ hits: 0, window: 60s }}\n    ban: {{ duration: 1h }}\n",
                 log.display()
             ),
         )
@@ -311,6 +442,7 @@ impl Host {
         .expect("config");
         Host {
             _dir: dir,
+            log,
             cfg,
             control,
             http,

@@ -788,6 +788,59 @@ async fn a_table_with_the_interval_sets_v4net_v6net_moves_to_sets_per_length() {
     assert_eq!(elem_names(&ns, "v6"), ["2001:db8:9::/48"]);
 }
 
+/// Every set of ours has the kernel walk it for expired elements once a
+/// minute, not every second (`script::GC_INTERVAL_S`: with a million
+/// elements, each walk held transactions up for ~0.1 s). A table an earlier
+/// version made keeps its elements and gets the interval at `init`.
+#[tokio::test]
+async fn sets_are_collected_once_a_minute_also_those_an_earlier_version_made() {
+    let ns = netns();
+    let out = nft_script(
+        &ns,
+        "add table inet fleetban\n\
+         add set inet fleetban v4 { type ipv4_addr; flags timeout; }\n\
+         add set inet fleetban v6 { type ipv6_addr; flags timeout; }\n\
+         add set inet fleetban v4n24 { type ipv4_addr; flags timeout; }\n\
+         add chain inet fleetban input { type filter hook input priority -10; policy accept; }\n\
+         add rule inet fleetban input ip saddr @v4 counter drop comment \"fleetban v4 drop\"\n\
+         add rule inet fleetban input ip6 saddr & ffff:ffff:ffff:ffff:: @v6 counter drop comment \"fleetban v6 drop\"\n\
+         add rule inet fleetban input ip saddr & 255.255.255.0 @v4n24 counter drop comment \"fleetban v4n24 drop\"\n\
+         add element inet fleetban v4 { 10.7.0.1 timeout 1h }\n\
+         add element inet fleetban v4n24 { 10.7.1.0 timeout 1h }\n",
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let gc = |ns: &NetNs| -> Vec<(String, Option<u64>)> {
+        let sets = nft_json(ns, &["list", "sets", "inet"]);
+        let mut v: Vec<(String, Option<u64>)> = sets["nftables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["set"]["table"] == TABLE)
+            .map(|i| {
+                (
+                    i["set"]["name"].as_str().unwrap().to_owned(),
+                    i["set"]["gc-interval"].as_u64(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert!(gc(&ns).iter().all(|(_, g)| g.is_none()), "{:?}", gc(&ns));
+    let now = now_ms();
+    let mut e = enforcer(&ns);
+    e.init(now).await.unwrap();
+    let h = Until::At(now + HOUR);
+    e.add(&[ban("10.7.2.0/23", h)], now).await.unwrap();
+    let minute = Some(60);
+    assert_eq!(
+        gc(&ns),
+        [("v4", minute), ("v4n23", minute), ("v4n24", minute), ("v6", minute)].map(|(n, g)| (n.to_owned(), g))
+    );
+    assert_eq!(elem_names(&ns, "v4"), ["10.7.0.1", "10.7.1.0/24", "10.7.2.0/23"]);
+    assert_eq!(chain_rules(&ns).len(), 4);
+}
+
 /// The table check of an enforcer that runs the system nft asks nf_tables
 /// itself for the chain (`enforce/netlink.rs`): it tells the chain from a
 /// missing chain, a missing table and a table of another family, and what

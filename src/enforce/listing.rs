@@ -69,6 +69,7 @@ pub(crate) fn parse(json: &[u8], opts: &NftOptions, now: i64) -> Result<KernelVi
     let mut view = KernelView::default();
     let mut sets = [State::Missing; 2];
     let mut delete_sets: Vec<String> = Vec::new();
+    let mut gc_sets: Vec<String> = Vec::new();
     let mut chain = State::Missing;
     let mut comments: Vec<Option<String>> = Vec::new();
     let ours = |family: &Option<String>, table: &Option<String>| {
@@ -94,6 +95,9 @@ pub(crate) fn parse(json: &[u8], opts: &NftOptions, now: i64) -> Result<KernelVi
                     view.lengths.insert(l);
                 }
                 Home::Net(_) => {}
+            }
+            if right && !matches!(set.gc_interval, Some(Or::Is(s)) if s == script::GC_INTERVAL_S) {
+                gc_sets.push(name.to_owned());
             }
             if !right {
                 delete_sets.push(name.to_owned());
@@ -139,6 +143,7 @@ pub(crate) fn parse(json: &[u8], opts: &NftOptions, now: i64) -> Result<KernelVi
     let rules_right = chain == State::Right && comments == want;
     let mut p = Preamble {
         delete_sets,
+        gc_sets,
         delete_chain: chain == State::Wrong,
         ..Preamble::default()
     };
@@ -191,6 +196,9 @@ struct ListedSet {
     #[serde(rename = "type")]
     set_type: Option<Or<String>>,
     flags: Option<Or<Vec<String>>>,
+    /// Seconds; absent: the kernel's default (every second).
+    #[serde(rename = "gc-interval")]
+    gc_interval: Option<Or<u64>>,
     #[serde(default)]
     elem: Vec<Listed>,
 }
@@ -425,24 +433,42 @@ mod tests {
     const LISTING: &str = r#"{"nftables": [{"metainfo": {"version": "1.0.6", "json_schema_version": 1}},
       {"table": {"family": "inet", "name": "fleetban", "handle": 1}},
       {"set": {"family": "inet", "name": "v4", "table": "fleetban", "type": "ipv4_addr", "handle": 2,
-        "flags": ["timeout"], "elem": [
+        "flags": ["timeout"], "gc-interval": 60, "elem": [
           {"elem": {"val": "1.2.3.4", "timeout": 5, "expires": 4}}, "5.5.5.5"]}},
       {"set": {"family": "inet", "name": "v6", "table": "fleetban", "type": "ipv6_addr", "handle": 3,
-        "flags": ["timeout"], "elem": [{"elem": {"val": "2001:db8::", "timeout": 60, "expires": 59}}]}},
+        "flags": ["timeout"], "gc-interval": 60, "elem": [{"elem": {"val": "2001:db8::", "timeout": 60, "expires": 59}}]}},
       {"set": {"family": "inet", "name": "v4n16", "table": "fleetban", "type": "ipv4_addr", "handle": 4,
-        "flags": ["timeout"], "elem": [
+        "flags": ["timeout"], "gc-interval": 60, "elem": [
           {"elem": {"val": "10.0.0.0", "timeout": 10, "expires": 9}}, "10.1.0.0",
           {"concat": [1, 2]}, "10.2.0.1"]}},
       {"set": {"family": "inet", "name": "v4n31", "table": "fleetban", "type": "ipv4_addr", "handle": 5,
-        "flags": ["timeout"], "elem": ["30.0.0.0"]}},
+        "flags": ["timeout"], "gc-interval": 60, "elem": ["30.0.0.0"]}},
       {"set": {"family": "inet", "name": "v6n48", "table": "fleetban", "type": "ipv6_addr", "handle": 6,
-        "flags": ["timeout"], "elem": ["2001:db8:1::"]}},
+        "flags": ["timeout"], "gc-interval": 60, "elem": ["2001:db8:1::"]}},
       {"chain": {"family": "inet", "table": "fleetban", "name": "input", "handle": 1, "type": "filter", "hook": "input", "prio": -10, "policy": "accept"}},
       {"rule": {"family": "inet", "table": "fleetban", "chain": "input", "handle": 6, "comment": "fleetban v4 drop", "expr": []}},
       {"rule": {"family": "inet", "table": "fleetban", "chain": "input", "handle": 7, "comment": "fleetban v6 drop", "expr": []}},
       {"rule": {"family": "inet", "table": "fleetban", "chain": "input", "handle": 8, "comment": "fleetban v6n48 drop", "expr": []}},
       {"rule": {"family": "inet", "table": "fleetban", "chain": "input", "handle": 9, "comment": "fleetban v4n16 drop", "expr": []}},
       {"rule": {"family": "inet", "table": "fleetban", "chain": "input", "handle": 10, "comment": "fleetban v4n31 drop", "expr": []}}]}"#;
+
+    #[test]
+    fn sets_without_our_gc_interval_are_declared_again_with_their_elements() {
+        let earlier = LISTING.replacen(r#""gc-interval": 60, "#, "", 1).replacen(
+            r#""handle": 4,
+        "flags": ["timeout"], "gc-interval": 60,"#,
+            r#""handle": 4,
+        "flags": ["timeout"], "gc-interval": 1,"#,
+            1,
+        );
+        let view = parse(earlier.as_bytes(), &NftOptions::default(), 0).unwrap();
+        let p = view.preamble.expect("a preamble");
+        assert_eq!(p.gc_sets, ["v4", "v4n16"]);
+        assert!(!p.rules && p.delete_sets.is_empty() && !p.flush_chain_first, "{p}");
+        assert_eq!(p.to_string(), "set v4 gc-interval 60s, set v4n16 gc-interval 60s");
+        let whole = parse(LISTING.as_bytes(), &NftOptions::default(), 0).unwrap();
+        assert_eq!(view.elems.len(), whole.elems.len());
+    }
 
     #[test]
     fn parses_every_element_shape() {
