@@ -741,25 +741,29 @@ async fn a_table_in_the_old_two_interval_sets_layout_is_recreated() {
     assert_eq!(elem_names(&ns, "v6"), ["2001:db8:8::/64"]);
 }
 
+/// The table, fixed sets, chain and rules as a version before issue 27
+/// left them (no `gc-interval`); each test adds what it needs.
+const EARLIER_TABLE: &str = "add table inet fleetban\n\
+     add set inet fleetban v4 { type ipv4_addr; flags timeout; }\n\
+     add set inet fleetban v6 { type ipv6_addr; flags timeout; }\n\
+     add chain inet fleetban input { type filter hook input priority -10; policy accept; }\n\
+     add rule inet fleetban input ip saddr @v4 counter drop comment \"fleetban v4 drop\"\n\
+     add rule inet fleetban input ip6 saddr & ffff:ffff:ffff:ffff:: @v6 counter drop comment \"fleetban v6 drop\"\n";
+
 #[tokio::test]
 async fn a_table_with_the_interval_sets_v4net_v6net_moves_to_sets_per_length() {
     let ns = netns();
     // The layout before issue 27, as a previous version left it.
     let out = nft_script(
         &ns,
-        "add table inet fleetban\n\
-         add set inet fleetban v4 { type ipv4_addr; flags timeout; }\n\
-         add set inet fleetban v6 { type ipv6_addr; flags timeout; }\n\
-         add set inet fleetban v4net { type ipv4_addr; flags interval, timeout; }\n\
+        &(EARLIER_TABLE.to_owned()
+            + "add set inet fleetban v4net { type ipv4_addr; flags interval, timeout; }\n\
          add set inet fleetban v6net { type ipv6_addr; flags interval, timeout; }\n\
-         add chain inet fleetban input { type filter hook input priority -10; policy accept; }\n\
-         add rule inet fleetban input ip saddr @v4 counter drop comment \"fleetban v4 drop\"\n\
-         add rule inet fleetban input ip6 saddr & ffff:ffff:ffff:ffff:: @v6 counter drop comment \"fleetban v6 drop\"\n\
          add rule inet fleetban input ip saddr @v4net counter drop comment \"fleetban v4net drop\"\n\
          add rule inet fleetban input ip6 saddr @v6net counter drop comment \"fleetban v6net drop\"\n\
          add element inet fleetban v4 { 10.9.0.1 timeout 1h }\n\
          add element inet fleetban v4net { 10.9.1.0/24 timeout 1h }\n\
-         add element inet fleetban v6net { 2001:db8:9::/48 timeout 1h }\n",
+         add element inet fleetban v6net { 2001:db8:9::/48 timeout 1h }\n"),
     );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let now = now_ms();
@@ -797,16 +801,11 @@ async fn sets_are_collected_once_a_minute_also_those_an_earlier_version_made() {
     let ns = netns();
     let out = nft_script(
         &ns,
-        "add table inet fleetban\n\
-         add set inet fleetban v4 { type ipv4_addr; flags timeout; }\n\
-         add set inet fleetban v6 { type ipv6_addr; flags timeout; }\n\
-         add set inet fleetban v4n24 { type ipv4_addr; flags timeout; }\n\
-         add chain inet fleetban input { type filter hook input priority -10; policy accept; }\n\
-         add rule inet fleetban input ip saddr @v4 counter drop comment \"fleetban v4 drop\"\n\
-         add rule inet fleetban input ip6 saddr & ffff:ffff:ffff:ffff:: @v6 counter drop comment \"fleetban v6 drop\"\n\
+        &(EARLIER_TABLE.to_owned()
+            + "add set inet fleetban v4n24 { type ipv4_addr; flags timeout; }\n\
          add rule inet fleetban input ip saddr & 255.255.255.0 @v4n24 counter drop comment \"fleetban v4n24 drop\"\n\
          add element inet fleetban v4 { 10.7.0.1 timeout 1h }\n\
-         add element inet fleetban v4n24 { 10.7.1.0 timeout 1h }\n",
+         add element inet fleetban v4n24 { 10.7.1.0 timeout 1h }\n"),
     );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let gc = |ns: &NetNs| -> Vec<(String, Option<u64>)> {
