@@ -7,7 +7,8 @@
 # The harness is bench/scale.rs (a [[bench]] target; never part of the suite).
 # Usage: bench/scale.sh [BANS]   (default 100000)
 # Env: SCALE_SHAPE=addr (3/4 IPv4 addresses, 1/4 IPv6 /64s) or net (IPv4
-# /16-/31 and IPv6 /32-/63 networks), ONE_BY_ONE (10 bans of each kind),
+# /16-/31 and IPv6 /32-/63 networks, none inside another: 71% IPv4 at
+# 100,000, 2% at 1,000,000), ONE_BY_ONE (10 bans of each kind),
 # BIN=/path/to/fleetban measures that build instead of this tree's.
 # SCALE_START_LOG=1: each host's log lines of its start, ms after the spawn.
 # SCALE_STEADY=SECS with SCALE_RECONCILE=6s (the hosts' reconcile_every):

@@ -119,6 +119,14 @@ impl SharedView {
 mod tests {
     use super::*;
 
+    /// The view's entries carry no padding: an IPv4 ban 12 bytes, an IPv6
+    /// /64 16, a longer IPv6 prefix 24 (a `u64` or `u128` key aligned them
+    /// on 8 or 16).
+    #[test]
+    fn a_ban_of_the_view_takes_its_key_and_end() {
+        assert_eq!(NetMap::<End>::entry_bytes(), [12, 16, 24]);
+    }
+
     #[test]
     fn exact_and_wide() {
         let mut c = BanCache::default();

@@ -1,7 +1,8 @@
 //! [`NetMap`]: a map from networks (addresses, prefixes) to values, held
 //! compactly for long ban lists: one table per prefix length in use,
-//! keyed by the masked address as an integer (`u32` for IPv4, `u64` for
-//! IPv6 prefixes up to /64, `u128` past it) rather than an `IpNet` (18
+//! keyed by the masked address as an integer (`u32` for IPv4, the top 64
+//! bits for IPv6 prefixes up to /64, all 128 past it, as 32-bit words:
+//! aligned on 4 like the values beside them) rather than an `IpNet` (18
 //! bytes), its entries in a sorted vector with the latest changes beside
 //! it (`Length`). A lookup of what holds a network asks each length
 //! present (usually one or two; every length of a mixed network list at
@@ -218,33 +219,65 @@ impl Key for u32 {
     }
 }
 
-impl Key for u64 {
-    fn of(net: &IpNet) -> Option<u64> {
-        match net {
-            IpNet::V6(n) if n.prefix_len() <= 64 => Some((u128::from(n.network()) >> 64) as u64),
-            _ => None,
-        }
+/// An IPv6 key as 32-bit words, the most significant first: ordered as
+/// the number they make, aligned on 4. A `u64` key (aligned on 8) padded
+/// a remembered /64's entry from 36 bytes to 40, a `u128` (aligned on 16)
+/// an address's in the view from 24 to 32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct Words<const N: usize>([u32; N]);
+
+impl<const N: usize> Words<N> {
+    /// The top `N` words of `a`.
+    fn of_addr(a: std::net::Ipv6Addr) -> Self {
+        let bits = u128::from(a);
+        Words(std::array::from_fn(|i| (bits >> (96 - 32 * i)) as u32))
     }
-    fn net(self, len: u8) -> IpNet {
-        IpNet::V6(Ipv6Net::new((u128::from(self) << 64).into(), len).unwrap_or_default())
+
+    /// The address whose top words these are, the rest 0.
+    fn addr(self) -> std::net::Ipv6Addr {
+        let bits = self
+            .0
+            .iter()
+            .enumerate()
+            .fold(0u128, |b, (i, w)| b | u128::from(*w) << (96 - 32 * i));
+        bits.into()
     }
-    fn top(self, bits: u32) -> usize {
-        (u128::from(self) >> (64 - bits)) as usize
+
+    /// The top `bits` bits (at most 32) of the number.
+    fn top_bits(self, bits: u32) -> usize {
+        (u128::from(self.addr()).checked_shr(128 - bits).unwrap_or(0)) as usize
     }
 }
 
-impl Key for u128 {
-    fn of(net: &IpNet) -> Option<u128> {
+/// IPv6 prefixes up to /64, by their upper 64 bits.
+impl Key for Words<2> {
+    fn of(net: &IpNet) -> Option<Self> {
         match net {
-            IpNet::V6(n) if n.prefix_len() > 64 => Some(u128::from(n.network())),
+            IpNet::V6(n) if n.prefix_len() <= 64 => Some(Words::of_addr(n.network())),
             _ => None,
         }
     }
     fn net(self, len: u8) -> IpNet {
-        IpNet::V6(Ipv6Net::new(self.into(), len).unwrap_or_default())
+        IpNet::V6(Ipv6Net::new(self.addr(), len).unwrap_or_default())
     }
     fn top(self, bits: u32) -> usize {
-        self.checked_shr(128 - bits).unwrap_or(0) as usize
+        self.top_bits(bits)
+    }
+}
+
+/// IPv6 prefixes past /64, whole.
+impl Key for Words<4> {
+    fn of(net: &IpNet) -> Option<Self> {
+        match net {
+            IpNet::V6(n) if n.prefix_len() > 64 => Some(Words::of_addr(n.network())),
+            _ => None,
+        }
+    }
+    fn net(self, len: u8) -> IpNet {
+        IpNet::V6(Ipv6Net::new(self.addr(), len).unwrap_or_default())
+    }
+    fn top(self, bits: u32) -> usize {
+        self.top_bits(bits)
     }
 }
 
@@ -332,10 +365,23 @@ pub struct NetMap<V> {
     v4: Lengths<u32, V>,
     /// IPv6 prefixes up to /64 (client prefixes, networks), by their
     /// upper 64 bits.
-    v6: Lengths<u64, V>,
+    v6: Lengths<Words<2>, V>,
     /// IPv6 prefixes longer than /64 (an operator's single address).
-    v6_long: Lengths<u128, V>,
+    v6_long: Lengths<Words<4>, V>,
     len: usize,
+}
+
+impl<V> NetMap<V> {
+    /// The bytes of one entry in the sorted vectors: IPv4, IPv6 up to
+    /// /64, IPv6 past it.
+    #[cfg(test)]
+    pub(crate) const fn entry_bytes() -> [usize; 3] {
+        [
+            size_of::<(u32, V)>(),
+            size_of::<(Words<2>, V)>(),
+            size_of::<(Words<4>, V)>(),
+        ]
+    }
 }
 
 impl<V> Default for NetMap<V> {
@@ -354,7 +400,7 @@ impl<V: Copy> NetMap<V> {
     pub fn insert(&mut self, net: IpNet, v: V) -> Option<V> {
         let net = net.trunc();
         let len = net.prefix_len();
-        let old = match (u32::of(&net), u64::of(&net), u128::of(&net)) {
+        let old = match (u32::of(&net), Words::<2>::of(&net), Words::<4>::of(&net)) {
             (Some(k), _, _) => self.v4.insert(len, k, v),
             (_, Some(k), _) => self.v6.insert(len, k, v),
             (_, _, Some(k)) => self.v6_long.insert(len, k, v),
@@ -367,7 +413,7 @@ impl<V: Copy> NetMap<V> {
     pub fn remove(&mut self, net: &IpNet) -> Option<V> {
         let net = net.trunc();
         let len = net.prefix_len();
-        let old = match (u32::of(&net), u64::of(&net), u128::of(&net)) {
+        let old = match (u32::of(&net), Words::<2>::of(&net), Words::<4>::of(&net)) {
             (Some(k), _, _) => self.v4.remove(len, k),
             (_, Some(k), _) => self.v6.remove(len, k),
             (_, _, Some(k)) => self.v6_long.remove(len, k),
@@ -381,7 +427,7 @@ impl<V: Copy> NetMap<V> {
     pub fn get(&self, net: &IpNet) -> Option<&V> {
         let net = net.trunc();
         let len = net.prefix_len();
-        match (u32::of(&net), u64::of(&net), u128::of(&net)) {
+        match (u32::of(&net), Words::<2>::of(&net), Words::<4>::of(&net)) {
             (Some(k), _, _) => self.v4.at(len)?.get(&k),
             (_, Some(k), _) => self.v6.at(len)?.get(&k),
             (_, _, Some(k)) => self.v6_long.at(len)?.get(&k),
@@ -392,7 +438,7 @@ impl<V: Copy> NetMap<V> {
     pub fn get_mut(&mut self, net: &IpNet) -> Option<&mut V> {
         let net = net.trunc();
         let len = net.prefix_len();
-        match (u32::of(&net), u64::of(&net), u128::of(&net)) {
+        match (u32::of(&net), Words::<2>::of(&net), Words::<4>::of(&net)) {
             (Some(k), _, _) => self.v4.at_mut(len)?.get_mut(&k),
             (_, Some(k), _) => self.v6.at_mut(len)?.get_mut(&k),
             (_, _, Some(k)) => self.v6_long.at_mut(len)?.get_mut(&k),
@@ -449,7 +495,7 @@ impl<V: Copy> FromIterator<(IpNet, V)> for NetMap<V> {
         for (net, v) in entries {
             let net = net.trunc();
             let len = net.prefix_len();
-            match (u32::of(&net), u64::of(&net), u128::of(&net)) {
+            match (u32::of(&net), Words::<2>::of(&net), Words::<4>::of(&net)) {
                 (Some(k), _, _) => v4.push((len, k, v)),
                 (_, Some(k), _) => v6.push((len, k, v)),
                 (_, _, Some(k)) => v6_long.push((len, k, v)),

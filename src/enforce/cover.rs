@@ -87,7 +87,8 @@ impl fmt::Display for Span {
 }
 
 /// One applied element, beside its span's start: where the span ends and
-/// when it expires, in 12 bytes (a book of 1,000,000 elements).
+/// when it expires, in 11 bytes aligned on 1 (a book of 1,000,000
+/// elements).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Slot {
     pub end: End,
@@ -666,6 +667,15 @@ pub(crate) mod tests {
 
     fn at(ms: i64) -> Until {
         Until::At(NOW + ms)
+    }
+
+    /// The book's entries carry no padding: what is wanted 16 bytes an
+    /// IPv4 ban, 25 an IPv6 one (28 with an end aligned on 4); what is
+    /// applied 16 and 27.
+    #[test]
+    fn an_entry_of_the_book_takes_its_key_and_fields() {
+        assert_eq!(Tree::<IpNet, End>::entry_bytes(), [16, 25]);
+        assert_eq!(Tree::<IpAddr, Slot>::entry_bytes(), [16, 27]);
     }
 
     /// Plans and commits, as a successful transaction would.

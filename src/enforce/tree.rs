@@ -3,12 +3,12 @@
 //! since its last rebuild in a small B-tree beside it ([`Table`]). An
 //! IPv4 address is 4 bytes as a `u32` where an `IpAddr` takes 17, an IPv4
 //! network 8 as a `u64` where an `IpNet` takes 18; an entry of the book is
-//! 16 bytes (IPv4) or 28 (IPv6), where B-tree nodes filled one entry at a
-//! time held ~1.5 times that, in a million small blocks. Keys of one
-//! family keep their order, and every IPv4 key comes before every IPv6
-//! one, as `IpAddr`'s and `IpNet`'s own orders have it; a range or a
-//! neighbour is asked within one family (an address or a network never
-//! overlaps the other family's).
+//! 16 bytes (IPv4), 25 (an IPv6 network) or 27 (an IPv6 element applied),
+//! where B-tree nodes filled one entry at a time held ~1.5 times that, in
+//! a million small blocks. Keys of one family keep their order, and every
+//! IPv4 key comes before every IPv6 one, as `IpAddr`'s and `IpNet`'s own
+//! orders have it; a range or a neighbour is asked within one family (an
+//! address or a network never overlaps the other family's).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -33,7 +33,7 @@ pub(crate) enum Family<A, B> {
 }
 
 /// An IPv6 address as its 16 bytes (ordered as the number they make),
-/// aligned on one: 28 bytes with a `Slot`, where a `u128` took 32.
+/// aligned on one: 27 bytes with a `Slot`, where a `u128` took 32.
 impl Split for IpAddr {
     type V4 = u32;
     type V6 = Ipv6Addr;
@@ -243,6 +243,14 @@ fn merge<'a, K: Ord + Copy, V: 'a>(
 pub(crate) struct Tree<K: Split, V> {
     v4: Table<K::V4, V>,
     v6: Table<K::V6, V>,
+}
+
+impl<K: Split, V> Tree<K, V> {
+    /// The bytes of one entry, IPv4 and IPv6, in the sorted vectors.
+    #[cfg(test)]
+    pub(crate) const fn entry_bytes() -> [usize; 2] {
+        [size_of::<(K::V4, V)>(), size_of::<(K::V6, V)>()]
+    }
 }
 
 impl<K: Split, V> Default for Tree<K, V> {
