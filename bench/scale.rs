@@ -11,7 +11,9 @@
 //! networks, mixed: 71% IPv4 at 100,000, but only ~23,000 IPv4 at
 //! 1,000,000, the /16s of its range, which hold every longer one drawn:
 //! 98% IPv6, the dearer family). Then, printed:
-//! - Redis memory per ban: `INFO memory` used_memory before and after;
+//! - Redis memory per ban: `INFO memory` used_memory before and after
+//!   (the writer script loaded before, the slow log emptied after: what
+//!   the list's keys take), and from the fresh server;
 //! - daemon RSS idle (an empty list, 6 s after it is up: past the first
 //!   table check; logging at info as the service does, the other hosts
 //!   log at debug);
@@ -68,14 +70,23 @@ fn main() {
     let shape = std::env::var("SCALE_SHAPE").unwrap_or_else(|_| "addr".to_owned());
     let one_by_one: usize = env("ONE_BY_ONE", 10);
     let redis = Redis::start();
+    let fresh = redis.used_memory();
+    // What the list's keys take: counted from after the writer's load (a
+    // script, ~57 kB) to after the preload with the slow log emptied (its
+    // 1,000-member calls fill it: ~170 kB). A daemon's Redis holds its
+    // scripts and a slow log whatever its list.
+    let sha = redis.cli(&["SCRIPT", "LOAD", &writer()]).trim().to_owned();
     let before = redis.used_memory();
     let until = fleetban::now_ms() + 3_600_000;
-    let last = preload(&redis, n, until, &shape);
+    let last = preload(&redis, &sha, n, until, &shape);
+    let with_log = redis.used_memory();
+    redis.cli(&["SLOWLOG", "RESET"]);
     let after = redis.used_memory();
     println!(
-        "Redis memory: {:.1} MB for {n} bans ({shape}): {:.0} B per ban (list member, record, expiry)",
+        "Redis memory: {:.1} MB for {n} bans ({shape}): {:.0} B per ban (list member, record, expiry); {:.0} B from the fresh server, with the writer script and the slow log",
         (after - before) as f64 / 1e6,
-        (after - before) as f64 / n as f64
+        (after - before) as f64 / n as f64,
+        (with_log - fresh) as f64 / n as f64
     );
 
     let idle = {
@@ -617,15 +628,15 @@ return #ARGV - 2"#
     )
 }
 
-/// Writes `n` list members and their records as `ban.lua` does, all ending
-/// at `until`; returns the list's last member.
-fn preload(redis: &Redis, n: u64, until: i64, shape: &str) -> String {
+/// Writes `n` list members and their records as `ban.lua` does (`sha`:
+/// [`writer`], loaded), all ending at `until`; returns the list's last
+/// member.
+fn preload(redis: &Redis, sha: &str, n: u64, until: i64, shape: &str) -> String {
     let members: Vec<String> = if shape == "net" {
         nets(n).iter().map(ToString::to_string).collect()
     } else {
         (0..n).map(address).collect()
     };
-    let sha = redis.cli(&["SCRIPT", "LOAD", &writer()]).trim().to_owned();
     let now = fleetban::now_ms().to_string();
     let until = until.to_string();
     // EVALSHA calls of 1,000 members each, through redis-cli's pipe.
@@ -633,7 +644,7 @@ fn preload(redis: &Redis, n: u64, until: i64, shape: &str) -> String {
     for some in members.chunks(1000) {
         let mut args = vec![
             "EVALSHA",
-            &sha,
+            sha,
             "2",
             "{fleetban}:bans",
             "{fleetban}:banrec",
