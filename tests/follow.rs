@@ -171,8 +171,13 @@ fn numbered(from: usize, to: usize) -> String {
     (from..to).map(|i| format!("line {i:06} of the log\n")).collect()
 }
 
+/// The sequence number `numbered` wrote into a line.
+fn seq(line: &Line) -> usize {
+    line.text[5..11].parse().expect("seq")
+}
+
 fn seqs(lines: &[Line]) -> Vec<usize> {
-    lines.iter().map(|l| l.text[5..11].parse().expect("seq")).collect()
+    lines.iter().map(seq).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -429,8 +434,8 @@ async fn a_truncation_seen_only_at_the_rename_survives_a_restart() {
     let mut rig = Rig::start(state.path(), &[&log, &other], opts, 16);
     let got = rig.recv(1000 + 53).await;
     let mut ours: Vec<&Line> = got.iter().filter(|l| l.path == log).collect();
-    ours.sort_by_key(|l| l.text[5..11].parse::<usize>().unwrap());
-    let seen: Vec<usize> = ours.iter().map(|l| l.text[5..11].parse().unwrap()).collect();
+    ours.sort_by_key(|l| seq(l));
+    let seen: Vec<usize> = ours.iter().map(|l| seq(l)).collect();
     assert_eq!(
         seen,
         (100..153).collect::<Vec<_>>(),
@@ -462,7 +467,7 @@ async fn a_copytruncate_then_a_rename_while_down_is_drained_from_its_start() {
 
     let mut rig = Rig::start(state.path(), &[&log], opts(), 16);
     let mut got = rig.recv(53).await;
-    got.sort_by_key(|l| l.text[5..11].parse::<usize>().unwrap());
+    got.sort_by_key(seq);
     assert_eq!(seqs(&got), (100..153).collect::<Vec<_>>());
     assert_eq!((got[0].offset, got[50].offset), (0, 0), "both files from their start");
     rig.quiet(Duration::from_millis(400)).await;
