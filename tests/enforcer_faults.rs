@@ -272,6 +272,71 @@ fn a_ban_runs_through_libnftables_in_process_and_a_refusal_there_is_retried_from
     );
 }
 
+/// A start's list of 12,000 bans (pages past libnftables' 64 KiB of text)
+/// goes to nf_tables as the daemon's own netlink batches, once the first
+/// page's transaction (nft's) has made the sets: every ban in the set of
+/// its family or length, with the time it has left, the permanent one
+/// without.
+#[test]
+fn a_long_list_at_start_goes_to_nf_tables_as_batches_every_ban_in_its_set() {
+    let redis = common::Redis::start();
+    let now = common::now_ms();
+    let hour = (now + 3_600_000).to_string();
+    let mut members: Vec<(String, String)> = Vec::new();
+    for i in 0..6_000u32 {
+        members.push((hour.clone(), format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255)));
+    }
+    for i in 0..4_000u32 {
+        members.push((hour.clone(), format!("172.{}.{}.0/24", 16 + (i >> 8), i & 255)));
+    }
+    for i in 0..1_999u32 {
+        members.push((hour.clone(), format!("2001:db8:{:x}::/48", i + 1)));
+    }
+    members.push(("+inf".to_owned(), "2001:db8:ffff::/48".to_owned()));
+    for chunk in members.chunks(2_000) {
+        let mut args = vec!["ZADD", "{fleetban}:bans"];
+        for (score, member) in chunk {
+            args.extend([score.as_str(), member.as_str()]);
+        }
+        redis.cli(&args);
+    }
+    let ns = NetNs::new("batchstart");
+    let r = ConfigDir::new();
+    let main = r.main_config().host_id("batch").redis(&redis.url(), "");
+    r.write(
+        &main,
+        &[Rule::new("scraper", &r.log, "{ hits: 5, window: 60s }").ban("1h")],
+    );
+    let d = Daemon::start(Some(&ns), &r.cfg, &r.control);
+    wait_until(Duration::from_secs(30), "the list applied", || {
+        d.log_text().contains("Ban list applied.")
+    });
+    let log = d.log_text();
+    let via = transactions_via(&log);
+    assert!(via.iter().any(|v| v == "netlink"), "{via:?}:\n{log}");
+    assert!(!log.contains("WARN"), "{log}");
+
+    let count = |set: &str| common::nft_set_elements_detailed(&ns, "fleetban", set);
+    let (v4, v4n24, v6n48) = (count("v4"), count("v4n24"), count("v6n48"));
+    assert_eq!((v4.len(), v4n24.len(), v6n48.len()), (6_000, 4_000, 2_000));
+    assert!(v4.iter().any(|e| e.elem == "10.0.23.111"));
+    assert!(v4n24.iter().any(|e| e.elem == "172.31.159.0"));
+    // The time left as the list has it: the hour less the start's seconds.
+    let left = |e: &common::NftElem| e.timeout_ms.unwrap_or(0);
+    for e in v4
+        .iter()
+        .chain(&v4n24)
+        .chain(v6n48.iter().filter(|e| e.elem != "2001:db8:ffff::"))
+    {
+        assert!((3_540_000..=3_600_000).contains(&left(e)), "{e:?}");
+    }
+    let permanent = v6n48
+        .iter()
+        .find(|e| e.elem == "2001:db8:ffff::")
+        .expect("the permanent ban");
+    assert_eq!(permanent.timeout_ms, None, "{permanent:?}");
+}
+
 #[test]
 fn check_answers_from_the_list_read_while_the_first_sync_is_held_up_in_nft() {
     let redis = common::Redis::start();

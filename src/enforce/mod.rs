@@ -22,6 +22,7 @@
 //! timeouts are the remaining time, so the kernel expires bans on its own even
 //! while the daemon is down.
 
+mod batch;
 mod block;
 mod change;
 mod cover;

@@ -71,7 +71,7 @@ pub fn has_chain(table: &str, chain: &str) -> io::Result<bool> {
 }
 
 /// A netfilter netlink socket, connected to the kernel, with a read timeout.
-fn open() -> io::Result<OwnedFd> {
+pub(super) fn open() -> io::Result<OwnedFd> {
     // SAFETY: plain socket calls; the descriptor is owned from here on.
     unsafe {
         let fd = libc::socket(
@@ -101,6 +101,16 @@ fn open() -> io::Result<OwnedFd> {
             return Err(io::Error::last_os_error());
         }
         Ok(socket)
+    }
+}
+
+/// Sets an integer socket option.
+pub(super) fn set_option(fd: libc::c_int, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    // SAFETY: an int of its size, on a socket the caller owns.
+    let rc = unsafe { libc::setsockopt(fd, level, name, (&raw const value).cast(), socklen::<libc::c_int>()) };
+    match rc {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
     }
 }
 

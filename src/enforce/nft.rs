@@ -2,7 +2,9 @@
 //!
 //! Small commands run through libnftables in this process (`libnft.rs`,
 //! when `NftOptions::library` and the library loads): the same text, the
-//! same transaction, without starting a program.
+//! same transaction, without starting a program. Large element changes to
+//! sets that exist go to nf_tables as one netlink batch of our own
+//! (`batch.rs`), in the same cases.
 //!
 //! Each call updates the wanted bans, plans against what the kernel is
 //! believed to hold (`cover`), renders the plan (`script`) and pipes it to
@@ -20,6 +22,7 @@
 
 use std::collections::BTreeSet;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -28,6 +31,7 @@ use tokio::process::Command;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tracing::{debug, info, warn};
 
+use super::batch::{self, Batch, Failed};
 use super::block::{self, BlockApplied, BlockState, Length};
 use super::cover::{Book, Plan};
 use super::libnft::{self, Context};
@@ -226,10 +230,35 @@ impl NftEnforcer {
         }
     }
 
-    /// Renders `plan` and starts its transaction as a task of its own.
+    /// Renders `plan` (or encodes it as one netlink batch, [`batch_for`])
+    /// and starts its transaction as a task of its own.
+    ///
+    /// [`batch_for`]: NftEnforcer::batch_for
     fn start_loading(&mut self, plan: Plan) -> Loading {
         let started = Instant::now();
         let now = crate::now_ms();
+        let added = plan.add.len();
+        if let Some(batch) = crate::off_workers(|| self.batch_for(&plan, now)) {
+            let render = crate::took(started.elapsed());
+            let (opts, lengths) = (self.opts.clone(), self.lengths.clone());
+            let run = tokio::spawn(async move {
+                if send_batch(batch).await? {
+                    return Ok(Ran {
+                        out: Vec::new(),
+                        via: "netlink",
+                    });
+                }
+                // Not sent: nft takes the same plan (its sets all exist).
+                let (text, _) = script::render(&opts, None, &plan, now, &lengths);
+                run_with(&opts.command, opts.library, "transaction", &["-f", "-"], Some(text)).await
+            });
+            return Loading {
+                run,
+                started,
+                render,
+                added,
+            };
+        }
         let (text, created) =
             crate::off_workers(|| script::render(&self.opts, self.preamble.as_ref(), &plan, now, &self.lengths));
         let render = crate::took(started.elapsed());
@@ -244,7 +273,7 @@ impl NftEnforcer {
             run,
             started,
             render,
-            added: plan.add.len(),
+            added,
         }
     }
 
@@ -444,6 +473,13 @@ impl NftEnforcer {
             return Ok(());
         }
         let started = Instant::now();
+        if let Some(batch) = self.batch_for(plan, now) {
+            let encode = crate::took(started.elapsed());
+            if send_batch(batch).await? {
+                self.applied(plan.add.len(), plan.delete.len(), started, &encode, "netlink");
+                return Ok(());
+            }
+        }
         let (text, created) = script::render(&self.opts, self.preamble.as_ref(), plan, now, &self.lengths);
         let render = crate::took(started.elapsed());
         let library = self.library_for(self.preamble.is_some());
@@ -497,6 +533,25 @@ impl NftEnforcer {
         self.lengths = view.lengths;
         self.stale = false;
         Ok(())
+    }
+
+    /// `plan` as one netlink batch to nf_tables (`batch.rs`), when it is
+    /// element changes alone, of at least [`batch::BATCH_MIN`] elements,
+    /// to sets the kernel holds, and nft would run in process (the
+    /// system's nft: the socket is this namespace's). Else nft runs it.
+    fn batch_for(&self, plan: &Plan, now: i64) -> Option<Batch> {
+        let size = plan.add.len() + plan.delete.len();
+        if !self.opts.library || self.preamble.is_some() || size < batch::BATCH_MIN || UNSENT.load(Ordering::Relaxed) {
+            return None;
+        }
+        let held = |net: &ipnet::IpNet| match script::home_of(net) {
+            script::Home::Fixed(_) => true,
+            script::Home::Net(l) => self.lengths.contains(&l),
+        };
+        if !plan.add.iter().all(|(net, _)| held(net)) {
+            return None;
+        }
+        Batch::of(&self.opts.table, plan, now)
     }
 
     /// Whether a transaction may run through libnftables. Table work (the
@@ -554,6 +609,36 @@ async fn run_with(
     }
     let out = run_program(command, what, args, stdin).await?;
     Ok(Ran { out, via: "nft" })
+}
+
+/// A batch could not be sent once (no socket, no buffer): nft runs every
+/// later change.
+static UNSENT: AtomicBool = AtomicBool::new(false);
+
+/// Sends `batch` on a blocking thread: true once nf_tables applied it,
+/// false if it could not be sent (nothing changed: the caller has nft run
+/// the plan). A refusal, or no answer, is an error as nft's refusal is:
+/// the caller lists the kernel and plans again.
+async fn send_batch(batch: Batch) -> Result<bool, EnforceError> {
+    let sent = within("transaction", tokio::task::spawn_blocking(move || batch.send()))
+        .await?
+        .map_err(|e| EnforceError::Spawn {
+            program: "nf_tables batch".to_owned(),
+            source: std::io::Error::other(e),
+        })?;
+    match sent {
+        Ok(()) => Ok(true),
+        Err(Failed::Unsent(e)) => {
+            UNSENT.store(true, Ordering::Relaxed);
+            info!(error = %e, "Cannot send element changes to nf_tables directly; nft runs them.");
+            Ok(false)
+        }
+        Err(e) => Err(EnforceError::Nft {
+            what: "transaction",
+            status: "nf_tables".to_owned(),
+            stderr: e.to_string(),
+        }),
+    }
 }
 
 /// The libnftables context and the command for `nft <args...>`, when
