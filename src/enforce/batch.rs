@@ -604,6 +604,23 @@ mod tests {
             assert!(v6n48.iter().any(|(a, _)| a == "2001:db8:18f::"));
             assert!(v6.iter().any(|(a, _)| a == "2001:db8:ffff:18f::"));
 
+            // Added again with a later end: the kernel's timeouts follow
+            // (a reconcile's refresh), nothing doubled.
+            let plan = Plan {
+                add: plan.add[..3_000]
+                    .iter()
+                    .map(|(n, _)| (*n, Until::At(now + 3 * hour)))
+                    .collect(),
+                ..Plan::default()
+            };
+            Batch::of("fbbatch", &plan, now)
+                .unwrap()
+                .send()
+                .unwrap_or_else(|e| panic!("{e}"));
+            let v4 = listed("v4");
+            assert_eq!(v4.len(), 3_000);
+            assert!(v4.iter().all(|(_, t)| *t == Some(10_800)), "{:?}", &v4[..3]);
+
             // One absent element among 2,000 deletions: refused whole.
             let mut delete: Vec<super::super::cover::Span> = (0..1_999u32)
                 .map(|i| {
