@@ -63,8 +63,9 @@ fn embedded_mode_recreates_a_flushed_table_with_its_bans_without_a_new_ban() {
     let ns = NetNs::new("flush");
     let r = rig();
     let d = Daemon::start(Some(&ns), &r.cfg, &r.control);
-    // The table's creation ran the nft program: a daemon without bans
-    // never loads libnftables (its 5 s check asks nf_tables itself).
+    // The table's creation ran the nft program, its 5 s check asks
+    // nf_tables itself and a ban is a netlink batch of its own: this daemon
+    // never loads libnftables.
     let libnftables = || {
         std::fs::read_to_string(format!("/proc/{}/maps", d.pid()))
             .unwrap()
@@ -79,7 +80,7 @@ fn embedded_mode_recreates_a_flushed_table_with_its_bans_without_a_new_ban() {
     wait_until(Duration::from_secs(5), "the ban in nft", || {
         set_has(&ns, "203.0.113.80")
     });
-    assert!(libnftables(), "a ban runs in-process");
+    assert!(!libnftables(), "a ban is a batch of the daemon's own");
 
     // What an nftables service reload does.
     ns.run(&["nft", "flush", "ruleset"]);
@@ -219,25 +220,24 @@ fn transactions_via(log: &str) -> Vec<String> {
         .collect()
 }
 
+/// A ban (elements alone, into a set the kernel holds) is a netlink batch
+/// of the daemon's own; the first network of a new length, whose set the
+/// same transaction creates, runs through libnftables in process.
 #[test]
-fn a_ban_runs_through_libnftables_in_process_and_a_refusal_there_is_retried_from_a_listing() {
+fn a_ban_is_a_netlink_batch_and_a_refusal_there_is_retried_from_a_listing() {
     let ns = NetNs::new("libnft");
     let r = rig();
     let d = Daemon::start(Some(&ns), &r.cfg, &r.control);
     let reply = ban_reply(&r, "203.0.113.81");
     assert_eq!(enforced(&reply), Some(true), "{reply:?}");
     assert!(set_has(&ns, "203.0.113.81"));
-    // The table's creation runs the program (once a start, and a daemon
-    // without bans never loads libnftables); the ban, small, this process.
+    // The table's creation runs the program (once a start); the ban, the
+    // daemon's own batch.
     let via = transactions_via(&d.log_text());
-    assert!(
-        via.len() >= 2 && via[0] == "nft" && via[1..].iter().all(|v| v == "libnftables"),
-        "{via:?}:\n{}",
-        d.log_text()
-    );
+    assert_eq!(via, ["nft", "netlink"], "{}", d.log_text());
 
     // Someone deletes the element under the daemon: its unban's delete is
-    // refused by the kernel, in process; the daemon lists and plans again.
+    // refused by the kernel; the daemon lists and plans again.
     let out = ns.run(&["nft", "delete", "element", "inet", "fleetban", "v4", "{ 203.0.113.81 }"]);
     assert!(out.status.success(), "{out:?}");
     let (removed, queued, _) = Client::new(&r.control)
@@ -253,8 +253,9 @@ fn a_ban_runs_through_libnftables_in_process_and_a_refusal_there_is_retried_from
         .find(|l| l.contains("nft transaction failed; re-reading the kernel"))
         .unwrap_or_else(|| panic!("no refusal logged:\n{log}"));
     assert!(
-        refused.contains("(libnftables)") && refused.contains("No such file or directory"),
-        "the kernel's answer, as nft words it: {refused}"
+        refused.contains("(nf_tables)")
+            && refused.contains("nf_tables refused deleting from set v4: No such file or directory"),
+        "the kernel's answer, named: {refused}"
     );
     assert_eq!(
         d.status()["firewall"]["failing"],
@@ -262,20 +263,44 @@ fn a_ban_runs_through_libnftables_in_process_and_a_refusal_there_is_retried_from
         "the retry found nothing left to do"
     );
 
-    // The context answers again after a refusal (its buffers are its own).
     let reply = ban_reply(&r, "203.0.113.82");
     assert_eq!(enforced(&reply), Some(true), "{reply:?}");
     assert!(set_has(&ns, "203.0.113.82") && !set_has(&ns, "203.0.113.81"));
     assert_eq!(
         transactions_via(&d.log_text()).last().map(String::as_str),
-        Some("libnftables")
+        Some("netlink")
     );
+
+    // A /24: its set is new, made in the same transaction, in process;
+    // the next /24 goes into it as a batch.
+    for (net, via) in [("198.51.100.0/24", "libnftables"), ("198.51.101.0/24", "netlink")] {
+        let reply = Client::new(&r.control)
+            .call(&Request::Ban {
+                addr: net.parse().unwrap(),
+                for_ms: Some(3_600_000),
+                permanent: false,
+                reason: "test".into(),
+                replace: false,
+            })
+            .unwrap();
+        assert_eq!(enforced(&reply), Some(true), "{reply:?}");
+        assert_eq!(
+            transactions_via(&d.log_text()).last().map(String::as_str),
+            Some(via),
+            "{net}"
+        );
+    }
+    let v4n24: Vec<String> = common::nft_set_elements(&ns, "fleetban", "v4n24")
+        .into_iter()
+        .map(|(e, _)| e)
+        .collect();
+    assert_eq!(v4n24, ["198.51.100.0", "198.51.101.0"]);
 }
 
-/// A start's list of 12,000 bans (pages past libnftables' 64 KiB of text)
-/// goes to nf_tables as the daemon's own netlink batches, once the first
-/// page's transaction (nft's) has made the sets: every ban in the set of
-/// its family or length, with the time it has left, the permanent one
+/// A start's list of 12,000 bans (three pages of the list) goes to
+/// nf_tables as the daemon's own netlink batches, once the transaction
+/// that makes a page's sets (nft's) has run: every ban in the set of its
+/// family or length, with the time it has left, the permanent one
 /// without.
 #[test]
 fn a_long_list_at_start_goes_to_nf_tables_as_batches_every_ban_in_its_set() {

@@ -6,10 +6,11 @@
 //! nft spends most of a large load in its own parser and evaluation: its
 //! transaction of 100,000 networks took 0.21 s in the program and 0.11-0.15
 //! s in the kernel (nft 1.0.6), and the start's loads ran beside the list's
-//! read on two cores (issue 27). The start's pages and a first sync's whole
-//! list are element changes of sets that exist; those, from
-//! [`BATCH_MIN`] elements on, come here. Table work (table, sets, chain,
-//! rules) and small changes stay with nft (`nft.rs`).
+//! read on two cores (issue 27). Every change of elements alone to sets
+//! that exist comes here: the start's pages, a first sync's whole list,
+//! one ban (which then loads no library). Table work (table, sets, chain,
+//! rules), and a change that needs a set the kernel lacks, stay with nft
+//! (`nft.rs`).
 //!
 //! The socket is the calling thread's network namespace's, as
 //! libnftables' is (`netlink.rs`).
@@ -23,11 +24,6 @@ use super::cover::Plan;
 use super::netlink;
 use super::script::{home_of, home_of_span, Home};
 use super::Until;
-
-/// Element changes from which a transaction of them alone comes here: its
-/// text would be past libnftables' 64 KiB (~30 bytes an element), so the
-/// `nft` program would parse it.
-pub(crate) const BATCH_MIN: usize = 1_024;
 
 /// `NFNL_SUBSYS_NFTABLES`; `NFT_MSG_NEWSETELEM`, `NFT_MSG_DELSETELEM`.
 const SUBSYS_NFTABLES: u16 = 10;

@@ -2,9 +2,10 @@
 //!
 //! Small commands run through libnftables in this process (`libnft.rs`,
 //! when `NftOptions::library` and the library loads): the same text, the
-//! same transaction, without starting a program. Large element changes to
+//! same transaction, without starting a program. Element changes alone to
 //! sets that exist go to nf_tables as one netlink batch of our own
-//! (`batch.rs`), in the same cases.
+//! (`batch.rs`), in the same cases: libnftables then runs only a change
+//! that creates a set.
 //!
 //! Each call updates the wanted bans, plans against what the kernel is
 //! believed to hold (`cover`), renders the plan (`script`) and pipes it to
@@ -31,7 +32,7 @@ use tokio::process::Command;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tracing::{debug, info, warn};
 
-use super::batch::{self, Batch, Failed};
+use super::batch::{Batch, Failed};
 use super::block::{self, BlockApplied, BlockState, Length};
 use super::cover::{Book, Plan};
 use super::libnft::{self, Context};
@@ -536,12 +537,11 @@ impl NftEnforcer {
     }
 
     /// `plan` as one netlink batch to nf_tables (`batch.rs`), when it is
-    /// element changes alone, of at least [`batch::BATCH_MIN`] elements,
-    /// to sets the kernel holds, and nft would run in process (the
-    /// system's nft: the socket is this namespace's). Else nft runs it.
+    /// element changes alone, to sets the kernel holds, and nft would run
+    /// in process (the system's nft: the socket is this namespace's). Else
+    /// nft runs it.
     fn batch_for(&self, plan: &Plan, now: i64) -> Option<Batch> {
-        let size = plan.add.len() + plan.delete.len();
-        if !self.opts.library || self.preamble.is_some() || size < batch::BATCH_MIN || UNSENT.load(Ordering::Relaxed) {
+        if !self.opts.library || self.preamble.is_some() || UNSENT.load(Ordering::Relaxed) {
             return None;
         }
         let held = |net: &ipnet::IpNet| match script::home_of(net) {
@@ -558,7 +558,8 @@ impl NftEnforcer {
     /// table's creation or repair, a blocklist's removal) comes once a
     /// start or a repair and runs the program, so that a daemon with no
     /// ban to add never loads the library (an idle daemon's memory,
-    /// design §10); element changes run in process when small.
+    /// design §10); a change that creates a set runs in process when
+    /// small (element changes alone are batches, `batch_for`).
     fn library_for(&self, table_work: bool) -> bool {
         self.opts.library && !table_work
     }
