@@ -16,7 +16,9 @@
 //!   the list's keys take), and from the fresh server;
 //! - daemon RSS idle (an empty list, 6 s after it is up: past the first
 //!   table check; logging at info as the service does, the other hosts
-//!   log at debug);
+//!   log at debug); before it and before each host's start the daemon's
+//!   binary is dropped from the page cache, so that a build just copied
+//!   and one read long ago start alike;
 //! - host A starts in a namespace of its own: spawn -> "Ban list applied"
 //!   (every element in nft, the view built) and spawn -> `/check` answers
 //!   403 for the last entry of the list (polled on its unix socket);
@@ -94,6 +96,7 @@ fn main() {
         let ns = NetNs::new("scaleidle");
         let empty = Redis::start();
         let host = Host::new("scale-idle", &empty);
+        uncache_binary();
         // Logging as the service does (info): the debug lines the other
         // hosts log for their figures map code of their own.
         let d = Daemon::start_with_env(Some(&ns), &host.cfg, &host.control, &[("RUST_LOG", "info")]);
@@ -471,6 +474,7 @@ impl Host {
 fn start(redis: &Redis, ns_tag: &str, id: &str, last: &str, n: u64) -> (NetNs, Host, Daemon, f64) {
     let ns = NetNs::new(ns_tag);
     let host = Host::new(id, redis);
+    uncache_binary();
     let t0 = now_us();
     let started = Instant::now();
     // The socket exists once the endpoint serves; a 403 for the list's last
@@ -560,6 +564,25 @@ fn start(redis: &Redis, ns_tag: &str, id: &str, last: &str, n: u64) -> (NetNs, H
     // answering from them.
     let started = ((in_nft - t0) as f64 / 1000.0).max(answered.as_secs_f64() * 1000.0);
     (ns, host, d, started)
+}
+
+/// Drops the daemon's binary from the page cache (what no running daemon
+/// maps). Around each page of code a process touches the kernel maps the
+/// 64 KiB of neighbours that are cached, so a binary just built or copied,
+/// cached whole, showed ~0.5-1 MB more RSS than one read a while ago
+/// (BENCHMARKS.md, "Large element changes as netlink batches"): each
+/// build starts from its file as exec reads it.
+fn uncache_binary() {
+    use std::os::fd::AsRawFd;
+    if let Ok(f) = std::fs::File::open(common::fleetban_bin()) {
+        // Dirty pages (a file just copied) are written first: only clean
+        // ones can go.
+        let _ = f.sync_all();
+        // SAFETY: advice on a file we hold open; no memory is passed.
+        unsafe {
+            libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+        }
+    }
 }
 
 /// The status code of `GET /check` for `addr`, or None (no socket yet).
