@@ -1,4 +1,4 @@
-//! Large element changes sent to nf_tables directly: one netlink batch of
+//! Element changes sent to nf_tables directly: one netlink batch of
 //! `DELSETELEM` and `NEWSETELEM` messages, built from typed values (the
 //! validated table name, set names, address bytes, timeouts in ms). A batch
 //! is one kernel transaction, all or nothing, as `nft -f` makes it.
@@ -233,12 +233,9 @@ impl Batch {
         self.bytes.resize(self.bytes.len().next_multiple_of(4), 0);
     }
 
-    /// A NUL-terminated string attribute.
+    /// A NUL-terminated string attribute (`netlink.rs` writes it).
     fn string(&mut self, kind: u16, value: &str) {
-        let mut v = Vec::with_capacity(value.len() + 1);
-        v.extend_from_slice(value.as_bytes());
-        v.push(0);
-        self.attribute(kind, &v);
+        netlink::attribute(&mut self.bytes, kind, value);
     }
 
     /// Opens a nested attribute; `end_nest` writes its length.

@@ -137,7 +137,7 @@ fn request(table: &str, chain: &str, seq: u32) -> Vec<u8> {
 }
 
 /// A NUL-terminated string attribute, padded to 4 bytes.
-fn attribute(msg: &mut Vec<u8>, kind: u16, value: &str) {
+pub(super) fn attribute(msg: &mut Vec<u8>, kind: u16, value: &str) {
     let len = u16::try_from(4 + value.len() + 1).expect("a validated name");
     msg.extend_from_slice(&len.to_ne_bytes());
     msg.extend_from_slice(&kind.to_ne_bytes());

@@ -544,11 +544,11 @@ impl NftEnforcer {
         if !self.opts.library || self.preamble.is_some() || UNSENT.load(Ordering::Relaxed) {
             return None;
         }
-        let held = |net: &ipnet::IpNet| match script::home_of(net) {
-            script::Home::Fixed(_) => true,
-            script::Home::Net(l) => self.lengths.contains(&l),
-        };
-        if !plan.add.iter().all(|(net, _)| held(net)) {
+        if plan
+            .add
+            .iter()
+            .any(|(net, _)| script::missing_length(net, &self.lengths).is_some())
+        {
             return None;
         }
         Batch::of(&self.opts.table, plan, now)

@@ -79,6 +79,15 @@ pub(crate) fn home_of(net: &IpNet) -> Home {
     }
 }
 
+/// The length whose set `net` goes to when `present` lacks it (a set per
+/// length is created on demand); None when its set is there or fixed.
+pub(crate) fn missing_length(net: &IpNet, present: &BTreeSet<Length>) -> Option<Length> {
+    match home_of(net) {
+        Home::Net(l) if !present.contains(&l) => Some(l),
+        _ => None,
+    }
+}
+
 /// The set that holds `span`; `None` for a span that is no prefix (none
 /// of our sets can hold one).
 pub(crate) fn home_of_span(span: &Span) -> Option<Home> {
@@ -189,8 +198,8 @@ pub(crate) fn render(
     }
     let mut created: Vec<Length> = Vec::new();
     for (net, _) in &plan.add {
-        if let Home::Net(l) = home_of(net) {
-            if !present.contains(&l) && !created.contains(&l) {
+        if let Some(l) = missing_length(net, present) {
+            if !created.contains(&l) {
                 created.push(l);
             }
         }
